@@ -1,0 +1,62 @@
+"""The exception tree. Every error the package raises derives from :class:`RedisLockError`::
+
+    RedisLockError                  base; ``.name`` is the lock's name (or None)
+    ├── LockConfigError             bad arguments (also a ValueError)
+    ├── LockNotAcquired             acquire() gave up: non-blocking, or the timeout passed
+    ├── LockNotOwned                release/renew of a lease this token does not hold
+    │   └── LockLost                a lease held earlier expired or was removed
+    ├── LockUpgradeError            an owner holding a read lease asked for write
+    └── LockBackendError            Redis could not be reached or answered with an error
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LockBackendError",
+    "LockConfigError",
+    "LockLost",
+    "LockNotAcquired",
+    "LockNotOwned",
+    "LockUpgradeError",
+    "RedisLockError",
+]
+
+
+class RedisLockError(Exception):
+    """Root of every error raised by celery_redislock; carries the lock name."""
+
+    def __init__(self, message: str, *, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class LockConfigError(RedisLockError, ValueError):
+    """An argument is invalid; the message names the argument and what is allowed."""
+
+
+class LockNotAcquired(RedisLockError):
+    """The lock was not acquired: it was held and the call would not (or no longer) wait."""
+
+    def __init__(self, message: str, *, name: str, timeout: float | None = None) -> None:
+        super().__init__(message, name=name)
+        self.timeout = timeout
+
+
+class LockNotOwned(RedisLockError):
+    """The lease is not held by this token (released, expired, or never held)."""
+
+    def __init__(self, message: str, *, name: str, token: str) -> None:
+        super().__init__(message, name=name)
+        self.token = token
+
+
+class LockLost(LockNotOwned):
+    """A lease that was held has expired or was removed before its holder let go."""
+
+
+class LockUpgradeError(RedisLockError):
+    """The owner holds a read lease and asked for write; upgrades are refused (deadlock-prone)."""
+
+
+class LockBackendError(RedisLockError):
+    """Redis was unreachable or failed; the original redis-py error is the ``__cause__``."""

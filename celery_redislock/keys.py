@@ -1,0 +1,62 @@
+"""Redis key names of a lock. All keys of one lock share the hash tag ``{name}``, so every script
+touches a single Redis Cluster slot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import LockConfigError
+
+DEFAULT_NAMESPACE = "redislock"
+_SUFFIXES = ("leases", "meta", "queue", "qdl", "wake")
+
+
+def check_name(name: object, *, what: str = "name") -> str:
+    if not isinstance(name, str) or not name:
+        raise LockConfigError(f"{what} must be a non-empty string, got {name!r}", name=None)
+    if name.startswith("}"):
+        # "{}...}" is an empty hash tag: Redis Cluster would then hash each key on its own.
+        raise LockConfigError(f"{what} must not start with '}}', got {name!r}", name=None)
+    return name
+
+
+def check_namespace(namespace: object) -> str:
+    if not isinstance(namespace, str) or not namespace or "{" in namespace or "}" in namespace:
+        raise LockConfigError(
+            f"namespace must be a non-empty string without '{{' or '}}', got {namespace!r}"
+        )
+    return namespace
+
+
+@dataclass(frozen=True, slots=True)
+class LockKeys:
+    """The keys of one lock, in the order every lock script takes them."""
+
+    prefix: str
+
+    @classmethod
+    def of(cls, namespace: str, name: str) -> LockKeys:
+        return cls(f"{namespace}:{{{name}}}")
+
+    @property
+    def leases(self) -> str:
+        return f"{self.prefix}:leases"
+
+    @property
+    def meta(self) -> str:
+        return f"{self.prefix}:meta"
+
+    @property
+    def all(self) -> list[str]:
+        return [f"{self.prefix}:{suffix}" for suffix in _SUFFIXES]
+
+    def waiter(self, token: str) -> str:
+        """The list a fair-mode waiter blocks on until it is handed the lock."""
+        return f"{self.prefix}:w:{token}"
+
+
+def name_from_leases_key(namespace: str, key: str) -> str | None:
+    head, tail = f"{namespace}:{{", "}:leases"
+    if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail):
+        return key[len(head) : -len(tail)]
+    return None

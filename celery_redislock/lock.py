@@ -1,0 +1,400 @@
+"""The lock: a set of leases in Redis, taken and given back by Lua scripts in one round trip."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal
+
+import redis
+from redis.cluster import RedisCluster
+
+from .errors import (
+    LockBackendError,
+    LockConfigError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    LockUpgradeError,
+)
+from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
+from .scripts import script
+
+__all__ = ["Holder", "Lease", "Lock", "Mode", "RedisClient"]
+
+Mode = Literal["read", "write"]
+RedisClient = redis.Redis | RedisCluster
+
+# A blocked waiter looks again at least this often: its place in line is refreshed, and a holder
+# that died without releasing is noticed even if its lease outlives the push it never sent.
+_WAIT_SLICE_S = 1.0
+# A waiter's place in line lapses this long after its last refresh (it crashed or went away).
+_QUEUE_ENTRY_MS = int(_WAIT_SLICE_S * 1000) + 2000
+# A fair-mode wake-up list lives this long if its waiter never pops it.
+_WAKE_LIST_MS = _QUEUE_ENTRY_MS
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _positive_seconds(value: object, what: str, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise LockConfigError(f"{what} must be a positive number of seconds, got {value!r}", name=name)
+    return float(value)
+
+
+@contextmanager
+def backend_errors(name: str | None) -> Iterator[None]:
+    """Turns redis-py's errors into LockBackendError carrying the lock name."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise LockBackendError(f"lock {name!r}: Redis failed: {exc}", name=name) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """One live lease, as :meth:`Lock.holders` reports it."""
+
+    token: str
+    mode: Mode
+    fence: int
+    owner: str | None
+    info: dict[str, str]
+    count: int
+    expires_in: float
+
+
+@dataclass(eq=False)
+class Lease:
+    """A held lease. Release it (or leave a ``with`` block) to give the lock back.
+
+    ``fence`` grows strictly with every acquisition of the lock's name: pass it along with
+    writes so a store can refuse a write from a holder whose lease has since been lost.
+
+    >>> with lock.acquire() as lease:          # doctest: +SKIP
+    ...     store.write(data, fence=lease.fence)
+    """
+
+    lock: Lock
+    token: str
+    fence: int
+    mode: Mode
+    owner: str | None
+    expires_at_ms: int
+    """Server time (ms since the epoch) at which the lease lapses unless renewed."""
+    valid_until: float = field(repr=False)
+    """Local ``time.monotonic()`` by which the lease is certainly still held if not lost."""
+    lost: bool = field(default=False, repr=False)
+    released: bool = field(default=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.lock.name
+
+    def release(self) -> None:
+        """Gives the lease back (one level of it, if the owner re-entered).
+
+        Raises :class:`LockNotOwned` if it was not held any more (expired, or released already).
+        """
+        self.lock.release(self)
+
+    def renew(self, ttl: float | None = None) -> None:
+        """Extends the lease to ``ttl`` seconds from now (default: the lock's ttl).
+
+        Raises :class:`LockLost` if the lease had already lapsed or was removed.
+        """
+        from .renewal import renew_leases
+
+        report = renew_leases([self], ttl=ttl)
+        if report.lost:
+            raise LockLost(
+                f"lease {self.token} of lock {self.name!r} was lost", name=self.name, token=self.token
+            )
+
+    def check(self) -> None:
+        """Raises :class:`LockLost` if the lease is known lost or may have lapsed."""
+        if self.lost or time.monotonic() >= self.valid_until:
+            raise LockLost(
+                f"lease {self.token} of lock {self.name!r} was lost", name=self.name, token=self.token
+            )
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self.released:
+            self.release()
+
+
+class Lock:
+    """A named lock made of leases: a mutex, a cap of N holders, or a read/write lock.
+
+    ``mode="write"`` (the default) holders exclude every reader and are at most ``limit`` at once
+    (``limit=None`` means 1: a mutex). ``mode="read"`` holders share with each other (at most
+    ``limit`` when given) and are excluded by any writer; a queued writer is not starved by new
+    readers. ``fair=True`` serves waiters strictly in arrival order, handing the lock over
+    directly on release.
+
+    >>> lock = Lock(redis.Redis(), "nightly-report", ttl=30)   # doctest: +SKIP
+    >>> with lock.acquire(timeout=5) as lease:                  # doctest: +SKIP
+    ...     print(lease.fence)
+    """
+
+    def __init__(
+        self,
+        client: RedisClient,
+        name: str,
+        *,
+        ttl: float,
+        mode: Mode = "write",
+        limit: int | None = None,
+        fair: bool = False,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> None:
+        self.name = check_name(name)
+        if not isinstance(client, redis.Redis | RedisCluster):
+            raise LockConfigError(
+                f"client must be a redis.Redis or redis.cluster.RedisCluster, got "
+                f"{type(client).__name__}",
+                name=self.name,
+            )
+        self.ttl = _positive_seconds(ttl, "ttl", self.name)
+        if mode not in ("read", "write"):
+            raise LockConfigError(f"mode must be 'read' or 'write', got {mode!r}", name=self.name)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise LockConfigError(
+                f"limit must be None or an integer >= 1, got {limit!r}", name=self.name
+            )
+        if not isinstance(fair, bool):
+            raise LockConfigError(f"fair must be True or False, got {fair!r}", name=self.name)
+        self.client = client
+        self.mode: Mode = mode
+        self.limit = limit
+        self.fair = fair
+        self.namespace = check_namespace(namespace)
+        self.keys = LockKeys.of(self.namespace, self.name)
+        self._ttl_ms = max(1, round(self.ttl * 1000))
+        # Readers are unbounded unless a limit is given; writers default to one at a time.
+        self._limit_arg = str(limit if limit is not None else (0 if mode == "read" else 1))
+        self._mode_arg = "r" if mode == "read" else "w"
+        self._fair_arg = "1" if fair else "0"
+        self._entered = threading.local()
+        self._max_block = _WAIT_SLICE_S
+        if isinstance(client, redis.Redis):
+            socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+            if socket_timeout:
+                # A blocking pop must return before the client's own read timeout fires.
+                self._max_block = min(self._max_block, float(socket_timeout) / 2)
+
+    def __repr__(self) -> str:
+        return f"Lock({self.name!r}, mode={self.mode!r}, limit={self.limit}, ttl={self.ttl})"
+
+    # -- acquiring ---------------------------------------------------------------------------
+
+    def acquire(
+        self,
+        blocking: bool = True,
+        timeout: float | None = None,
+        *,
+        owner: str | None = None,
+        info: Mapping[str, object] | None = None,
+    ) -> Lease:
+        """Takes a lease and returns it; raises :class:`LockNotAcquired` when it cannot.
+
+        ``blocking=False`` tries once. Otherwise waits up to ``timeout`` seconds (``None``: for
+        as long as it takes), woken by a push when the lock is released. ``owner`` makes the
+        lease re-entrant: the same owner acquiring again gets the same lease back with its
+        count raised, and must release as many times. ``info`` is stored with the lease (for
+        :meth:`holders` and :meth:`release_where`); host and pid are always recorded.
+        """
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
+                raise LockConfigError(
+                    f"timeout must be None or a number of seconds >= 0, got {timeout!r}",
+                    name=self.name,
+                )
+            if not blocking:
+                raise LockConfigError("timeout makes no sense with blocking=False", name=self.name)
+        if owner is not None and (not isinstance(owner, str) or not owner):
+            raise LockConfigError(f"owner must be a non-empty string, got {owner!r}", name=self.name)
+        token = os.urandom(16).hex()
+        args = [
+            token,
+            self._mode_arg,
+            self._limit_arg,
+            str(self._ttl_ms),
+            owner or "",
+            _info_json(info),
+            self._fair_arg,
+            "1" if blocking and timeout != 0 else "0",
+            str(_QUEUE_ENTRY_MS),
+            "0",
+        ]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            sent = time.monotonic()
+            with backend_errors(self.name):
+                reply = script("acquire")(self.keys.all, args, client=self.client)
+                self._notify(reply[6:])
+            status = int(reply[0])
+            if status == 1:
+                return self._lease(_text(reply[1]), int(reply[2]), int(reply[3]), owner, sent)
+            if status == -1:
+                raise LockUpgradeError(
+                    f"lock {self.name!r}: owner {owner!r} holds a read lease and asked for write; "
+                    "release the read lease first",
+                    name=self.name,
+                )
+            if args[7] == "0":
+                raise LockNotAcquired(
+                    f"lock {self.name!r} is held"
+                    + (f" (gave up after {timeout}s)" if timeout else ""),
+                    name=self.name,
+                    timeout=timeout,
+                )
+            remaining = float("inf") if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                args[7] = "0"  # one last try that also leaves the line
+                continue
+            until_expiry = int(reply[5]) / 1000 + 0.001 if int(reply[5]) > 0 else _WAIT_SLICE_S
+            block = max(0.001, min(remaining, self._max_block, until_expiry))
+            with backend_errors(self.name):
+                if self.fair:
+                    popped = self.client.blpop([self.keys.waiter(token)], timeout=block)
+                    if popped:
+                        fence, expiry = _text(popped[1]).split(":")
+                        return self._lease(token, int(fence), int(expiry), owner, sent)
+                else:
+                    popped = self.client.blpop([self.keys.all[4]], timeout=block)
+                    args[9] = "1" if popped else "0"
+
+    def _lease(
+        self, token: str, fence: int, expiry_ms: int, owner: str | None, sent: float
+    ) -> Lease:
+        return Lease(
+            lock=self,
+            token=token,
+            fence=fence,
+            mode=self.mode,
+            owner=owner,
+            expires_at_ms=expiry_ms,
+            valid_until=sent + self.ttl,
+        )
+
+    def _notify(self, granted: Sequence[Any]) -> None:
+        """Wakes the fair-mode waiters a script just handed the lock to."""
+        if not granted:
+            return
+        tokens = [_text(t) for t in granted[0::3]]
+        payloads = [f"{int(f)}:{int(e)}" for f, e in zip(granted[1::3], granted[2::3], strict=True)]
+        script("notify")(
+            [self.keys.waiter(t) for t in tokens], [str(_WAKE_LIST_MS), *payloads], client=self.client
+        )
+
+    # -- releasing ---------------------------------------------------------------------------
+
+    def release(self, lease: Lease) -> None:
+        """Releases ``lease`` (one re-entry level). Raises :class:`LockNotOwned` if not held."""
+        if lease.lock is not self and lease.lock.keys != self.keys:
+            raise LockNotOwned(
+                f"lease {lease.token} belongs to lock {lease.name!r}, not {self.name!r}",
+                name=self.name,
+                token=lease.token,
+            )
+        with backend_errors(self.name):
+            reply = script("release")(
+                self.keys.all, [lease.token, self._fair_arg, "0"], client=self.client
+            )
+            self._notify(reply[2:])
+        if int(reply[0]) == 0:
+            lease.released = True
+            raise LockNotOwned(
+                f"lease {lease.token} of lock {self.name!r} is not held (expired or released)",
+                name=self.name,
+                token=lease.token,
+            )
+        if int(reply[1]) == 0:
+            lease.released = True
+
+    def release_where(self, **match: object) -> list[str]:
+        """Releases every lease whose recorded info matches all of ``match``, e.g.
+        ``lock.release_where(task_id="…", pid="4242")``; returns the released tokens.
+
+        This is how a supervising process frees what a killed worker held.
+        """
+        if not match:
+            raise LockConfigError(
+                "release_where needs at least one field to match (e.g. task_id=..., pid=...)",
+                name=self.name,
+            )
+        payload = json.dumps({k: str(v) for k, v in match.items()})
+        with backend_errors(self.name):
+            reply = script("release_where")(
+                self.keys.all, [self._fair_arg, payload], client=self.client
+            )
+            count = int(reply[0])
+            self._notify(reply[1 + count :])
+        return [_text(t) for t in reply[1 : 1 + count]]
+
+    # -- inspecting --------------------------------------------------------------------------
+
+    def holders(self) -> list[Holder]:
+        """The live leases of this lock's name, oldest fence first."""
+        with backend_errors(self.name):
+            reply = script("holders")([self.keys.leases, self.keys.meta], [], client=self.client)
+        now = int(reply[0])
+        out = []
+        for token, expiry, raw in zip(reply[1::3], reply[2::3], reply[3::3], strict=True):
+            rec = json.loads(_text(raw))
+            out.append(
+                Holder(
+                    token=_text(token),
+                    mode="read" if rec["m"] == "r" else "write",
+                    fence=int(rec["f"]),
+                    owner=rec["o"] or None,
+                    info={k: str(v) for k, v in (rec["i"] or {}).items()},
+                    count=int(rec["c"]),
+                    expires_in=(int(expiry) - now) / 1000,
+                )
+            )
+        return sorted(out, key=lambda h: h.fence)
+
+    def locked(self) -> bool:
+        """Whether any live lease exists on this lock's name."""
+        return bool(self.holders())
+
+    # -- context manager ---------------------------------------------------------------------
+
+    def __enter__(self) -> Lease:
+        lease = self.acquire()
+        stack = self._entered.__dict__.setdefault("stack", [])
+        stack.append(lease)
+        return lease
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        lease: Lease = self._entered.stack.pop()
+        if not lease.released:
+            lease.release()
+
+
+_HOST = socket.gethostname()
+
+
+def _info_json(info: Mapping[str, object] | None) -> str:
+    record = {"host": _HOST, "pid": str(os.getpid())}
+    if info:
+        record.update({str(k): str(v) for k, v in info.items()})
+    return json.dumps(record)

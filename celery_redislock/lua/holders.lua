@@ -1,0 +1,17 @@
+-- holders.lua: the live leases of one lock, read atomically with the server's clock.
+-- KEYS: 1 leases, 2 meta
+-- ARGV: none
+-- Returns {now ms, then token, expiry ms, lease record (JSON) for each live lease}.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {now}
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%.0f', now), '+inf', 'WITHSCORES')
+for i = 1, #live, 2 do
+  local rec = redis.call('HGET', KEYS[2], 'l:' .. live[i])
+  if rec then
+    out[#out + 1] = live[i]
+    out[#out + 1] = tonumber(live[i + 1])
+    out[#out + 1] = rec
+  end
+end
+return out

@@ -1,0 +1,30 @@
+-- release.lua: give back a lease (one reentry level, or all of it) and hand the lock on.
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake (see common.lua)
+-- ARGV: 1 token, 2 fair (0 | 1), 3 whole (1: drop the lease whatever its reentry count)
+-- Returns {status, reentry count left, granted...}: status 1 released, 0 not held by this token;
+--   granted is token, fence, expiry of each waiter the lock was handed to (fair mode).
+local tok, fair, whole = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
+local now, now_us = server_now()
+purge(now)
+local status, left = 0, 0
+if redis.call('ZSCORE', K.leases, tok) then
+  status = 1
+  local rec = cjson.decode(redis.call('HGET', K.meta, 'l:' .. tok))
+  if rec.c > 1 and not whole then
+    rec.c = rec.c - 1
+    left = rec.c
+    redis.call('HSET', K.meta, 'l:' .. tok, cjson.encode(rec))
+  else
+    drop_lease(tok)
+  end
+end
+local out = {status, left}
+if fair then
+  for _, v in ipairs(grant(now, now_us, '')) do
+    out[#out + 1] = v
+  end
+elseif status == 1 and left == 0 and redis.call('ZCARD', K.queue) > 0 then
+  wake_one()
+end
+settle(now)
+return out

@@ -1,0 +1,36 @@
+-- release_where.lua: drop every lease whose owner record matches, e.g. the task id and pid of a
+-- worker child that was killed and cannot release for itself.
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake (see common.lua)
+-- ARGV: 1 fair (0 | 1), 2 match (JSON object: every field must equal the lease's info field)
+-- Returns {number released, released tokens..., granted...} (granted as in release.lua).
+local fair, match = ARGV[1] == '1', cjson.decode(ARGV[2])
+local now, now_us = server_now()
+purge(now)
+local released = {}
+for _, tok in ipairs(redis.call('ZRANGE', K.leases, 0, -1)) do
+  local info = cjson.decode(redis.call('HGET', K.meta, 'l:' .. tok)).i
+  local same = true
+  for field, want in pairs(match) do
+    if tostring(info[field]) ~= tostring(want) then
+      same = false
+      break
+    end
+  end
+  if same then
+    drop_lease(tok)
+    released[#released + 1] = tok
+  end
+end
+local out = {#released}
+for _, tok in ipairs(released) do
+  out[#out + 1] = tok
+end
+if fair then
+  for _, v in ipairs(grant(now, now_us, '')) do
+    out[#out + 1] = v
+  end
+elseif #released > 0 and redis.call('ZCARD', K.queue) > 0 then
+  wake_one()
+end
+settle(now)
+return out

