@@ -18,7 +18,7 @@ from .errors import (
 )
 from .inspection import iter_locks
 from .lock import Holder, Lease, Lock, Mode
-from .renewal import RenewReport, Renewer, renew_leases
+from .renewal import Renewer, RenewReport, renew_leases
 
 __all__ = [
     "Holder",

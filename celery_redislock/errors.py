@@ -1,12 +1,12 @@
 """The exception tree. Every error the package raises derives from :class:`RedisLockError`::
 
-    RedisLockError                  base; ``.name`` is the lock's name (or None)
-    ├── LockConfigError             bad arguments (also a ValueError)
-    ├── LockNotAcquired             acquire() gave up: non-blocking, or the timeout passed
-    ├── LockNotOwned                release/renew of a lease this token does not hold
-    │   └── LockLost                a lease held earlier expired or was removed
-    ├── LockUpgradeError            an owner holding a read lease asked for write
-    └── LockBackendError            Redis could not be reached or answered with an error
+RedisLockError                  base; ``.name`` is the lock's name (or None)
+├── LockConfigError             bad arguments (also a ValueError)
+├── LockNotAcquired             acquire() gave up: non-blocking, or the timeout passed
+├── LockNotOwned                release/renew of a lease this token does not hold
+│   └── LockLost                a lease held earlier expired or was removed
+├── LockUpgradeError            an owner holding a read lease asked for write
+└── LockBackendError            Redis could not be reached or answered with an error
 """
 
 from __future__ import annotations

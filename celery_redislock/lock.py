@@ -47,7 +47,9 @@ def _text(value: Any) -> str:
 
 def _positive_seconds(value: object, what: str, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise LockConfigError(f"{what} must be a positive number of seconds, got {value!r}", name=name)
+        raise LockConfigError(
+            f"{what} must be a positive number of seconds, got {value!r}", name=name
+        )
     return float(value)
 
 
@@ -117,21 +119,28 @@ class Lease:
         report = renew_leases([self], ttl=ttl)
         if report.lost:
             raise LockLost(
-                f"lease {self.token} of lock {self.name!r} was lost", name=self.name, token=self.token
+                f"lease {self.token} of lock {self.name!r} was lost",
+                name=self.name,
+                token=self.token,
             )
 
     def check(self) -> None:
         """Raises :class:`LockLost` if the lease is known lost or may have lapsed."""
         if self.lost or time.monotonic() >= self.valid_until:
             raise LockLost(
-                f"lease {self.token} of lock {self.name!r} was lost", name=self.name, token=self.token
+                f"lease {self.token} of lock {self.name!r} was lost",
+                name=self.name,
+                token=self.token,
             )
 
     def __enter__(self) -> Lease:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         if not self.released:
             self.release()
@@ -172,7 +181,9 @@ class Lock:
         self.ttl = _positive_seconds(ttl, "ttl", self.name)
         if mode not in ("read", "write"):
             raise LockConfigError(f"mode must be 'read' or 'write', got {mode!r}", name=self.name)
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
             raise LockConfigError(
                 f"limit must be None or an integer >= 1, got {limit!r}", name=self.name
             )
@@ -227,7 +238,9 @@ class Lock:
             if not blocking:
                 raise LockConfigError("timeout makes no sense with blocking=False", name=self.name)
         if owner is not None and (not isinstance(owner, str) or not owner):
-            raise LockConfigError(f"owner must be a non-empty string, got {owner!r}", name=self.name)
+            raise LockConfigError(
+                f"owner must be a non-empty string, got {owner!r}", name=self.name
+            )
         token = os.urandom(16).hex()
         args = [
             token,
@@ -299,7 +312,9 @@ class Lock:
         tokens = [_text(t) for t in granted[0::3]]
         payloads = [f"{int(f)}:{int(e)}" for f, e in zip(granted[1::3], granted[2::3], strict=True)]
         script("notify")(
-            [self.keys.waiter(t) for t in tokens], [str(_WAKE_LIST_MS), *payloads], client=self.client
+            [self.keys.waiter(t) for t in tokens],
+            [str(_WAKE_LIST_MS), *payloads],
+            client=self.client,
         )
 
     # -- releasing ---------------------------------------------------------------------------
@@ -383,7 +398,10 @@ class Lock:
         return lease
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         lease: Lease = self._entered.stack.pop()
         if not lease.released:

@@ -6,10 +6,11 @@ import logging
 import os
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
+import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
@@ -70,31 +71,38 @@ def _args(group: list[Lease], ttl: float | None) -> tuple[list[str], list[str]]:
 
 
 def _run(client: RedisClient, group: list[Lease], ttl: float | None) -> list[int]:
-    renew = script("renew")
     if not isinstance(client, RedisCluster):
         keys, args = _args(group, ttl)
-        return [int(x) for x in renew(keys, args, client=client)]
-    # A script may only touch one slot: one call per slot, sent per node in one pipeline.
-    by_slot: dict[int, list[int]] = defaultdict(list)
+        return [int(x) for x in script("renew")(keys, args, client=client)]
+    # A script may touch one slot only: one call per slot, pipelined to each node in one go.
+    by_node: dict[str, tuple[redis.Redis, dict[int, list[int]]]] = {}
     for i, lease in enumerate(group):
-        by_slot[client.keyslot(lease.lock.keys.leases)].append(i)
+        key = lease.lock.keys.leases
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        entry = by_node.setdefault(node.name, (client.get_redis_connection(node), {}))
+        entry[1].setdefault(client.keyslot(key), []).append(i)  # type: ignore[no-untyped-call]
+    out = [0] * len(group)
+    for node_client, by_slot in by_node.values():
+        calls = [_args([group[i] for i in indexes], ttl) for indexes in by_slot.values()]
+        for indexes, reply in zip(by_slot.values(), _pipelined(node_client, calls), strict=True):
+            for i, expiry in zip(indexes, reply, strict=True):
+                out[i] = int(expiry)
+    return out
+
+
+def _pipelined(client: redis.Redis, calls: list[tuple[list[str], list[str]]]) -> list[Any]:
+    renew = script("renew")
     for attempt in (1, 2):
-        pipe = client.pipeline()
-        for indexes in by_slot.values():
-            keys, args = _args([group[i] for i in indexes], ttl)
+        pipe = client.pipeline(transaction=False)
+        for keys, args in calls:
             pipe.evalsha(renew.sha, len(keys), *keys, *args)
         try:
-            replies = pipe.execute()
-            break
+            return pipe.execute()
         except NoScriptError:
             if attempt == 2:
                 raise
-            client.script_load(renew.script)  # loads on every primary
-    out = [0] * len(group)
-    for indexes, reply in zip(by_slot.values(), replies, strict=True):
-        for i, expiry in zip(indexes, reply, strict=True):
-            out[i] = int(expiry)
-    return out
+            client.script_load(renew.script)
+    raise AssertionError("unreachable")
 
 
 @dataclass(eq=False)
@@ -203,30 +211,30 @@ class Renewer:
 
     def _renew(self, due: list[_Entry]) -> None:
         lost: list[tuple[_Entry, BaseException | None]] = []
+        failure: BaseException | None = None
         try:
             report = renew_leases([e.lease for e in due])
             gone = {id(lease) for lease in report.lost}
             lost = [(e, None) for e in due if id(e.lease) in gone]
-            retry_in = None
         except Exception as exc:
             # Redis unreachable: keep trying; report the lease lost once it may have lapsed.
             log.warning("lease renewal failed, retrying: %s", exc)
+            failure = exc
             now = time.monotonic()
-            lost = [(e, exc) for e in due if now >= e.lease.valid_until]
-            retry_in = exc
+            lost = [(e, failure) for e in due if now >= e.lease.valid_until]
         with self._cond:
             now = time.monotonic()
             for e in due:
                 interval = e.lease.lock.ttl / 3
-                e.due = now + (min(interval, 0.5) if retry_in is not None else interval)
+                e.due = now + (min(interval, 0.5) if failure is not None else interval)
             for e, _ in lost:
                 self._entries.pop(e.lease.token, None)
-        for e, exc in lost:
+        for e, error in lost:
             e.lease.lost = True
             log.error("lock %r: lease %s lost", e.lease.name, e.lease.token)
             if e.on_lost is not None:
                 try:
-                    e.on_lost(e.lease, exc)
+                    e.on_lost(e.lease, error)
                 except Exception:
                     log.exception("on_lost callback failed for lock %r", e.lease.name)
 
