@@ -184,7 +184,7 @@ class Job:
 
 def _work(url: str, job: Job) -> None:
     """A worker process: leases taken and given back in a loop, logged as intervals."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # on Ctrl-C the parent stops its workers
+    _worker_signals()
     client = redis.Redis.from_url(url)
     lock = job.lock(client)
     until_ns = _start_line(client, job.keys)
@@ -197,7 +197,7 @@ def _work(url: str, job: Job) -> None:
 
 def _hold_until_killed(url: str, job: Job) -> None:
     """A worker process that takes the lock, has its renewer keep it, and waits to be killed."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_signals()
     client = redis.Redis.from_url(url)
     t_requested = time.monotonic_ns()
     lease = job.lock(client).acquire(timeout=ACQUIRE_TIMEOUT_S)
@@ -207,6 +207,12 @@ def _hold_until_killed(url: str, job: Job) -> None:
     client.rpush(job.keys.held, _dump([held]))
     while True:
         time.sleep(1)
+
+
+def _worker_signals() -> None:
+    """Ctrl-C is the parent's to handle (it stops the workers); SIGTERM just ends a worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits the parent's
 
 
 def _start_line(client: redis.Redis, keys: Keys) -> int:
@@ -267,11 +273,14 @@ class Run:
     def keys(self, scenario: str) -> Keys:
         return Keys(f"demo:{self.run_id}:{scenario}")
 
-    def forget(self, keys: Keys) -> None:
-        """Deletes a scenario's keys (its lock's keys expire by themselves)."""
-        stale = list(self.client.scan_iter(match=f"{keys.prefix}:*", count=500))
-        if stale:
-            self.client.delete(*stale)
+    def forget_all(self) -> None:
+        """Deletes the run's keys (its locks' keys expire by themselves), if Redis is still up."""
+        try:
+            stale = list(self.client.scan_iter(match=f"demo:{self.run_id}:*", count=500))
+            if stale:
+                self.client.delete(*stale)
+        except redis.RedisError:
+            pass  # interrupted, and the server is gone already
 
 
 class Fleet:
@@ -447,15 +456,22 @@ class Check:
     def as_json(self) -> dict[str, Any]:
         return {
             "invariant": self.invariant,
-            "observed": self.observed,
-            "allowed": self.allowed,
+            "observed": _finite(self.observed),
+            "allowed": _finite(self.allowed),
             "relation": self.relation,
             "unit": self.unit,
             "passed": self.passed,
         }
 
 
-def _num(value: float, unit: str = "") -> str:
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: an unmeasured value (no lease was ever taken) is null."""
+    return value if math.isfinite(value) else None
+
+
+def _num(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "none"
     text = str(value) if isinstance(value, int) else f"{value:.1f}"
     return f"{text} {unit}" if unit else text
 
@@ -579,7 +595,7 @@ def mutex(run: Run) -> Outcome:
         ),
         Check("max_concurrency", "max holders at once", max_concurrency(intervals), 1, "<="),
         Check(
-            "fence_disorder",
+            "fence_regressions",
             "fences not above the previous holder's",
             fence_disorder(intervals),
             0,
@@ -770,7 +786,6 @@ def _time_boxed(
     intervals = _collect(run.client, keys.results)
     per_pid = Counter(i.pid for i in intervals)
     counts = {p.pid or 0: per_pid[p.pid or 0] for p in processes}
-    run.forget(keys)
     return counts, fleet, handoffs_ms(intervals)
 
 
@@ -827,7 +842,7 @@ def _judge_crash(fleet: Fleet, dead: Interval, intervals: list[Interval]) -> Out
     checks = [
         _workers_check(fleet),
         Check(
-            "early",
+            "acquired_while_alive",
             "waiters that got the lock while its holder lived",
             sum(1 for i in ordered if i.t_acquired < dead.t_released),
             0,
@@ -842,7 +857,7 @@ def _judge_crash(fleet: Fleet, dead: Interval, intervals: list[Interval]) -> Out
             "ms",
         ),
         Check(
-            "fence_not_larger",
+            "fence_regressions",
             "new fences not above the dead holder's",
             sum(1 for i in ordered if i.fence <= dead.fence),
             0,
@@ -902,12 +917,9 @@ def run_all(url: str, settings: Settings) -> dict[str, Any]:
     outcomes = []
     try:
         for scenario in SCENARIOS:
-            outcome = scenario(run)
-            _print_checks(outcome)
-            outcomes.append(outcome)
+            outcomes.append(_run_scenario(run, scenario))
     finally:
-        for name in ("mutex", "cap", "rw", "fair", "unfair", "crash"):
-            run.forget(run.keys(name))
+        run.forget_all()
         client.close()
     return {
         "passed": all(o.passed for o in outcomes),
@@ -916,6 +928,18 @@ def run_all(url: str, settings: Settings) -> dict[str, Any]:
         "settings": asdict(settings),
         "scenarios": {o.name: o.as_json() for o in outcomes},
     }
+
+
+def _run_scenario(run: Run, scenario: Callable[[Run], Outcome]) -> Outcome:
+    """Runs one scenario and prints its verdicts; an error fails it and the demo goes on."""
+    try:
+        outcome = scenario(run)
+    except Exception as exc:
+        _say(f"  ! {type(exc).__name__}: {exc}")
+        error = Check("error", f"errors ({type(exc).__name__}: {exc})", 1, 0, "==")
+        outcome = Outcome(scenario.__name__, "did not complete", [error], {"error": repr(exc)})
+    _print_checks(outcome)
+    return outcome
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

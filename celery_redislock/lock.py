@@ -25,7 +25,7 @@ from .errors import (
     LockUpgradeError,
 )
 from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
-from .scripts import script
+from .scripts import run
 
 __all__ = ["Holder", "Lease", "Lock", "Mode", "RedisClient"]
 
@@ -258,7 +258,7 @@ class Lock:
         while True:
             sent = time.monotonic()
             with backend_errors(self.name):
-                reply = script("acquire")(self.keys.all, args, client=self.client)
+                reply = run("acquire", self.client, self.keys.all, args)
                 self._notify(reply[6:])
             status = int(reply[0])
             if status == 1:
@@ -311,10 +311,11 @@ class Lock:
             return
         tokens = [_text(t) for t in granted[0::3]]
         payloads = [f"{int(f)}:{int(e)}" for f, e in zip(granted[1::3], granted[2::3], strict=True)]
-        script("notify")(
+        run(
+            "notify",
+            self.client,
             [self.keys.waiter(t) for t in tokens],
             [str(_WAKE_LIST_MS), *payloads],
-            client=self.client,
         )
 
     # -- releasing ---------------------------------------------------------------------------
@@ -328,9 +329,7 @@ class Lock:
                 token=lease.token,
             )
         with backend_errors(self.name):
-            reply = script("release")(
-                self.keys.all, [lease.token, self._fair_arg, "0"], client=self.client
-            )
+            reply = run("release", self.client, self.keys.all, [lease.token, self._fair_arg, "0"])
             self._notify(reply[2:])
         if int(reply[0]) == 0:
             lease.released = True
@@ -355,9 +354,7 @@ class Lock:
             )
         payload = json.dumps({k: str(v) for k, v in match.items()})
         with backend_errors(self.name):
-            reply = script("release_where")(
-                self.keys.all, [self._fair_arg, payload], client=self.client
-            )
+            reply = run("release_where", self.client, self.keys.all, [self._fair_arg, payload])
             count = int(reply[0])
             self._notify(reply[1 + count :])
         return [_text(t) for t in reply[1 : 1 + count]]
@@ -367,19 +364,20 @@ class Lock:
     def holders(self) -> list[Holder]:
         """The live leases of this lock's name, oldest fence first."""
         with backend_errors(self.name):
-            reply = script("holders")([self.keys.leases, self.keys.meta], [], client=self.client)
+            reply = run("holders", self.client, [self.keys.leases, self.keys.meta], [])
         now = int(reply[0])
         out = []
-        for token, expiry, raw in zip(reply[1::3], reply[2::3], reply[3::3], strict=True):
-            rec = json.loads(_text(raw))
+        fields = [iter(reply[1:])] * 4
+        for token, expiry, record, info in zip(*fields, strict=True):
+            mode, count, fence, owner = _text(record).split("|", 3)
             out.append(
                 Holder(
                     token=_text(token),
-                    mode="read" if rec["m"] == "r" else "write",
-                    fence=int(rec["f"]),
-                    owner=rec["o"] or None,
-                    info={k: str(v) for k, v in (rec["i"] or {}).items()},
-                    count=int(rec["c"]),
+                    mode="read" if mode == "r" else "write",
+                    fence=int(fence),
+                    owner=owner or None,
+                    info={k: str(v) for k, v in json.loads(_text(info)).items()},
+                    count=int(count),
                     expires_in=(int(expiry) - now) / 1000,
                 )
             )

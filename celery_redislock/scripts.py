@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from functools import cache
 from importlib.resources import files
+from typing import Any
 
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 
 def _source(name: str) -> bytes:
@@ -24,3 +26,16 @@ def script(name: str) -> Script:
         body = _source("common") + b"\n" + body
     # A Script made from bytes needs no client: each call names the client it runs on.
     return Script(None, body)  # type: ignore[arg-type]
+
+
+def run(name: str, client: Any, keys: list[str], args: list[str]) -> Any:
+    """Runs script ``name`` on ``client`` with EVALSHA, loading it first if the server lacks it.
+
+    Calls EVALSHA directly rather than through ``Script.__call__``: this is the hot path.
+    """
+    registered = script(name)
+    try:
+        return client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        registered.sha = client.script_load(registered.script)
+        return client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)

@@ -3,8 +3,9 @@
 -- Every lock script takes the same five keys, all sharing the lock's hash tag:
 --   KEYS[1] leases  sorted set: lease token -> expiry (server ms)
 --   KEYS[2] meta    hash: 'fence' high-water mark, 'm' mode of the live leases,
---                   'l:<token>' lease record, 'o:<owner>' owner -> token,
---                   'q:<token>' waiter record, 'qseq' arrival counter, 'qw' queued writers
+--                   'l:<token>' lease record 'mode|count|fence|owner', 'i:<token>' its info (JSON),
+--                   'o:<owner>' owner -> token, 'q:<token>' waiter record (JSON),
+--                   'qseq' arrival counter, 'qw' number of queued writers
 --   KEYS[3] queue   sorted set: waiter token -> arrival number
 --   KEYS[4] qdl     sorted set: waiter token -> deadline (server ms) of its queue entry
 --   KEYS[5] wake    list: wake-up signals for waiters of a non-fair lock
@@ -27,15 +28,26 @@ local function int(n)
   return string.format('%.0f', n)
 end
 
-local function drop_lease(tok)
+-- A lease record is a plain string (cheaper than JSON on the hot path): mode|count|fence|owner.
+local function read_lease(tok)
   local raw = redis.call('HGET', K.meta, 'l:' .. tok)
-  if raw then
-    local rec = cjson.decode(raw)
-    if rec.o ~= '' and redis.call('HGET', K.meta, 'o:' .. rec.o) == tok then
-      redis.call('HDEL', K.meta, 'o:' .. rec.o)
-    end
-    redis.call('HDEL', K.meta, 'l:' .. tok)
+  if not raw then
+    return nil
   end
+  local m, c, f, o = string.match(raw, '^(%a)|(%d+)|(%d+)|(.*)$')
+  return {m = m, c = tonumber(c), f = f, o = o}
+end
+
+local function write_lease(tok, rec)
+  redis.call('HSET', K.meta, 'l:' .. tok, rec.m .. '|' .. rec.c .. '|' .. rec.f .. '|' .. rec.o)
+end
+
+local function drop_lease(tok)
+  local rec = read_lease(tok)
+  if rec and rec.o ~= '' and redis.call('HGET', K.meta, 'o:' .. rec.o) == tok then
+    redis.call('HDEL', K.meta, 'o:' .. rec.o)
+  end
+  redis.call('HDEL', K.meta, 'l:' .. tok, 'i:' .. tok)
   redis.call('ZREM', K.leases, tok)
 end
 
@@ -70,17 +82,28 @@ local function fits(mode, limit)
   return redis.call('HGET', K.meta, 'm') == mode and (limit == 0 or n < limit)
 end
 
+-- Creates a lease. `info` is the holder's JSON record, stored as given. Keeps the lock's keys
+-- alive at least as long as the new lease.
 local function new_lease(tok, mode, ttl, owner, info, now, now_us)
   local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
-  local fence = math.max(last + 1, now_us)
+  local fence = int(math.max(last + 1, now_us))
   local expiry = now + ttl
+  local first = redis.call('ZCARD', K.leases) == 0
   redis.call('ZADD', K.leases, int(expiry), tok)
-  redis.call('HSET', K.meta, 'fence', int(fence), 'm', mode,
-    'l:' .. tok, cjson.encode({m = mode, f = int(fence), c = 1, o = owner, i = info}))
+  redis.call('HSET', K.meta, 'fence', fence, 'm', mode,
+    'l:' .. tok, mode .. '|1|' .. fence .. '|' .. owner, 'i:' .. tok, info)
   if owner ~= '' then
     redis.call('HSET', K.meta, 'o:' .. owner, tok)
   end
-  return int(fence), expiry
+  -- Only ever extend: waiters may need the keys for longer than this lease does.
+  local keep = ttl + GRACE_MS
+  if redis.call('PTTL', K.meta) < keep then
+    redis.call('PEXPIRE', K.meta, keep)
+  end
+  if first or redis.call('PTTL', K.leases) < keep then
+    redis.call('PEXPIRE', K.leases, keep)
+  end
+  return fence, expiry
 end
 
 local function enqueue(tok, mode, limit, ttl, owner, info)
@@ -102,16 +125,19 @@ local function grant(now, now_us, skip)
     if not head then
       break
     end
-    local q = cjson.decode(redis.call('HGET', K.meta, 'q:' .. head))
-    if not fits(q.m, q.n) then
+    local raw = redis.call('HGET', K.meta, 'q:' .. head)
+    local q = raw and cjson.decode(raw)
+    if q and not fits(q.m, q.n) then
       break
     end
     dequeue(head)
-    local fence, expiry = new_lease(head, q.m, q.t, q.o, q.i, now, now_us)
-    if head ~= skip then
-      out[#out + 1] = head
-      out[#out + 1] = fence
-      out[#out + 1] = expiry
+    if q then
+      local fence, expiry = new_lease(head, q.m, q.t, q.o, q.i, now, now_us)
+      if head ~= skip then
+        out[#out + 1] = head
+        out[#out + 1] = fence
+        out[#out + 1] = expiry
+      end
     end
   end
   return out
@@ -123,8 +149,8 @@ local function wake_one()
   redis.call('PEXPIRE', K.wake, 2000)
 end
 
--- Keeps every key of the lock alive exactly as long as its last lease or waiter, so no key
--- outlives its use; the fence alone is kept a little longer (see GRACE_MS).
+-- After waiters changed: keeps every key of the lock alive exactly as long as its last lease
+-- or waiter, so no key outlives its use.
 local function settle(now)
   local horizon = 0
   local top = redis.call('ZRANGE', K.leases, -1, -1, 'WITHSCORES')
@@ -135,18 +161,18 @@ local function settle(now)
   if qtop[2] and tonumber(qtop[2]) > horizon then
     horizon = tonumber(qtop[2])
   end
-  if horizon == 0 then
-    local fence = redis.call('HGET', K.meta, 'fence')
-    redis.call('DEL', K.leases, K.queue, K.qdl, K.meta)
-    if fence then
-      redis.call('HSET', K.meta, 'fence', fence)
-      redis.call('PEXPIRE', K.meta, GRACE_MS)
-    end
-    return
-  end
-  local ttl = int(horizon - now + GRACE_MS)
+  local ttl = int(math.max(horizon - now, 0) + GRACE_MS)
   for _, key in ipairs({K.leases, K.meta, K.queue, K.qdl}) do
     redis.call('PEXPIRE', key, ttl)
+  end
+end
+
+-- After a release: once nothing is held or queued, only the fence mark is left, briefly
+-- (Redis drops the emptied sorted sets by itself).
+local function tidy()
+  if redis.call('EXISTS', K.leases, K.queue) == 0 then
+    redis.call('HDEL', K.meta, 'm', 'qseq', 'qw')
+    redis.call('PEXPIRE', K.meta, GRACE_MS)
   end
 end
 

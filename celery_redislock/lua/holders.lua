@@ -1,7 +1,8 @@
 -- holders.lua: the live leases of one lock, read atomically with the server's clock.
 -- KEYS: 1 leases, 2 meta
 -- ARGV: none
--- Returns {now ms, then token, expiry ms, lease record (JSON) for each live lease}.
+-- Returns {now ms, then for each live lease: token, expiry ms, record 'mode|count|fence|owner',
+--   info (JSON)}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {now}
@@ -12,6 +13,7 @@ for i = 1, #live, 2 do
     out[#out + 1] = live[i]
     out[#out + 1] = tonumber(live[i + 1])
     out[#out + 1] = rec
+    out[#out + 1] = redis.call('HGET', KEYS[2], 'i:' .. live[i]) or '{}'
   end
 end
 return out

@@ -9,22 +9,26 @@ purge(now)
 local status, left = 0, 0
 if redis.call('ZSCORE', K.leases, tok) then
   status = 1
-  local rec = cjson.decode(redis.call('HGET', K.meta, 'l:' .. tok))
+  local rec = read_lease(tok)
   if rec.c > 1 and not whole then
     rec.c = rec.c - 1
     left = rec.c
-    redis.call('HSET', K.meta, 'l:' .. tok, cjson.encode(rec))
+    write_lease(tok, rec)
   else
     drop_lease(tok)
   end
 end
 local out = {status, left}
-if fair then
-  for _, v in ipairs(grant(now, now_us, '')) do
-    out[#out + 1] = v
+if redis.call('EXISTS', K.queue) == 1 then
+  if fair then
+    for _, v in ipairs(grant(now, now_us, '')) do
+      out[#out + 1] = v
+    end
+  elseif status == 1 and left == 0 then
+    wake_one()
   end
-elseif status == 1 and left == 0 and redis.call('ZCARD', K.queue) > 0 then
-  wake_one()
+  settle(now)
+else
+  tidy()
 end
-settle(now)
 return out

@@ -8,7 +8,8 @@ local now, now_us = server_now()
 purge(now)
 local released = {}
 for _, tok in ipairs(redis.call('ZRANGE', K.leases, 0, -1)) do
-  local info = cjson.decode(redis.call('HGET', K.meta, 'l:' .. tok)).i
+  local raw = redis.call('HGET', K.meta, 'i:' .. tok)
+  local info = raw and cjson.decode(raw) or {}
   local same = true
   for field, want in pairs(match) do
     if tostring(info[field]) ~= tostring(want) then
@@ -25,12 +26,16 @@ local out = {#released}
 for _, tok in ipairs(released) do
   out[#out + 1] = tok
 end
-if fair then
-  for _, v in ipairs(grant(now, now_us, '')) do
-    out[#out + 1] = v
+if redis.call('EXISTS', K.queue) == 1 then
+  if fair then
+    for _, v in ipairs(grant(now, now_us, '')) do
+      out[#out + 1] = v
+    end
+  elseif #released > 0 then
+    wake_one()
   end
-elseif #released > 0 and redis.call('ZCARD', K.queue) > 0 then
-  wake_one()
+  settle(now)
+else
+  tidy()
 end
-settle(now)
 return out
