@@ -318,10 +318,22 @@ class Fleet:
     def go(self, count: int, seconds: float | None = None) -> None:
         """Waits until ``count`` workers are at the start line, then starts them together."""
         for _ in range(count):
-            if not self.run.client.blpop([self.keys.ready], timeout=SCENARIO_TIMEOUT_S):
-                raise RuntimeError("workers did not start")
+            self.pop(self.keys.ready)
         until_ns = 0 if seconds is None else time.monotonic_ns() + int(seconds * NS_PER_S)
         self.run.client.rpush(self.keys.go, *[until_ns] * count)
+
+    def pop(self, key: str) -> bytes | str:
+        """The next item a worker pushes to ``key``; raises if a worker died first."""
+        deadline = time.monotonic() + SCENARIO_TIMEOUT_S
+        while time.monotonic() < deadline:
+            reply = self.run.client.blpop([key], timeout=0.5)
+            if reply:
+                item: bytes | str = reply[1]
+                return item
+            crashed = self.crashed()
+            if crashed:
+                raise RuntimeError(f"worker {crashed[0]} before reporting on {key}")
+        raise RuntimeError(f"no worker reported on {key} in {SCENARIO_TIMEOUT_S:g} s")
 
     def join(self, processes: Sequence[BaseProcess] | None = None) -> None:
         deadline = time.monotonic() + SCENARIO_TIMEOUT_S
@@ -343,6 +355,14 @@ class Fleet:
             f"pid {p.pid} " + ("did not finish" if p.exitcode is None else f"exit {p.exitcode}")
             for p in self.processes
             if p.pid not in self.killed and p.exitcode != 0
+        ]
+
+    def crashed(self) -> list[str]:
+        """Workers that exited with an error so far."""
+        return [
+            f"pid {p.pid} exit {p.exitcode}"
+            for p in self.processes
+            if p.pid not in self.killed and p.exitcode not in (None, 0)
         ]
 
     def close(self) -> None:
@@ -389,7 +409,7 @@ def handoffs_ms(intervals: Iterable[Interval]) -> list[float]:
     return [(b.t_acquired - a.t_released) / NS_PER_MS for a, b in pairwise(ordered)]
 
 
-def fence_disorder(intervals: Iterable[Interval]) -> int:
+def fence_regressions(intervals: Iterable[Interval]) -> int:
     """Acquisitions (of an exclusive lock, in time order) whose fence is not above the last."""
     ordered = sorted(intervals, key=lambda i: i.t_acquired)
     return sum(1 for a, b in pairwise(ordered) if b.fence <= a.fence)
@@ -567,8 +587,11 @@ def mutex(run: Run) -> Outcome:
         fleet.start(_work, job, PROCESSES)
         fleet.go(PROCESSES)
         fleet.join()
-    intervals = _collect(run.client, keys.results)
     counter = int(run.client.get(keys.counter) or 0)
+    return _judge_mutex(fleet, _collect(run.client, keys.results), counter, PROCESSES * rounds)
+
+
+def _judge_mutex(fleet: Fleet, intervals: list[Interval], counter: int, planned: int) -> Outcome:
     handoffs = handoffs_ms(intervals)
     _holder_table(intervals)
     ordered = sorted(intervals, key=lambda i: i.t_acquired)
@@ -590,14 +613,14 @@ def mutex(run: Run) -> Outcome:
             "counter",
             "counter vs increments planned (no lost update)",
             counter,
-            PROCESSES * rounds,
+            planned,
             "==",
         ),
         Check("max_concurrency", "max holders at once", max_concurrency(intervals), 1, "<="),
         Check(
             "fence_regressions",
             "fences not above the previous holder's",
-            fence_disorder(intervals),
+            fence_regressions(intervals),
             0,
             "==",
         ),
@@ -625,7 +648,10 @@ def cap(run: Run) -> Outcome:
         fleet.start(_work, job, PROCESSES)
         fleet.go(PROCESSES)
         fleet.join()
-    intervals = _collect(run.client, keys.results)
+    return _judge_cap(fleet, _collect(run.client, keys.results))
+
+
+def _judge_cap(fleet: Fleet, intervals: list[Interval]) -> Outcome:
     peak = max_concurrency(intervals)
     shares = time_at_level(intervals)
     waits = [i.waited_ms for i in intervals]
@@ -805,10 +831,7 @@ def crash(run: Run) -> Outcome:
     job = Job(keys, ttl=CRASH_TTL_S, rounds=1, hold_ms=50)
     with Fleet(run, keys) as fleet:
         victim = fleet.start(_hold_until_killed, job)[0]
-        reply = run.client.blpop([keys.held], timeout=SCENARIO_TIMEOUT_S)
-        if not reply:
-            raise RuntimeError("the process to be killed never got the lock")
-        held = _load(reply[1])[0]
+        held = _load(fleet.pop(keys.held))[0]
         waiters = fleet.start(_work, job, PROCESSES - 1)
         fleet.go(PROCESSES - 1)
         _sleep_until(held.t_acquired + int(hold_s * NS_PER_S))
@@ -874,7 +897,7 @@ def _judge_crash(fleet: Fleet, dead: Interval, intervals: list[Interval]) -> Out
     stats = {
         "killed_pid": dead.pid,
         "killed_fence": dead.fence,
-        "recovery_ms": round(recovery, 1),
+        "recovery_ms": _finite(round(recovery, 1)),
         "next_fences": [i.fence for i in ordered],
         "ttl_ms": CRASH_TTL_S * 1000,
     }
@@ -956,11 +979,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
         _say(f"  {verdict}  {name:<10}  {details}")
     failed = [n for n, s in summary["scenarios"].items() if not s["passed"]]
     total = len(summary["scenarios"])
-    result = (
-        f"{len(failed)} of {total} scenarios FAILED: {', '.join(failed)}"
-        if failed
-        else (f"all {total} scenarios passed")
-    )
+    result = f"all {total} scenarios passed"
+    if failed:
+        result = f"{len(failed)} of {total} scenarios FAILED: {', '.join(failed)}"
     _say(f"{result} in {summary['seconds']:.1f} s")
 
 

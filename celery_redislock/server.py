@@ -92,6 +92,15 @@ class RedisServer:
             *extra,
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()  # interrupted or failed: leave no server behind
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.process is not None
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
         while True:
@@ -104,7 +113,6 @@ class RedisServer:
                 time.sleep(0.02)
             finally:
                 client.close()
-        return self
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from celery_redislock import (
+    Lease,
     Lock,
     LockBackendError,
     LockConfigError,
@@ -353,3 +354,25 @@ def test_redis_down_is_a_backend_error_naming_the_lock() -> None:
         Lock(c, "down", ttl=1).acquire()
     assert isinstance(info.value, RedisLockError) and info.value.name == "down"
     assert isinstance(info.value.__cause__, redis.ConnectionError)
+
+
+def test_fair_waiter_granted_without_its_wake_up_leaves_nothing_behind(
+    client: redis.Redis,
+) -> None:
+    """A releaser that dies between handing the lock over and waking the new holder: the waiter
+    finds its lease on its next look, and leaves no stale place in line behind."""
+    from celery_redislock.scripts import run
+
+    lock = Lock(client, "handover", ttl=5, fair=True)
+    first = lock.acquire()
+    got: list[Lease] = []
+    waiter = threading.Thread(target=lambda: got.append(lock.acquire(timeout=10)))
+    waiter.start()
+    while client.zcard(lock.keys.all[2]) == 0:
+        time.sleep(0.005)
+    run("release", client, lock.keys.all, [first.token, "1", "0"])  # hand over, never notify
+    waiter.join(10)
+    assert got and [h.token for h in lock.holders()] == [got[0].token]
+    assert client.zcard(lock.keys.all[2]) == 0
+    got[0].release()
+    lock.acquire(blocking=False).release()

@@ -53,6 +53,11 @@ if owner ~= '' then
 end
 
 if fair then
+  -- Handed the lock already (our wake-up is late, or its sender died): take it, do not requeue.
+  local granted_at = redis.call('ZSCORE', K.leases, tok)
+  if granted_at then
+    return held(tok, read_lease(tok).f, tonumber(granted_at), 1, {})
+  end
   -- Join the line (or refresh our place), let the line advance, and see whether we got it.
   if not redis.call('ZSCORE', K.queue, tok) then
     enqueue(tok, mode, limit, ttl, owner, info)
