@@ -53,13 +53,17 @@ def _positive_seconds(value: object, what: str, name: str) -> float:
     return float(value)
 
 
+def _backend_error(name: str | None, exc: redis.RedisError) -> LockBackendError:
+    return LockBackendError(f"lock {name!r}: Redis failed: {exc}", name=name)
+
+
 @contextmanager
 def backend_errors(name: str | None) -> Iterator[None]:
     """Turns redis-py's errors into LockBackendError carrying the lock name."""
     try:
         yield
     except redis.RedisError as exc:
-        raise LockBackendError(f"lock {name!r}: Redis failed: {exc}", name=name) from exc
+        raise _backend_error(name, exc) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,9 +201,11 @@ class Lock:
         self.keys = LockKeys.of(self.namespace, self.name)
         self._ttl_ms = max(1, round(self.ttl * 1000))
         # Readers are unbounded unless a limit is given; writers default to one at a time.
-        self._limit_arg = str(limit if limit is not None else (0 if mode == "read" else 1))
-        self._mode_arg = "r" if mode == "read" else "w"
+        limit_arg = limit if limit is not None else (0 if mode == "read" else 1)
         self._fair_arg = "1" if fair else "0"
+        self._spec = f"{mode[0]} {limit_arg} {self._ttl_ms} {self._fair_arg} {_QUEUE_ENTRY_MS}"
+        self._release_flags = self._fair_arg + "0"
+        self._keys = [key.encode() for key in self.keys.all]  # encoded once: the hot path
         self._entered = threading.local()
         self._max_block = _WAIT_SLICE_S
         if isinstance(client, redis.Redis):
@@ -242,34 +248,28 @@ class Lock:
                 f"owner must be a non-empty string, got {owner!r}", name=self.name
             )
         token = os.urandom(16).hex()
-        args = [
-            token,
-            self._mode_arg,
-            self._limit_arg,
-            str(self._ttl_ms),
-            owner or "",
-            _info_json(info),
-            self._fair_arg,
-            "1" if blocking and timeout != 0 else "0",
-            str(_QUEUE_ENTRY_MS),
-            "0",
-        ]
+        wait = blocking and timeout != 0
+        args = [token, self._spec, "10" if wait else "00", owner or "", _info_json(info)]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             sent = time.monotonic()
-            with backend_errors(self.name):
-                reply = run("acquire", self.client, self.keys.all, args)
-                self._notify(reply[6:])
+            try:
+                reply = run("acquire", self.client, self._keys, args)
+                if len(reply) > 7:
+                    self._notify(reply[7:])
+            except redis.RedisError as exc:
+                raise _backend_error(self.name, exc) from exc
             status = int(reply[0])
             if status == 1:
-                return self._lease(_text(reply[1]), int(reply[2]), int(reply[3]), owner, sent)
+                mode: Mode = "read" if reply[6] in (b"r", "r") else "write"
+                return self._lease(_text(reply[1]), int(reply[2]), int(reply[3]), mode, owner, sent)
             if status == -1:
                 raise LockUpgradeError(
                     f"lock {self.name!r}: owner {owner!r} holds a read lease and asked for write; "
                     "release the read lease first",
                     name=self.name,
                 )
-            if args[7] == "0":
+            if not wait:
                 raise LockNotAcquired(
                     f"lock {self.name!r} is held"
                     + (f" (gave up after {timeout}s)" if timeout else ""),
@@ -278,7 +278,8 @@ class Lock:
                 )
             remaining = float("inf") if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
-                args[7] = "0"  # one last try that also leaves the line
+                wait = False  # one last try that also leaves the line
+                args[2] = "00"
                 continue
             until_expiry = int(reply[5]) / 1000 + 0.001 if int(reply[5]) > 0 else _WAIT_SLICE_S
             block = max(0.001, min(remaining, self._max_block, until_expiry))
@@ -287,19 +288,19 @@ class Lock:
                     popped = self.client.blpop([self.keys.waiter(token)], timeout=block)
                     if popped:
                         fence, expiry = _text(popped[1]).split(":")
-                        return self._lease(token, int(fence), int(expiry), owner, sent)
+                        return self._lease(token, int(fence), int(expiry), self.mode, owner, sent)
                 else:
                     popped = self.client.blpop([self.keys.all[4]], timeout=block)
-                    args[9] = "1" if popped else "0"
+                    args[2] = "11" if popped else "10"
 
     def _lease(
-        self, token: str, fence: int, expiry_ms: int, owner: str | None, sent: float
+        self, token: str, fence: int, expiry_ms: int, mode: Mode, owner: str | None, sent: float
     ) -> Lease:
         return Lease(
             lock=self,
             token=token,
             fence=fence,
-            mode=self.mode,
+            mode=mode,
             owner=owner,
             expires_at_ms=expiry_ms,
             valid_until=sent + self.ttl,
@@ -328,9 +329,12 @@ class Lock:
                 name=self.name,
                 token=lease.token,
             )
-        with backend_errors(self.name):
-            reply = run("release", self.client, self.keys.all, [lease.token, self._fair_arg, "0"])
-            self._notify(reply[2:])
+        try:
+            reply = run("release", self.client, self._keys, [lease.token, self._release_flags])
+            if len(reply) > 2:
+                self._notify(reply[2:])
+        except redis.RedisError as exc:
+            raise _backend_error(self.name, exc) from exc
         if int(reply[0]) == 0:
             lease.released = True
             raise LockNotOwned(
@@ -354,7 +358,7 @@ class Lock:
             )
         payload = json.dumps({k: str(v) for k, v in match.items()})
         with backend_errors(self.name):
-            reply = run("release_where", self.client, self.keys.all, [self._fair_arg, payload])
+            reply = run("release_where", self.client, self._keys, [self._fair_arg, payload])
             count = int(reply[0])
             self._notify(reply[1 + count :])
         return [_text(t) for t in reply[1 : 1 + count]]
@@ -409,8 +413,17 @@ class Lock:
 _HOST = socket.gethostname()
 
 
+_default_info: tuple[int, str] = (0, "")
+
+
 def _info_json(info: Mapping[str, object] | None) -> str:
-    record = {"host": _HOST, "pid": str(os.getpid())}
+    global _default_info
+    pid = os.getpid()
+    if not info and _default_info[0] == pid:
+        return _default_info[1]
+    record = {"host": _HOST, "pid": str(pid)}
     if info:
         record.update({str(k): str(v) for k, v in info.items()})
-    return json.dumps(record)
+        return json.dumps(record)
+    _default_info = (pid, json.dumps(record))
+    return _default_info[1]

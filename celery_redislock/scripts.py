@@ -6,6 +6,7 @@ NOSCRIPT, so the scripts survive ``SCRIPT FLUSH``, restarts and failover.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from importlib.resources import files
 from typing import Any
@@ -28,7 +29,7 @@ def script(name: str) -> Script:
     return Script(None, body)  # type: ignore[arg-type]
 
 
-def run(name: str, client: Any, keys: list[str], args: list[str]) -> Any:
+def run(name: str, client: Any, keys: Sequence[str | bytes], args: Sequence[str]) -> Any:
     """Runs script ``name`` on ``client`` with EVALSHA, loading it first if the server lacks it.
 
     Calls EVALSHA directly rather than through ``Script.__call__``: this is the hot path.

@@ -370,9 +370,17 @@ def test_fair_waiter_granted_without_its_wake_up_leaves_nothing_behind(
     waiter.start()
     while client.zcard(lock.keys.all[2]) == 0:
         time.sleep(0.005)
-    run("release", client, lock.keys.all, [first.token, "1", "0"])  # hand over, never notify
+    run("release", client, lock.keys.all, [first.token, "10"])  # hand over, never notify
     waiter.join(10)
     assert got and [h.token for h in lock.holders()] == [got[0].token]
     assert client.zcard(lock.keys.all[2]) == 0
     got[0].release()
     lock.acquire(blocking=False).release()
+
+
+def test_reentry_through_a_lock_of_the_other_mode_reports_the_leases_mode(
+    client: redis.Redis,
+) -> None:
+    write = Lock(client, "doc", ttl=5).acquire(owner="job-1")
+    again = Lock(client, "doc", ttl=5, mode="read").acquire(owner="job-1")
+    assert again.token == write.token and again.mode == "write"

@@ -1,19 +1,24 @@
 -- acquire.lua: take a lease, re-enter one, or wait in line for one.
 -- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake (see common.lua)
--- ARGV: 1 token, 2 mode ('r' | 'w'), 3 limit (0 = unbounded), 4 ttl ms, 5 owner ('' = none),
---       6 info (JSON object, stored as given), 7 fair (0 | 1), 8 wait (1: stay queued on
---       failure), 9 queue entry lifetime ms, 10 woke (1: the caller was woken by a signal)
--- Returns {status, token, fence, expiry ms, reentry count, ms to next expiry, granted...}:
+-- ARGV: 1 token,
+--       2 the lock's spec 'mode limit ttl fair entry': mode 'r' | 'w', limit (0 = unbounded),
+--         ttl ms, fair 0 | 1, queue entry lifetime ms,
+--       3 this call's flags 'wait woke': wait 1 = stay queued on failure, woke 1 = the caller
+--         was woken by a signal (both 0 | 1, e.g. '10'),
+--       4 owner ('' = none), 5 info (JSON object, stored as given)
+-- Returns {status, token, fence, expiry ms, reentry count, ms to next expiry, lease mode,
+--   granted...}:
 --   status 1 held, 0 not held (queued when wait = 1), -1 read-to-write upgrade refused;
 --   granted is token, fence, expiry of other waiters this call handed the lock to (fair mode).
-local tok, mode, limit, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local owner, info = ARGV[5], ARGV[6]
-local fair, wait, entry_ms, woke = ARGV[7] == '1', ARGV[8] == '1', tonumber(ARGV[9]), ARGV[10] == '1'
+local tok, owner, info = ARGV[1], ARGV[4], ARGV[5]
+local mode, limit, ttl, fair, entry_ms = string.match(ARGV[2], '^(%a) (%d+) (%d+) (%d) (%d+)$')
+limit, ttl, entry_ms, fair = tonumber(limit), tonumber(ttl), tonumber(entry_ms), fair == '1'
+local wait, woke = string.sub(ARGV[3], 1, 1) == '1', string.sub(ARGV[3], 2, 2) == '1'
 local now, now_us = server_now()
 purge(now)
 
-local function held(token, fence, expiry, count, granted)
-  local out = {1, token, fence, expiry, count, 0}
+local function held(token, fence, expiry, count, granted, lease_mode)
+  local out = {1, token, fence, expiry, count, 0, lease_mode or mode}
   for _, v in ipairs(granted) do
     out[#out + 1] = v
   end
@@ -26,7 +31,7 @@ local function not_held(granted)
   else
     tidy()
   end
-  local out = {0, '', 0, 0, 0, next_expiry(now)}
+  local out = {0, '', 0, 0, 0, next_expiry(now), mode}
   for _, v in ipairs(granted) do
     out[#out + 1] = v
   end
@@ -38,7 +43,7 @@ if owner ~= '' then
   if mine and redis.call('ZSCORE', K.leases, mine) then
     local rec = read_lease(mine)
     if rec.m == 'r' and mode == 'w' then
-      return {-1, mine, rec.f, 0, rec.c, 0}
+      return {-1, mine, rec.f, 0, rec.c, 0, rec.m}
     end
     rec.c = rec.c + 1
     write_lease(mine, rec)
@@ -48,7 +53,7 @@ if owner ~= '' then
       redis.call('PEXPIRE', K.leases, int(expiry - now + GRACE_MS))
       redis.call('PEXPIRE', K.meta, int(expiry - now + GRACE_MS))
     end
-    return held(mine, rec.f, expiry, rec.c, {})
+    return held(mine, rec.f, expiry, rec.c, {}, rec.m)
   end
 end
 
@@ -81,13 +86,14 @@ if fair then
 end
 
 -- Non-fair: take free capacity, except that readers yield to a queued writer.
-local queued = redis.call('ZSCORE', K.queue, tok)
+local queued = redis.call('EXISTS', K.queue) == 1 and redis.call('ZSCORE', K.queue, tok)
 local writer_waits = mode == 'r' and redis.call('HGET', K.meta, 'qw') or '0'
-if fits(mode, limit) and (tonumber(writer_waits) or 0) == 0 then
+local room, empty = fits(mode, limit)
+if room and (tonumber(writer_waits) or 0) == 0 then
   if queued then
     dequeue(tok)
   end
-  local fence, expiry = new_lease(tok, mode, ttl, owner, info, now, now_us)
+  local fence, expiry = new_lease(tok, mode, ttl, owner, info, now, now_us, empty or false)
   -- Readers may share: pass the wake-up on so queued readers follow.
   if redis.call('EXISTS', K.queue) == 1 and fits(mode, limit) then
     wake_one()

@@ -61,12 +61,17 @@ local function dequeue(tok)
   redis.call('ZREM', K.qdl, tok)
 end
 
--- Drops expired leases and waiter entries whose owner stopped refreshing them.
-local function purge(now)
+-- Drops expired leases.
+local function purge_leases(now)
   local dead = redis.call('ZRANGEBYSCORE', K.leases, '-inf', now)
   for _, tok in ipairs(dead) do
     drop_lease(tok)
   end
+end
+
+-- Drops expired leases and waiter entries whose owner stopped refreshing them.
+local function purge(now)
+  purge_leases(now)
   local gone = redis.call('ZRANGEBYSCORE', K.qdl, '-inf', now)
   for _, tok in ipairs(gone) do
     dequeue(tok)
@@ -77,18 +82,20 @@ end
 local function fits(mode, limit)
   local n = redis.call('ZCARD', K.leases)
   if n == 0 then
-    return true
+    return true, true
   end
   return redis.call('HGET', K.meta, 'm') == mode and (limit == 0 or n < limit)
 end
 
 -- Creates a lease. `info` is the holder's JSON record, stored as given. Keeps the lock's keys
 -- alive at least as long as the new lease.
-local function new_lease(tok, mode, ttl, owner, info, now, now_us)
+local function new_lease(tok, mode, ttl, owner, info, now, now_us, first)
   local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
   local fence = int(math.max(last + 1, now_us))
   local expiry = now + ttl
-  local first = redis.call('ZCARD', K.leases) == 0
+  if first == nil then
+    first = redis.call('ZCARD', K.leases) == 0
+  end
   redis.call('ZADD', K.leases, int(expiry), tok)
   redis.call('HSET', K.meta, 'fence', fence, 'm', mode,
     'l:' .. tok, mode .. '|1|' .. fence .. '|' .. owner, 'i:' .. tok, info)

@@ -1,13 +1,21 @@
 -- release.lua: give back a lease (one reentry level, or all of it) and hand the lock on.
 -- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake (see common.lua)
--- ARGV: 1 token, 2 fair (0 | 1), 3 whole (1: drop the lease whatever its reentry count)
+-- ARGV: 1 token, 2 flags 'fair whole' (each 0 | 1, e.g. '10'): fair mode; whole = drop the
+--       lease whatever its reentry count
 -- Returns {status, reentry count left, granted...}: status 1 released, 0 not held by this token;
 --   granted is token, fence, expiry of each waiter the lock was handed to (fair mode).
-local tok, fair, whole = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
+local tok = ARGV[1]
+local fair, whole = string.sub(ARGV[2], 1, 1) == '1', string.sub(ARGV[2], 2, 2) == '1'
 local now, now_us = server_now()
-purge(now)
+local waiters = redis.call('EXISTS', K.queue) == 1
+if waiters then
+  purge(now)
+else
+  purge_leases(now)
+end
 local status, left = 0, 0
-if redis.call('ZSCORE', K.leases, tok) then
+local expiry = redis.call('ZSCORE', K.leases, tok)
+if expiry and tonumber(expiry) > now then
   status = 1
   local rec = read_lease(tok)
   if rec.c > 1 and not whole then
@@ -19,7 +27,7 @@ if redis.call('ZSCORE', K.leases, tok) then
   end
 end
 local out = {status, left}
-if redis.call('EXISTS', K.queue) == 1 then
+if waiters then
   if fair then
     for _, v in ipairs(grant(now, now_us, '')) do
       out[#out + 1] = v
