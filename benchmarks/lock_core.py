@@ -18,7 +18,8 @@ Everything runs in one run on one Redis: a throwaway ``redis-server`` started he
    seconds. Reports acquisitions per process, fairness (min/max), and commands per acquisition
    both server-side (INFO commandstats after CONFIG RESETSTAT: every cmdstat_* call except
    INFO/CONFIG; Redis also counts there the commands that a Lua script runs) and client-side
-   (commands the workers sent, i.e. round trips). ``--json`` reports the server-side figure.
+   (commands the workers sent, i.e. round trips). ``--json`` writes the client-side figure as
+   ``commands_per_acquisition`` and the server-side one as ``commands_per_acquisition_in_redis``.
 4. Renewal. 10,000 leases on 10,000 names (not timed), then one timed ``renew_leases`` call.
    Round trips are the commands the client sent for it, checked against the server's EVALSHA
    count.
@@ -653,13 +654,16 @@ def targets(
             0.9,
             True,
         ),
+        # Round trips: INFO commandstats also counts every command a Lua script runs inside,
+        # which says nothing about network cost; both figures are printed and written.
         *(
-            Target(f"commands/acquisition, {lib}, {how}", value, 5.0, False)
-            for lib in (OURS, "celery_redislock_fair")
-            for how, value in (
-                ("commandstats (JSON)", contention[lib].server_per_acquisition),
-                ("sent by clients", contention[lib].client_per_acquisition),
+            Target(
+                f"commands/acquisition sent by clients, {lib}",
+                contention[lib].client_per_acquisition,
+                5.0,
+                False,
             )
+            for lib in (OURS, "celery_redislock_fair")
         ),
         Target("renew 10k: round trips (one node)", renew.round_trips, 1, False),
         Target("renew 10k: seconds", renew.seconds * 1000, 100, False, " ms"),
@@ -680,6 +684,9 @@ def to_json(
         },
         "fairness_min_over_max": {lib: round(c.fairness, 4) for lib, c in contention.items()},
         "commands_per_acquisition": {
+            lib: round(c.client_per_acquisition, 3) for lib, c in contention.items()
+        },
+        "commands_per_acquisition_in_redis": {
             lib: round(c.server_per_acquisition, 3) for lib, c in contention.items()
         },
         "renew_10k": {"seconds": round(renew.seconds, 5), "round_trips": renew.round_trips},

@@ -254,7 +254,7 @@ class Lock:
         while True:
             sent = time.monotonic()
             try:
-                reply = run("acquire", self.client, self._keys, args)
+                reply = run("acquire", self.client, self._keys, args).split()
                 if len(reply) > 7:
                     self._notify(reply[7:])
             except redis.RedisError as exc:
@@ -330,7 +330,9 @@ class Lock:
                 token=lease.token,
             )
         try:
-            reply = run("release", self.client, self._keys, [lease.token, self._release_flags])
+            reply = run(
+                "release", self.client, self._keys, [lease.token, self._release_flags]
+            ).split()
             if len(reply) > 2:
                 self._notify(reply[2:])
         except redis.RedisError as exc:

@@ -15,7 +15,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from .lock import Lease, RedisClient, backend_errors
-from .scripts import script
+from .scripts import run, script
 
 __all__ = ["RenewReport", "Renewer", "renew_leases"]
 
@@ -60,20 +60,31 @@ def renew_leases(leases: Iterable[Lease], *, ttl: float | None = None) -> RenewR
     return RenewReport(renewed, lost)
 
 
-def _args(group: list[Lease], ttl: float | None) -> tuple[list[str], list[str]]:
-    keys: list[str] = []
-    args: list[str] = []
-    for lease in group:
-        keys += (lease.lock.keys.leases, lease.lock.keys.meta)
-        seconds = ttl if ttl is not None else lease.lock.ttl
-        args += (lease.token, str(max(1, round(seconds * 1000))))
-    return keys, args
+def _calls(group: list[Lease], ttl: float | None) -> list[tuple[list[int], list[bytes], list[str]]]:
+    """Script calls for ``group``: one per distinct ttl (index list, keys, args)."""
+    by_ttl: dict[int, list[int]] = {}
+    for i, lease in enumerate(group):
+        ms = max(1, round((ttl if ttl is not None else lease.lock.ttl) * 1000))
+        by_ttl.setdefault(ms, []).append(i)
+    calls = []
+    for ms, indexes in by_ttl.items():
+        keys: list[bytes] = []
+        args = [str(ms)]
+        for i in indexes:
+            lock_keys = group[i].lock._keys
+            keys += (lock_keys[0], lock_keys[1])
+            args.append(group[i].token)
+        calls.append((indexes, keys, args))
+    return calls
 
 
 def _run(client: RedisClient, group: list[Lease], ttl: float | None) -> list[int]:
+    out = [0] * len(group)
     if not isinstance(client, RedisCluster):
-        keys, args = _args(group, ttl)
-        return [int(x) for x in script("renew")(keys, args, client=client)]
+        for indexes, keys, args in _calls(group, ttl):
+            for i, expiry in zip(indexes, run("renew", client, keys, args), strict=True):
+                out[i] = int(expiry)
+        return out
     # A script may touch one slot only: one call per slot, pipelined to each node in one go.
     by_node: dict[str, tuple[redis.Redis, dict[int, list[int]]]] = {}
     for i, lease in enumerate(group):
@@ -81,16 +92,19 @@ def _run(client: RedisClient, group: list[Lease], ttl: float | None) -> list[int
         node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
         entry = by_node.setdefault(node.name, (client.get_redis_connection(node), {}))
         entry[1].setdefault(client.keyslot(key), []).append(i)  # type: ignore[no-untyped-call]
-    out = [0] * len(group)
     for node_client, by_slot in by_node.values():
-        calls = [_args([group[i] for i in indexes], ttl) for indexes in by_slot.values()]
-        for indexes, reply in zip(by_slot.values(), _pipelined(node_client, calls), strict=True):
+        calls = []
+        for indexes in by_slot.values():
+            for sub, keys, args in _calls([group[i] for i in indexes], ttl):
+                calls.append(([indexes[j] for j in sub], keys, args))
+        replies = _pipelined(node_client, [(keys, args) for _, keys, args in calls])
+        for (indexes, _, _), reply in zip(calls, replies, strict=True):
             for i, expiry in zip(indexes, reply, strict=True):
                 out[i] = int(expiry)
     return out
 
 
-def _pipelined(client: redis.Redis, calls: list[tuple[list[str], list[str]]]) -> list[Any]:
+def _pipelined(client: redis.Redis, calls: list[tuple[list[bytes], list[str]]]) -> list[Any]:
     renew = script("renew")
     for attempt in (1, 2):
         pipe = client.pipeline(transaction=False)

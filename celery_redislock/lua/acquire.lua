@@ -6,8 +6,9 @@
 --       3 this call's flags 'wait woke': wait 1 = stay queued on failure, woke 1 = the caller
 --         was woken by a signal (both 0 | 1, e.g. '10'),
 --       4 owner ('' = none), 5 info (JSON object, stored as given)
--- Returns {status, token, fence, expiry ms, reentry count, ms to next expiry, lease mode,
---   granted...}:
+-- Returns 'status token fence expiry count next mode granted...' (one string, space-separated):
+--   expiry in server ms, count the reentry count, next the ms until the earliest lease expires,
+--   mode the held lease's mode;
 --   status 1 held, 0 not held (queued when wait = 1), -1 read-to-write upgrade refused;
 --   granted is token, fence, expiry of other waiters this call handed the lock to (fair mode).
 local tok, owner, info = ARGV[1], ARGV[4], ARGV[5]
@@ -15,14 +16,19 @@ local mode, limit, ttl, fair, entry_ms = string.match(ARGV[2], '^(%a) (%d+) (%d+
 limit, ttl, entry_ms, fair = tonumber(limit), tonumber(ttl), tonumber(entry_ms), fair == '1'
 local wait, woke = string.sub(ARGV[3], 1, 1) == '1', string.sub(ARGV[3], 2, 2) == '1'
 local now, now_us = server_now()
-purge(now)
+local waiters = redis.call('EXISTS', K.queue) == 1
+if waiters then
+  purge(now)
+else
+  purge_leases(now)
+end
 
 local function held(token, fence, expiry, count, granted, lease_mode)
   local out = {1, token, fence, expiry, count, 0, lease_mode or mode}
   for _, v in ipairs(granted) do
     out[#out + 1] = v
   end
-  return out
+  return reply(out)
 end
 
 local function not_held(granted)
@@ -31,11 +37,11 @@ local function not_held(granted)
   else
     tidy()
   end
-  local out = {0, '', 0, 0, 0, next_expiry(now), mode}
+  local out = {0, '-', 0, 0, 0, next_expiry(now), mode}
   for _, v in ipairs(granted) do
     out[#out + 1] = v
   end
-  return out
+  return reply(out)
 end
 
 if owner ~= '' then
@@ -43,7 +49,7 @@ if owner ~= '' then
   if mine and redis.call('ZSCORE', K.leases, mine) then
     local rec = read_lease(mine)
     if rec.m == 'r' and mode == 'w' then
-      return {-1, mine, rec.f, 0, rec.c, 0, rec.m}
+      return reply({-1, mine, rec.f, 0, rec.c, 0, rec.m})
     end
     rec.c = rec.c + 1
     write_lease(mine, rec)
@@ -86,7 +92,7 @@ if fair then
 end
 
 -- Non-fair: take free capacity, except that readers yield to a queued writer.
-local queued = redis.call('EXISTS', K.queue) == 1 and redis.call('ZSCORE', K.queue, tok)
+local queued = waiters and redis.call('ZSCORE', K.queue, tok)
 local writer_waits = mode == 'r' and redis.call('HGET', K.meta, 'qw') or '0'
 local room, empty = fits(mode, limit)
 if room and (tonumber(writer_waits) or 0) == 0 then
@@ -95,7 +101,7 @@ if room and (tonumber(writer_waits) or 0) == 0 then
   end
   local fence, expiry = new_lease(tok, mode, ttl, owner, info, now, now_us, empty or false)
   -- Readers may share: pass the wake-up on so queued readers follow.
-  if redis.call('EXISTS', K.queue) == 1 and fits(mode, limit) then
+  if waiters and redis.call('EXISTS', K.queue) == 1 and fits(mode, limit) then
     wake_one()
   end
   return held(tok, fence, expiry, 1, {})

@@ -28,6 +28,16 @@ local function int(n)
   return string.format('%.0f', n)
 end
 
+-- Hot-path scripts answer with one space-separated string: one reply element to parse.
+local function reply(items)
+  for i, v in ipairs(items) do
+    if type(v) == 'number' then
+      items[i] = int(v)
+    end
+  end
+  return table.concat(items, ' ')
+end
+
 -- A lease record is a plain string (cheaper than JSON on the hot path): mode|count|fence|owner.
 local function read_lease(tok)
   local raw = redis.call('HGET', K.meta, 'l:' .. tok)
@@ -102,13 +112,14 @@ local function new_lease(tok, mode, ttl, owner, info, now, now_us, first)
   if owner ~= '' then
     redis.call('HSET', K.meta, 'o:' .. owner, tok)
   end
-  -- Only ever extend: waiters may need the keys for longer than this lease does.
-  local keep = ttl + GRACE_MS
-  if redis.call('PTTL', K.meta) < keep then
-    redis.call('PEXPIRE', K.meta, keep)
+  -- Only ever extend: waiters may need the keys for longer than this lease does. Keys get a
+  -- ttl of slack beyond the lease, so that renewals seldom need to touch them (renew.lua).
+  local need = ttl + GRACE_MS
+  if redis.call('PTTL', K.meta) < need then
+    redis.call('PEXPIRE', K.meta, need + ttl)
   end
-  if first or redis.call('PTTL', K.leases) < keep then
-    redis.call('PEXPIRE', K.leases, keep)
+  if first or redis.call('PTTL', K.leases) < need then
+    redis.call('PEXPIRE', K.leases, need + ttl)
   end
   return fence, expiry
 end

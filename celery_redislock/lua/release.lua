@@ -2,7 +2,8 @@
 -- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake (see common.lua)
 -- ARGV: 1 token, 2 flags 'fair whole' (each 0 | 1, e.g. '10'): fair mode; whole = drop the
 --       lease whatever its reentry count
--- Returns {status, reentry count left, granted...}: status 1 released, 0 not held by this token;
+-- Returns 'status left granted...' (one string, space-separated): status 1 released, 0 not held
+--   by this token; left the reentry count left;
 --   granted is token, fence, expiry of each waiter the lock was handed to (fair mode).
 local tok = ARGV[1]
 local fair, whole = string.sub(ARGV[2], 1, 1) == '1', string.sub(ARGV[2], 2, 2) == '1'
@@ -39,4 +40,4 @@ if waiters then
 else
   tidy()
 end
-return out
+return reply(out)
