@@ -16,12 +16,7 @@ local mode, limit, ttl, fair, entry_ms = string.match(ARGV[2], '^(%a) (%d+) (%d+
 limit, ttl, entry_ms, fair = tonumber(limit), tonumber(ttl), tonumber(entry_ms), fair == '1'
 local wait, woke = string.sub(ARGV[3], 1, 1) == '1', string.sub(ARGV[3], 2, 2) == '1'
 local now, now_us = server_now()
-local waiters = redis.call('EXISTS', K.queue) == 1
-if waiters then
-  purge(now)
-else
-  purge_leases(now)
-end
+local waiters = start(now)
 
 local function held(token, fence, expiry, count, granted, lease_mode)
   local out = {1, token, fence, expiry, count, 0, lease_mode or mode}
@@ -33,7 +28,7 @@ end
 
 local function not_held(granted)
   if redis.call('EXISTS', K.queue) == 1 then
-    settle(now)
+    keep_waiters(entry_ms)
   else
     tidy()
   end
@@ -77,9 +72,6 @@ if fair then
   local granted = grant(now, now_us, tok)
   local expiry = redis.call('ZSCORE', K.leases, tok)
   if expiry then
-    if redis.call('EXISTS', K.queue) == 1 then
-      settle(now)
-    end
     return held(tok, read_lease(tok).f, tonumber(expiry), 1, granted)
   end
   if not wait then

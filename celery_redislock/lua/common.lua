@@ -88,6 +88,17 @@ local function purge(now)
   end
 end
 
+-- Purges what lapsed (waiter entries only when anyone waits); returns whether anyone waits.
+local function start(now)
+  local waiters = redis.call('EXISTS', K.queue) == 1
+  if waiters then
+    purge(now)
+  else
+    purge_leases(now)
+  end
+  return waiters
+end
+
 -- Whether a new lease of `mode` fits beside the live ones; limit 0 means unbounded.
 local function fits(mode, limit)
   local n = redis.call('ZCARD', K.leases)
@@ -167,21 +178,15 @@ local function wake_one()
   redis.call('PEXPIRE', K.wake, 2000)
 end
 
--- After waiters changed: keeps every key of the lock alive exactly as long as its last lease
--- or waiter, so no key outlives its use.
-local function settle(now)
-  local horizon = 0
-  local top = redis.call('ZRANGE', K.leases, -1, -1, 'WITHSCORES')
-  if top[2] then
-    horizon = tonumber(top[2])
-  end
-  local qtop = redis.call('ZRANGE', K.qdl, -1, -1, 'WITHSCORES')
-  if qtop[2] and tonumber(qtop[2]) > horizon then
-    horizon = tonumber(qtop[2])
-  end
-  local ttl = int(math.max(horizon - now, 0) + GRACE_MS)
-  for _, key in ipairs({K.leases, K.meta, K.queue, K.qdl}) do
-    redis.call('PEXPIRE', key, ttl)
+-- After a waiter joined or refreshed its place: the keys waiters need (their records in meta,
+-- the line, the deadlines) live at least as long as the entry, with as much again of slack so
+-- that most refreshes need not touch them. Never shortens a key's life.
+local function keep_waiters(entry_ms)
+  local need = entry_ms + GRACE_MS
+  for _, key in ipairs({K.meta, K.queue, K.qdl}) do
+    if redis.call('PTTL', key) < need then
+      redis.call('PEXPIRE', key, need + entry_ms)
+    end
   end
 end
 
@@ -202,4 +207,22 @@ local function next_expiry(now)
     return tonumber(first[2]) - now
   end
   return 0
+end
+
+-- After leases were dropped: hands the lock on to waiters (fair: granted in order, appended to
+-- `out` as token, fence, expiry; else one wake-up if anything was freed), or, when nobody
+-- waits, lets the keys go once nothing is held.
+local function hand_on(out, now, now_us, fair, freed)
+  if redis.call('EXISTS', K.queue) == 1 then
+    if fair then
+      for _, v in ipairs(grant(now, now_us, '')) do
+        out[#out + 1] = v
+      end
+    elseif freed then
+      wake_one()
+    end
+  else
+    tidy()
+  end
+  return out
 end

@@ -8,12 +8,7 @@
 local tok = ARGV[1]
 local fair, whole = string.sub(ARGV[2], 1, 1) == '1', string.sub(ARGV[2], 2, 2) == '1'
 local now, now_us = server_now()
-local waiters = redis.call('EXISTS', K.queue) == 1
-if waiters then
-  purge(now)
-else
-  purge_leases(now)
-end
+start(now)
 local status, left = 0, 0
 local expiry = redis.call('ZSCORE', K.leases, tok)
 if expiry and tonumber(expiry) > now then
@@ -27,17 +22,4 @@ if expiry and tonumber(expiry) > now then
     drop_lease(tok)
   end
 end
-local out = {status, left}
-if waiters then
-  if fair then
-    for _, v in ipairs(grant(now, now_us, '')) do
-      out[#out + 1] = v
-    end
-  elseif status == 1 and left == 0 then
-    wake_one()
-  end
-  settle(now)
-else
-  tidy()
-end
-return reply(out)
+return reply(hand_on({status, left}, now, now_us, fair, status == 1 and left == 0))

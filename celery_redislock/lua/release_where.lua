@@ -5,7 +5,7 @@
 -- Returns {number released, released tokens..., granted...} (granted as in release.lua).
 local fair, match = ARGV[1] == '1', cjson.decode(ARGV[2])
 local now, now_us = server_now()
-purge(now)
+start(now)
 local released = {}
 for _, tok in ipairs(redis.call('ZRANGE', K.leases, 0, -1)) do
   local raw = redis.call('HGET', K.meta, 'i:' .. tok)
@@ -26,16 +26,4 @@ local out = {#released}
 for _, tok in ipairs(released) do
   out[#out + 1] = tok
 end
-if redis.call('EXISTS', K.queue) == 1 then
-  if fair then
-    for _, v in ipairs(grant(now, now_us, '')) do
-      out[#out + 1] = v
-    end
-  elseif #released > 0 then
-    wake_one()
-  end
-  settle(now)
-else
-  tidy()
-end
-return out
+return hand_on(out, now, now_us, fair, #released > 0)
