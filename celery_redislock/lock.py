@@ -114,7 +114,8 @@ class Lease:
         self.lock.release(self)
 
     def renew(self, ttl: float | None = None) -> None:
-        """Extends the lease to ``ttl`` seconds from now (default: the lock's ttl).
+        """Extends the lease to ``ttl`` seconds from now (default: the lock's ttl); a lease that
+        already runs longer is left as it is (renewal never shortens).
 
         Raises :class:`LockLost` if the lease had already lapsed or was removed.
         """

@@ -33,7 +33,8 @@ class RenewReport:
 
 
 def renew_leases(leases: Iterable[Lease], *, ttl: float | None = None) -> RenewReport:
-    """Extends every lease to ``ttl`` seconds from now (default: each lock's own ttl).
+    """Extends every lease to ``ttl`` seconds from now (default: each lock's own ttl), never
+    shortening one.
 
     One script call per Redis client (one per slot, pipelined per node, on Redis Cluster), so
     renewing thousands of leases costs one round trip per node. A lease that had lapsed or was

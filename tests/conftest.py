@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 
+from celery_redislock import Lock
 from celery_redislock.server import RedisServer, embedded_binary
 
 
@@ -62,3 +64,12 @@ def own_server(redis_binary: str) -> Iterator[RedisServer]:
     """A server of this test's own, for tests that stop, restart or pause it."""
     with RedisServer(redis_binary) as server:
         yield server
+
+
+def wait_until_queued(client: redis.Redis | redis.RedisCluster, lock: Lock, count: int = 1) -> None:
+    """Blocks until ``count`` waiters stand in ``lock``'s line: a release after this is sure to
+    find them blocked (no sleeping and hoping)."""
+    deadline = time.monotonic() + 10
+    while client.zcard(lock.keys.all[2]) < count:
+        assert time.monotonic() < deadline, "waiter never queued"
+        time.sleep(0.002)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from conftest import wait_until_queued
 from redis.cluster import RedisCluster
 
 from celery_redislock import (
@@ -35,7 +36,7 @@ def test_script_flush_between_calls(client: redis.Redis, fair: bool) -> None:
     client.script_flush()
     waiter = threading.Thread(target=lambda: lock.acquire(timeout=5).release())
     waiter.start()
-    time.sleep(0.1)
+    wait_until_queued(client, lock)
     client.script_flush()
     lease.release()  # also wakes the waiter (fair mode: a second script)
     waiter.join(5)
@@ -106,7 +107,7 @@ def test_waiter_survives_a_restart_and_gets_the_lock(own_server: RedisServer) ->
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    time.sleep(0.2)
+    wait_until_queued(client, lock)
     own_server.restart()
     waiter.join(6)
     # Either the blocked call saw the outage (a clear error) or it acquired after the restart.
@@ -151,7 +152,7 @@ def test_cluster(cluster: RedisCluster) -> None:
             lock.acquire(blocking=False)
         waiter = threading.Thread(target=lambda lock=lock: lock.acquire(timeout=5).release())
         waiter.start()
-        time.sleep(0.1)
+        wait_until_queued(cluster, lock)
         lease.release()
         waiter.join(5)
         assert not waiter.is_alive() and not lock.locked()

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import redis
+from conftest import wait_until_queued
 
 from celery_redislock import (
     Lease,
@@ -126,9 +127,7 @@ def test_queued_writer_is_not_starved_by_new_readers(client: redis.Redis) -> Non
     got: list[float] = []
     writer = threading.Thread(target=lambda: got.append(write.acquire(timeout=5).fence))
     writer.start()
-    deadline = time.monotonic() + 5
-    while client.zcard(write.keys.all[2]) == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)  # until the writer is in line
+    wait_until_queued(client, write)
     with pytest.raises(LockNotAcquired):
         read.acquire(blocking=False)  # a new reader yields to the queued writer
     first.release()
@@ -137,8 +136,8 @@ def test_queued_writer_is_not_starved_by_new_readers(client: redis.Redis) -> Non
 
 
 def _take_and_note(lock: Lock, order: list[int], i: int) -> None:
-    lock.acquire(timeout=10).release()
-    order.append(i)
+    with lock.acquire(timeout=10):
+        order.append(i)  # while holding: the order of holders, not of threads waking
 
 
 @pytest.mark.parametrize("fair", [False, True])
@@ -150,7 +149,7 @@ def test_release_wakes_a_blocked_waiter_at_once(client: redis.Redis, fair: bool)
         target=lambda: (lock.acquire(timeout=10), woke.append(time.monotonic()))
     )
     waiter.start()
-    time.sleep(0.3)
+    wait_until_queued(client, lock)
     released = time.monotonic()
     lease.release()
     waiter.join(10)
@@ -172,13 +171,10 @@ def test_fair_mode_serves_in_arrival_order(client: redis.Redis) -> None:
     order: list[int] = []
     threads = []
     for i in range(4):
-        t = threading.Thread(
-            target=lambda i=i: (lock.acquire(timeout=10).release(), order.append(i))
-        )
+        t = threading.Thread(target=_take_and_note, args=(lock, order, i))
         t.start()
         threads.append(t)
-        while client.zcard(lock.keys.all[2]) < i + 1:
-            time.sleep(0.005)  # until waiter i is in line
+        wait_until_queued(client, lock, i + 1)
     lease.release()
     for t in threads:
         t.join(10)
@@ -282,7 +278,7 @@ def test_no_key_outlives_the_lock(client: redis.Redis) -> None:
     lease = lock.acquire()
     waiter = threading.Thread(target=lambda: lock.acquire(timeout=5).release())
     waiter.start()
-    time.sleep(0.1)
+    wait_until_queued(client, lock)
     lease.release()
     waiter.join()
     keys = {k.decode() for k in client.keys("*")}
@@ -316,7 +312,7 @@ def test_release_where_wakes_a_waiter(client: redis.Redis) -> None:
     got = []
     waiter = threading.Thread(target=lambda: got.append(lock.acquire(timeout=5)))
     waiter.start()
-    time.sleep(0.2)
+    wait_until_queued(client, lock)
     start = time.monotonic()
     lock.release_where(task_id="t-1")
     waiter.join(5)
@@ -368,8 +364,7 @@ def test_fair_waiter_granted_without_its_wake_up_leaves_nothing_behind(
     got: list[Lease] = []
     waiter = threading.Thread(target=lambda: got.append(lock.acquire(timeout=10)))
     waiter.start()
-    while client.zcard(lock.keys.all[2]) == 0:
-        time.sleep(0.005)
+    wait_until_queued(client, lock)
     run("release", client, lock.keys.all, [first.token, "10"])  # hand over, never notify
     waiter.join(10)
     assert got and [h.token for h in lock.holders()] == [got[0].token]
