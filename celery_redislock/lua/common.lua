@@ -16,6 +16,9 @@
 local GRACE_MS = 1000
 
 local K = {leases = KEYS[1], meta = KEYS[2], queue = KEYS[3], qdl = KEYS[4], wake = KEYS[5]}
+-- Whether anyone waited when the script started (set by start()). While nobody waits, the
+-- meta key holds nothing that must outlive the leases, so it need not be checked first.
+local waiters_seen = true
 
 local function server_now()
   local t = redis.call('TIME')
@@ -90,13 +93,13 @@ end
 
 -- Purges what lapsed (waiter entries only when anyone waits); returns whether anyone waits.
 local function start(now)
-  local waiters = redis.call('EXISTS', K.queue) == 1
-  if waiters then
+  waiters_seen = redis.call('EXISTS', K.queue) == 1
+  if waiters_seen then
     purge(now)
   else
     purge_leases(now)
   end
-  return waiters
+  return waiters_seen
 end
 
 -- Whether a new lease of `mode` fits beside the live ones; limit 0 means unbounded.
@@ -126,7 +129,7 @@ local function new_lease(tok, mode, ttl, owner, info, now, now_us, first)
   -- Only ever extend: waiters may need the keys for longer than this lease does. Keys get a
   -- ttl of slack beyond the lease, so that renewals seldom need to touch them (renew.lua).
   local need = ttl + GRACE_MS
-  if redis.call('PTTL', K.meta) < need then
+  if (first and not waiters_seen) or redis.call('PTTL', K.meta) < need then
     redis.call('PEXPIRE', K.meta, need + ttl)
   end
   if first or redis.call('PTTL', K.leases) < need then
@@ -193,7 +196,7 @@ end
 -- After a release: once nothing is held or queued, only the fence mark is left, briefly
 -- (Redis drops the emptied sorted sets by itself).
 local function tidy()
-  if redis.call('EXISTS', K.leases, K.queue) == 0 then
+  if redis.call('EXISTS', K.leases) == 0 then
     redis.call('HDEL', K.meta, 'm', 'qseq', 'qw')
     redis.call('PEXPIRE', K.meta, GRACE_MS)
   end
