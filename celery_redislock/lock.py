@@ -280,7 +280,7 @@ class Lock:
             remaining = float("inf") if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 wait = False  # one last try that also leaves the line
-                args[2] = "00"
+                args[2] = "0" + args[2][1]  # still passing on a wake-up it may not use
                 continue
             until_expiry = int(reply[5]) / 1000 + 0.001 if int(reply[5]) > 0 else _WAIT_SLICE_S
             block = max(0.001, min(remaining, self._max_block, until_expiry))
@@ -288,8 +288,17 @@ class Lock:
                 if self.fair:
                     popped = self.client.blpop([self.keys.waiter(token)], timeout=block)
                     if popped:
-                        fence, expiry = _text(popped[1]).split(":")
-                        return self._lease(token, int(fence), int(expiry), self.mode, owner, sent)
+                        # Handed over with a short lease (as long as a place in line lasts):
+                        # claim the full ttl. Too late (paused for seconds): queue again.
+                        sent = time.monotonic()
+                        fence = int(_text(popped[1]).split(":")[0])
+                        claimed = run(
+                            "renew", self.client, self._keys[:2], [str(self._ttl_ms), token]
+                        )
+                        if int(claimed[0]) > 0:
+                            return self._lease(
+                                token, fence, int(claimed[0]), self.mode, owner, sent
+                            )
                 else:
                     popped = self.client.blpop([self.keys.all[4]], timeout=block)
                     args[2] = "11" if popped else "10"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing
+import random
 import time
 from collections.abc import Callable
 
 import pytest
 import redis
 
-from celery_redislock import Lock
+from celery_redislock import Lock, LockNotAcquired
 
 PROCESSES = 4
 
@@ -88,3 +89,82 @@ def test_readers_overlap_writers_alone(client: redis.Redis, redis_server: object
     assert client.get("overlap") is None  # no reader ever saw a writer, nor a writer a reader
     assert client.zscore("max", "readers") >= 2  # readers did share
     assert client.zscore("max", "writers") == 1  # writers never did
+
+
+def _wait_forever(_: int, url: str, fair: bool) -> None:
+    Lock(redis.Redis.from_url(url), "line", ttl=30, fair=fair).acquire()
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_killed_waiter_does_not_keep_the_lock(
+    client: redis.Redis, redis_server: object, fair: bool
+) -> None:
+    """A waiter SIGKILLed while in line may be handed the lock (fair mode) or its wake-up
+    (non-fair): either way the next taker gets in within seconds, not a 30 s ttl."""
+    from conftest import wait_until_queued
+
+    lock = Lock(client, "line", ttl=30, fair=fair)
+    lease = lock.acquire()
+    ctx = multiprocessing.get_context("fork")
+    doomed = ctx.Process(target=_wait_forever, args=(0, redis_server.url, fair))  # type: ignore[attr-defined]
+    doomed.start()
+    wait_until_queued(client, lock)
+    doomed.kill()
+    doomed.join()
+    lease.release()  # fair: handed to the dead waiter
+    start = time.monotonic()
+    lock.acquire(timeout=10).release()
+    assert time.monotonic() - start < 8
+
+
+def _stress(i: int, url: str, fair: bool, rounds: int) -> None:
+    """Random readers and writers with random patience, recording any forbidden overlap and
+    every wait that was not ended by a push (the 1 s fallback would show as a long wait)."""
+    rng = random.Random(i)
+    client = redis.Redis.from_url(url)
+    locks = {
+        "read": Lock(client, "stress", ttl=5, mode="read", fair=fair),
+        "write": Lock(client, "stress", ttl=5, fair=fair),
+    }
+    for _ in range(rounds):
+        mode = "read" if rng.random() < 0.6 else "write"
+        timeout = rng.choice([0.0, 0.002, 0.02, 5.0])
+        start = time.monotonic()
+        try:
+            lease = locks[mode].acquire(timeout=timeout)
+        except LockNotAcquired:
+            client.incr("gave_up")
+            if timeout == 5.0:
+                client.incr("patient_gave_up")
+            continue
+        client.zadd("waits", {f"{i}:{start}": time.monotonic() - start})
+        holders = client.incr(mode)
+        if (mode == "write" and holders > 1) or int(client.get(_other(mode)) or 0) > 0:
+            client.incr("overlap")
+        time.sleep(rng.random() * 0.003)
+        client.decr(mode)
+        lease.release()
+        client.incr("done")
+
+
+def _other(mode: str) -> str:
+    return "write" if mode == "read" else "read"
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_random_waiters_keep_every_rule(
+    client: redis.Redis, redis_server: object, fair: bool
+) -> None:
+    rounds = 80
+    _run_all(_stress, redis_server.url, fair, rounds, count=6)  # type: ignore[attr-defined]
+    assert client.get("overlap") is None
+    assert client.get("patient_gave_up") is None
+    assert int(client.get("done") or 0) + int(client.get("gave_up") or 0) == 6 * rounds
+    longest = client.zrange("waits", -1, -1, withscores=True)[0][1]
+    assert longest < 0.9, f"a wait of {longest:.2f} s: a wake-up was lost"
+    # Whoever gave up left the line: only the fence mark (and unread wake-ups) remain.
+    left = {k.decode() for k in client.keys("redislock:{stress}:*")}
+    assert left - {"redislock:{stress}:wake"} <= {"redislock:{stress}:meta"} | {
+        k for k in left if k.startswith("redislock:{stress}:w:")
+    }
+    assert client.hkeys("redislock:{stress}:meta") in ([], [b"fence"])

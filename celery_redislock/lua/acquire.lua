@@ -50,10 +50,7 @@ if owner ~= '' then
     write_lease(mine, rec)
     local expiry = math.max(tonumber(redis.call('ZSCORE', K.leases, mine)), now + ttl)
     redis.call('ZADD', K.leases, int(expiry), mine)
-    if redis.call('PTTL', K.leases) < expiry - now + GRACE_MS then
-      redis.call('PEXPIRE', K.leases, int(expiry - now + GRACE_MS))
-      redis.call('PEXPIRE', K.meta, int(expiry - now + GRACE_MS))
-    end
+    keep({K.leases, K.meta}, expiry - now + GRACE_MS, ttl)
     return held(mine, rec.f, expiry, rec.c, {}, rec.m)
   end
 end
@@ -62,11 +59,14 @@ if fair then
   -- Handed the lock already (our wake-up is late, or its sender died): take it, do not requeue.
   local granted_at = redis.call('ZSCORE', K.leases, tok)
   if granted_at then
-    return held(tok, read_lease(tok).f, tonumber(granted_at), 1, {})
+    local expiry = math.max(tonumber(granted_at), now + ttl) -- claimed: the full ttl
+    redis.call('ZADD', K.leases, int(expiry), tok)
+    keep({K.leases, K.meta}, expiry - now + GRACE_MS, ttl)
+    return held(tok, read_lease(tok).f, expiry, 1, {})
   end
   -- Join the line (or refresh our place), let the line advance, and see whether we got it.
   if not redis.call('ZSCORE', K.queue, tok) then
-    enqueue(tok, mode, limit, ttl, owner, info)
+    enqueue(tok, mode, limit, ttl, owner, info, entry_ms)
   end
   redis.call('ZADD', K.qdl, int(now + entry_ms), tok)
   local granted = grant(now, now_us, tok)
@@ -100,7 +100,7 @@ if room and (tonumber(writer_waits) or 0) == 0 then
 end
 if wait then
   if not queued then
-    enqueue(tok, mode, limit, ttl, owner, info)
+    enqueue(tok, mode, limit, ttl, owner, info, entry_ms)
   end
   redis.call('ZADD', K.qdl, int(now + entry_ms), tok)
 elseif queued then

@@ -138,18 +138,21 @@ local function new_lease(tok, mode, ttl, owner, info, now, now_us, first)
   return fence, expiry
 end
 
-local function enqueue(tok, mode, limit, ttl, owner, info)
+local function enqueue(tok, mode, limit, ttl, owner, info, entry_ms)
   local seq = redis.call('HINCRBY', K.meta, 'qseq', 1)
   redis.call('ZADD', K.queue, seq, tok)
   if mode == 'w' then
     redis.call('HINCRBY', K.meta, 'qw', 1)
   end
   redis.call('HSET', K.meta, 'q:' .. tok,
-    cjson.encode({m = mode, n = limit, t = ttl, o = owner, i = info}))
+    cjson.encode({m = mode, n = limit, t = ttl, o = owner, i = info, e = entry_ms}))
 end
 
 -- Fair mode: hands free capacity to waiters strictly in arrival order. Returns a flat list of
--- token, fence, expiry for each grant, so the caller can wake exactly those waiters.
+-- token, fence, expiry for each grant, so the caller can wake exactly those waiters. A lease
+-- handed to a waiter lasts no longer than its place in line would have: a waiter that died in
+-- line holds the lock for seconds, not a whole ttl; a live one claims the full ttl on waking.
+-- The waiter `skip` is the caller itself, alive by definition: it gets its full ttl.
 local function grant(now, now_us, skip)
   local out = {}
   while true do
@@ -164,7 +167,8 @@ local function grant(now, now_us, skip)
     end
     dequeue(head)
     if q then
-      local fence, expiry = new_lease(head, q.m, q.t, q.o, q.i, now, now_us)
+      local ttl = head == skip and q.t or math.min(q.t, q.e)
+      local fence, expiry = new_lease(head, q.m, ttl, q.o, q.i, now, now_us)
       if head ~= skip then
         out[#out + 1] = head
         out[#out + 1] = fence
@@ -181,16 +185,20 @@ local function wake_one()
   redis.call('PEXPIRE', K.wake, 2000)
 end
 
--- After a waiter joined or refreshed its place: the keys waiters need (their records in meta,
--- the line, the deadlines) live at least as long as the entry, with as much again of slack so
--- that most refreshes need not touch them. Never shortens a key's life.
-local function keep_waiters(entry_ms)
-  local need = entry_ms + GRACE_MS
-  for _, key in ipairs({K.meta, K.queue, K.qdl}) do
+-- Makes each key live at least `need` ms, with `slack` ms more so that later calls seldom need
+-- to touch it again. Never shortens a key's life: others may need it for longer.
+local function keep(keys, need, slack)
+  for _, key in ipairs(keys) do
     if redis.call('PTTL', key) < need then
-      redis.call('PEXPIRE', key, need + entry_ms)
+      redis.call('PEXPIRE', key, int(need + slack))
     end
   end
+end
+
+-- After a waiter joined or refreshed its place: the keys waiters need (their records in meta,
+-- the line, the deadlines) live at least as long as the entry.
+local function keep_waiters(entry_ms)
+  keep({K.meta, K.queue, K.qdl}, entry_ms + GRACE_MS, entry_ms)
 end
 
 -- After a release: once nothing is held or queued, only the fence mark is left, briefly
