@@ -236,18 +236,7 @@ class Lock:
         count raised, and must release as many times. ``info`` is stored with the lease (for
         :meth:`holders` and :meth:`release_where`); host and pid are always recorded.
         """
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
-                raise LockConfigError(
-                    f"timeout must be None or a number of seconds >= 0, got {timeout!r}",
-                    name=self.name,
-                )
-            if not blocking:
-                raise LockConfigError("timeout makes no sense with blocking=False", name=self.name)
-        if owner is not None and (not isinstance(owner, str) or not owner):
-            raise LockConfigError(
-                f"owner must be a non-empty string, got {owner!r}", name=self.name
-            )
+        self._check_acquire_args(blocking, timeout, owner)
         token = os.urandom(16).hex()
         wait = blocking and timeout != 0
         args = [token, self._spec, "10" if wait else "00", owner or "", _info_json(info)]
@@ -284,24 +273,43 @@ class Lock:
                 continue
             until_expiry = int(reply[5]) / 1000 + 0.001 if int(reply[5]) > 0 else _WAIT_SLICE_S
             block = max(0.001, min(remaining, self._max_block, until_expiry))
-            with backend_errors(self.name):
-                if self.fair:
-                    popped = self.client.blpop([self.keys.waiter(token)], timeout=block)
-                    if popped:
-                        # Handed over with a short lease (as long as a place in line lasts):
-                        # claim the full ttl. Too late (paused for seconds): queue again.
-                        sent = time.monotonic()
-                        fence = int(_text(popped[1]).split(":")[0])
-                        claimed = run(
-                            "renew", self.client, self._keys[:2], [str(self._ttl_ms), token]
-                        )
-                        if int(claimed[0]) > 0:
-                            return self._lease(
-                                token, fence, int(claimed[0]), self.mode, owner, sent
-                            )
-                else:
-                    popped = self.client.blpop([self.keys.all[4]], timeout=block)
-                    args[2] = "11" if popped else "10"
+            lease = self._block(block, args, owner)
+            if lease is not None:
+                return lease
+
+    def _check_acquire_args(self, blocking: bool, timeout: float | None, owner: str | None) -> None:
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
+                raise LockConfigError(
+                    f"timeout must be None or a number of seconds >= 0, got {timeout!r}",
+                    name=self.name,
+                )
+            if not blocking:
+                raise LockConfigError("timeout makes no sense with blocking=False", name=self.name)
+        if owner is not None and (not isinstance(owner, str) or not owner):
+            raise LockConfigError(
+                f"owner must be a non-empty string, got {owner!r}", name=self.name
+            )
+
+    def _block(self, seconds: float, args: list[str], owner: str | None) -> Lease | None:
+        """Waits up to ``seconds`` for a push. Non-fair: notes in ``args`` whether a wake-up
+        came (the next try passes it on if it cannot use it). Fair: returns the lease if the
+        lock was handed over."""
+        token = args[0]
+        with backend_errors(self.name):
+            if not self.fair:
+                popped = self.client.blpop([self.keys.all[4]], timeout=seconds)
+                args[2] = "11" if popped else "10"
+                return None
+            popped = self.client.blpop([self.keys.waiter(token)], timeout=seconds)
+            if not popped:
+                return None
+            # Handed over with a short lease (as long as a place in line lasts): claim the full
+            # ttl. Too late (paused for seconds): the next try queues again.
+            sent = time.monotonic()
+            fence = int(_text(popped[1]).split(":")[0])
+            claimed = int(run("renew", self.client, self._keys[:2], [str(self._ttl_ms), token])[0])
+        return self._lease(token, fence, claimed, self.mode, owner, sent) if claimed else None
 
     def _lease(
         self, token: str, fence: int, expiry_ms: int, mode: Mode, owner: str | None, sent: float
