@@ -15,7 +15,7 @@ import redis
 
 from .intervals import NS_PER_S, Interval, load
 from .settings import SCENARIO_TIMEOUT_S, Settings
-from .workers import Job, Keys
+from .workers import STOP_SIGNALS, Job, Keys
 
 
 @dataclass
@@ -68,10 +68,16 @@ class Fleet:
         started: list[BaseProcess] = []
         for _ in range(count):
             process = self.run.context.Process(target=target, args=(self.run.url, job), daemon=True)
-            process.start()
-            self.processes.append(process)
-            self.run.pids.append(process.pid or 0)
-            started.append(process)
+            # Python drops an exception raised while it forks (in an at-fork callback), so a
+            # Ctrl-C then would be lost: hold the signals back until the child exists.
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                process.start()
+                self.processes.append(process)  # known before a held Ctrl-C can strike
+                self.run.pids.append(process.pid or 0)
+                started.append(process)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return started
 
     def go(self, count: int, seconds: float | None = None) -> None:

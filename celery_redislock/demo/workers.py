@@ -101,10 +101,14 @@ def hold_until_killed(url: str, job: Job) -> None:
         time.sleep(1)
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def _worker_signals() -> None:
     """Ctrl-C is the parent's to handle (it stops the workers); SIGTERM just ends a worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits the parent's
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked while it was forked
 
 
 def _start_line(client: redis.Redis, keys: Keys) -> int:
