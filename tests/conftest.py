@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -66,10 +66,15 @@ def own_server(redis_binary: str) -> Iterator[RedisServer]:
         yield server
 
 
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 10) -> None:
+    """Polls ``condition`` until it holds; fails naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.005)
+
+
 def wait_until_queued(client: redis.Redis | redis.RedisCluster, lock: Lock, count: int = 1) -> None:
     """Blocks until ``count`` waiters stand in ``lock``'s line: a release after this is sure to
     find them blocked (no sleeping and hoping)."""
-    deadline = time.monotonic() + 10
-    while client.zcard(lock.keys.all[2]) < count:
-        assert time.monotonic() < deadline, "waiter never queued"
-        time.sleep(0.002)
+    wait_for(lambda: client.zcard(lock.keys.all[2]) >= count, f"{count} waiter(s) queued")

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import redis
+from conftest import wait_for
 
 from celery_redislock.server import RedisServer
 
@@ -136,7 +137,12 @@ def test_ctrl_c_stops_every_process_the_demo_started(target: str) -> None:
         for line in demo.stdout:  # the fair scenario runs its workers for seconds
             if line.startswith("[4/5]"):
                 break
-        time.sleep(0.5)
+        wait_for(
+            lambda: (
+                "redis-server" in _children(demo.pid).values() and len(_children(demo.pid)) >= 2
+            ),
+            "the demo's server and workers run",
+        )
         children = _children(demo.pid)
         assert "redis-server" in children.values(), children
         assert len(children) >= 2, children  # the server and some workers

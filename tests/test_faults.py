@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from conftest import wait_until_queued
+from conftest import wait_for, wait_until_queued
 from redis.cluster import RedisCluster
 
 from celery_redislock import (
@@ -134,10 +134,7 @@ def cluster(redis_binary: str) -> Iterator[RedisCluster]:
     server.start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
     admin = redis.Redis.from_url(server.url)
     admin.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
-    deadline = time.monotonic() + 10
-    while b"cluster_state:ok" not in admin.execute_command("CLUSTER", "INFO"):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: b"cluster_state:ok" in admin.execute_command("CLUSTER", "INFO"), "cluster ok")
     client = RedisCluster.from_url(server.url)
     yield client
     client.close()

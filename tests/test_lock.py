@@ -7,7 +7,7 @@ import time
 
 import pytest
 import redis
-from conftest import wait_until_queued
+from conftest import wait_for, wait_until_queued
 
 from celery_redislock import (
     Lease,
@@ -226,7 +226,7 @@ def test_release_of_a_lease_not_held_names_the_lock(client: redis.Redis) -> None
 def test_release_never_touches_another_holders_lease(client: redis.Redis) -> None:
     lock = Lock(client, "mine", ttl=0.2)
     stale = lock.acquire()
-    time.sleep(0.3)  # expired: someone else may take it now
+    wait_for(lambda: not lock.holders(), "the lease expired")  # someone else may take it now
     fresh = Lock(client, "mine", ttl=5).acquire(blocking=False)
     with pytest.raises(LockNotOwned):
         stale.release()
@@ -254,11 +254,11 @@ def test_fences_increase_across_release_expiry_and_deleted_keys(client: redis.Re
         if step % 3 == 0:
             lease.release()
         elif step % 3 == 1:
-            time.sleep(0.06)  # let it expire
+            wait_for(lambda: not lock.holders(), "the lease expired")
         else:
             lease.release()
-            time.sleep(1.1)  # every key of the lock is gone, the fence mark too
-            assert client.keys("redislock:{fenced}*") == []
+            # Every key of the lock goes, the fence mark too.
+            wait_for(lambda: not client.keys("redislock:{fenced}*"), "the lock's keys expired")
     assert fences == sorted(set(fences))
     assert len(tokens) == 30
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import redis
+from conftest import wait_for
 
 from celery_redislock import Lease, Lock, LockLost, LockNotAcquired, Renewer, renew_leases
 
@@ -30,8 +31,9 @@ def test_renew_many_leases_in_one_call(client: redis.Redis) -> None:
 
 
 def test_renew_does_not_revive_an_expired_lease(client: redis.Redis) -> None:
-    lease = Lock(client, "short", ttl=0.1).acquire()
-    time.sleep(0.15)
+    lock = Lock(client, "short", ttl=0.1)
+    lease = lock.acquire()
+    wait_for(lambda: not lock.holders(), "the lease expired")
     with pytest.raises(LockLost, match="lock 'short' was lost"):
         lease.renew()
     assert Lock(client, "short", ttl=1).holders() == []
@@ -72,12 +74,9 @@ def test_max_hold_stops_renewal(client: redis.Redis) -> None:
     lock = Lock(client, "bounded", ttl=0.3)
     lease = lock.acquire()
     Renewer.current().register(lease, max_hold=0.4)
-    time.sleep(0.4)
+    time.sleep(0.4)  # longer than the ttl: the observation window
     assert lock.locked()  # still renewed up to the maximum hold
-    deadline = time.monotonic() + 3
-    while lock.locked() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not lock.locked()
+    wait_for(lambda: not lock.locked(), "the lease lapsed after its maximum hold")
     assert lease not in Renewer.current().leases()
 
 
