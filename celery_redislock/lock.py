@@ -206,7 +206,9 @@ class Lock:
         self._fair_arg = "1" if fair else "0"
         self._spec = f"{mode[0]} {limit_arg} {self._ttl_ms} {self._fair_arg} {_QUEUE_ENTRY_MS}"
         self._release_flags = self._fair_arg + "0"
-        self._keys = [key.encode() for key in self.keys.all]  # encoded once: the hot path
+        self.encoded_keys = [
+            key.encode() for key in self.keys.all
+        ]  # KEYS of every lock script, encoded once (the hot path)
         self._entered = threading.local()
         self._max_block = _WAIT_SLICE_S
         if isinstance(client, redis.Redis):
@@ -244,7 +246,7 @@ class Lock:
         while True:
             sent = time.monotonic()
             try:
-                reply = run("acquire", self.client, self._keys, args).split()
+                reply = run("acquire", self.client, self.encoded_keys, args).split()
                 if len(reply) > 7:
                     self._notify(reply[7:])
             except redis.RedisError as exc:
@@ -308,7 +310,9 @@ class Lock:
             # ttl. Too late (paused for seconds): the next try queues again.
             sent = time.monotonic()
             fence = int(_text(popped[1]).split(":")[0])
-            claimed = int(run("renew", self.client, self._keys[:2], [str(self._ttl_ms), token])[0])
+            claimed = int(
+                run("renew", self.client, self.encoded_keys[:2], [str(self._ttl_ms), token])[0]
+            )
         return self._lease(token, fence, claimed, self.mode, owner, sent) if claimed else None
 
     def _lease(
@@ -349,7 +353,7 @@ class Lock:
             )
         try:
             reply = run(
-                "release", self.client, self._keys, [lease.token, self._release_flags]
+                "release", self.client, self.encoded_keys, [lease.token, self._release_flags]
             ).split()
             if len(reply) > 2:
                 self._notify(reply[2:])
@@ -378,7 +382,7 @@ class Lock:
             )
         payload = json.dumps({k: str(v) for k, v in match.items()})
         with backend_errors(self.name):
-            reply = run("release_where", self.client, self._keys, [self._fair_arg, payload])
+            reply = run("release_where", self.client, self.encoded_keys, [self._fair_arg, payload])
             count = int(reply[0])
             self._notify(reply[1 + count :])
         return [_text(t) for t in reply[1 : 1 + count]]

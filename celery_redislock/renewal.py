@@ -72,7 +72,7 @@ def _calls(group: list[Lease], ttl: float | None) -> list[tuple[list[int], list[
         keys: list[bytes] = []
         args = [str(ms)]
         for i in indexes:
-            lock_keys = group[i].lock._keys
+            lock_keys = group[i].lock.encoded_keys
             keys += (lock_keys[0], lock_keys[1])
             args.append(group[i].token)
         calls.append((indexes, keys, args))
