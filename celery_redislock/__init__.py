@@ -19,8 +19,20 @@ from .errors import (
 from .inspection import iter_locks
 from .lock import Holder, Lease, Lock, Mode
 from .renewal import Renewer, RenewReport, renew_leases
+from .tasklock import (
+    SKIPPED,
+    LockedTask,
+    LockOptions,
+    LockRequest,
+    client_for,
+    install,
+    lock_conflict,
+    lock_for,
+    lock_lost,
+)
 
 __all__ = [
+    "SKIPPED",
     "Holder",
     "Lease",
     "Lock",
@@ -29,12 +41,20 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
+    "LockOptions",
+    "LockRequest",
     "LockUpgradeError",
+    "LockedTask",
     "Mode",
     "RedisLockError",
     "RenewReport",
     "Renewer",
+    "client_for",
+    "install",
     "iter_locks",
+    "lock_conflict",
+    "lock_for",
+    "lock_lost",
     "renew_leases",
 ]
 

@@ -229,6 +229,7 @@ class Lock:
         *,
         owner: str | None = None,
         info: Mapping[str, object] | None = None,
+        reentrant: bool = True,
     ) -> Lease:
         """Takes a lease and returns it; raises :class:`LockNotAcquired` when it cannot.
 
@@ -237,11 +238,18 @@ class Lock:
         lease re-entrant: the same owner acquiring again gets the same lease back with its
         count raised, and must release as many times. ``info`` is stored with the lease (for
         :meth:`holders` and :meth:`release_where`); host and pid are always recorded.
+        ``reentrant=False`` makes ``owner`` an identity that holds at most one lease at a time:
+        while it holds one, acquiring again is a conflict (as if the lock were held by another).
         """
         self._check_acquire_args(blocking, timeout, owner)
+        if not isinstance(reentrant, bool):
+            raise LockConfigError(
+                f"reentrant must be True or False, got {reentrant!r}", name=self.name
+            )
         token = os.urandom(16).hex()
         wait = blocking and timeout != 0
-        args = [token, self._spec, "10" if wait else "00", owner or "", _info_json(info)]
+        flags = ("1" if wait else "0") + ("00" if reentrant else "01")
+        args = [token, self._spec, flags, owner or "", _info_json(info)]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             sent = time.monotonic()
@@ -271,7 +279,7 @@ class Lock:
             remaining = float("inf") if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 wait = False  # one last try that also leaves the line
-                args[2] = "0" + args[2][1]  # still passing on a wake-up it may not use
+                args[2] = "0" + args[2][1:]  # still passing on a wake-up it may not use
                 continue
             until_expiry = int(reply[5]) / 1000 + 0.001 if int(reply[5]) > 0 else _WAIT_SLICE_S
             block = max(0.001, min(remaining, self._max_block, until_expiry))
@@ -301,7 +309,7 @@ class Lock:
         with backend_errors(self.name):
             if not self.fair:
                 popped = self.client.blpop([self.keys.all[4]], timeout=seconds)
-                args[2] = "11" if popped else "10"
+                args[2] = ("11" if popped else "10") + args[2][2]
                 return None
             popped = self.client.blpop([self.keys.waiter(token)], timeout=seconds)
             if not popped:

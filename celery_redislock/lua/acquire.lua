@@ -3,8 +3,9 @@
 -- ARGV: 1 token,
 --       2 the lock's spec 'mode limit ttl fair entry': mode 'r' | 'w', limit (0 = unbounded),
 --         ttl ms, fair 0 | 1, queue entry lifetime ms,
---       3 this call's flags 'wait woke': wait 1 = stay queued on failure, woke 1 = the caller
---         was woken by a signal (both 0 | 1, e.g. '10'),
+--       3 this call's flags 'wait woke once': wait 1 = stay queued on failure, woke 1 = the caller
+--         was woken by a signal, once 1 = an owner holding a live lease is refused instead of
+--         re-entering (all 0 | 1, e.g. '100'),
 --       4 owner ('' = none), 5 info (JSON object, stored as given)
 -- Returns 'status token fence expiry count next mode granted...' (one string, space-separated):
 --   expiry in server ms, count the reentry count, next the ms until the earliest lease expires,
@@ -15,6 +16,7 @@ local tok, owner, info = ARGV[1], ARGV[4], ARGV[5]
 local mode, limit, ttl, fair, entry_ms = string.match(ARGV[2], '^(%a) (%d+) (%d+) (%d) (%d+)$')
 limit, ttl, entry_ms, fair = tonumber(limit), tonumber(ttl), tonumber(entry_ms), fair == '1'
 local wait, woke = string.sub(ARGV[3], 1, 1) == '1', string.sub(ARGV[3], 2, 2) == '1'
+local once = string.sub(ARGV[3], 3, 3) == '1'
 local now, now_us = server_now()
 local waiters = start(now)
 
@@ -42,6 +44,9 @@ end
 if owner ~= '' then
   local mine = redis.call('HGET', K.meta, 'o:' .. owner)
   if mine and redis.call('ZSCORE', K.leases, mine) then
+    if once then
+      return not_held({})
+    end
     local rec = read_lease(mine)
     if rec.m == 'r' and mode == 'w' then
       return reply({-1, mine, rec.f, 0, rec.c, 0, rec.m})

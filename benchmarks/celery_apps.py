@@ -1,0 +1,139 @@
+"""Celery apps for ``benchmarks/celery_overhead.py``: one app per variant, same settings.
+
+A worker runs exactly one variant, chosen by environment variables that the benchmark sets::
+
+    CELERYBENCH_VARIANT=plain|celery_redislock|celery_singleton|celery_once
+    CELERYBENCH_URL=redis://...   broker, result backend and every lock on the same Redis
+    CELERYBENCH_RUN=<run id>      goes into every key and the queue name
+    CELERYBENCH_TTL=3             our lease ttl (s)
+    CELERYBENCH_EXPIRY=10         celery-singleton's lock_expiry (s)
+
+    python -m celery -A celery_apps worker ...      (with benchmarks/ on PYTHONPATH)
+
+The benchmark process builds the same apps with :func:`make_app` to publish: celery-singleton
+and celery-once lock when a task is *published*, so the publishing side must be theirs too.
+
+Every variant has the same two tasks, with the same signatures and bodies:
+
+* ``noop(run, i)``: INCR of a per-variant counter, which the benchmark polls to see completions.
+* ``hold(run, key, tag, seconds)``: RPUSH of ``{"tag", "pid", "t"}`` to an events list, then
+  sleeps. Exclusive on ``(run, key)``; ``tag`` and ``seconds`` are not part of the lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from celery import Celery, Task
+
+VARIANTS = ("plain", "celery_redislock", "celery_singleton", "celery_once")
+ONCE_DEFAULT_TIMEOUT_S = 60 * 60  # celery-once's default lock timeout (QueueOnce.default_timeout)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The benchmark's own Redis keys for one variant of one run."""
+
+    run: str
+    variant: str
+
+    @property
+    def prefix(self) -> str:
+        return f"celerybench-{self.run}"
+
+    @property
+    def done(self) -> str:
+        return f"{self.prefix}:{self.variant}:done"
+
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}:{self.variant}:events"
+
+
+_clients: dict[str, redis.Redis] = {}
+
+
+def _client(url: str) -> redis.Redis:
+    # One client per process and URL; redis-py reconnects by itself in a forked pool child.
+    if url not in _clients:
+        _clients[url] = redis.Redis.from_url(url)
+    return _clients[url]
+
+
+def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> Celery:
+    """The app of one variant; only the task base / lock options differ between variants."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}")
+    keys = Keys(run, variant)
+    app = Celery(f"celerybench_{variant}", broker=url, backend=url, set_as_current=False)
+    app.conf.update(
+        # Queue and keys carry the run id: runs against a shared --url Redis do not mix.
+        task_default_queue=keys.prefix,
+        broker_transport_options={"global_keyprefix": f"{keys.prefix}:"},
+        result_backend_transport_options={"global_keyprefix": f"{keys.prefix}:"},
+        broker_connection_retry_on_startup=True,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+    )
+    base: type[Task] | None = None
+    noop_opts: dict[str, Any] = {}
+    hold_opts: dict[str, Any] = {}
+    if variant == "celery_redislock":
+        import celery_redislock
+
+        app.conf.redislock_url = url
+        app.conf.redislock_namespace = f"{keys.prefix}:redislock"
+        app.conf.redislock_ttl = ttl
+        celery_redislock.install(app)
+        noop_opts = {"lock": {"key": "bench:{run}:{i}"}}
+        hold_opts = {"lock": {"key": "bench:{run}:hold:{key}"}}
+    elif variant == "celery_singleton":
+        from celery_singleton import Singleton
+
+        app.conf.singleton_backend_url = url
+        app.conf.singleton_key_prefix = f"{keys.prefix}:singleton:"
+        # Its documented guard against locks left by lost workers; without it they never expire.
+        app.conf.singleton_lock_expiry = expiry
+        base = Singleton
+        hold_opts = {"unique_on": ["run", "key"]}
+    elif variant == "celery_once":
+        from celery_once import QueueOnce
+
+        app.conf.ONCE = {
+            "backend": "celery_once.backends.Redis",
+            "settings": {"url": url, "default_timeout": ONCE_DEFAULT_TIMEOUT_S},
+        }
+        base = QueueOnce
+        hold_opts = {"once": {"keys": ["run", "key"]}}
+    if base is not None:
+        noop_opts["base"] = base
+        hold_opts["base"] = base
+
+    @app.task(name="celerybench.noop", shared=False, **noop_opts)
+    def noop(run: str, i: int) -> None:
+        _client(url).incr(keys.done)
+
+    @app.task(name="celerybench.hold", shared=False, **hold_opts)
+    def hold(run: str, key: str, tag: str, seconds: float) -> None:
+        event = {"tag": tag, "pid": os.getpid(), "t": time.time()}
+        _client(url).rpush(keys.events, json.dumps(event))
+        time.sleep(seconds)
+
+    return app
+
+
+if "CELERYBENCH_VARIANT" in os.environ:  # a worker: ``celery -A celery_apps worker``
+    app = make_app(
+        os.environ["CELERYBENCH_VARIANT"],
+        os.environ["CELERYBENCH_URL"],
+        os.environ["CELERYBENCH_RUN"],
+        ttl=float(os.environ.get("CELERYBENCH_TTL", "3")),
+        expiry=float(os.environ.get("CELERYBENCH_EXPIRY", "10")),
+    )

@@ -1,0 +1,98 @@
+"""``install(app)``: make an app's tasks lock-aware, checking ``lock=`` as tasks are declared."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_init
+from celery.utils.imports import gen_task_name
+
+from ..errors import LockConfigError
+from .options import call_signature, parse_lock_option
+from .task import LockedTask
+
+__all__ = ["install"]
+
+
+def install(app: Celery) -> Celery:
+    """Makes :class:`LockedTask` the app's task base and checks every ``lock=`` option when its
+    ``@app.task`` decorator runs (at import time), not when the worker first runs the task.
+
+    Call it before declaring tasks. Returns the app.
+
+    >>> app = install(Celery("proj"))              # doctest: +SKIP
+    >>> @app.task(lock="report:{day}")             # doctest: +SKIP
+    ... def report(day): ...
+    """
+    if getattr(app, "_redislock_installed", False):
+        return app
+    current = app.task_cls
+    if not (isinstance(current, type) and issubclass(current, LockedTask)):
+        if current not in ("celery.app.task:Task", "celery_redislock:LockedTask") and not (
+            isinstance(current, str) and current.endswith(":LockedTask")
+        ):
+            raise LockConfigError(
+                f"install(app): the app's task_cls is {current!r}; derive it from "
+                "celery_redislock.LockedTask instead"
+            )
+        app.task_cls = LockedTask
+        app.__dict__.pop("Task", None)  # the cached base class, if already made
+    if app.finalized:
+        _check_tasks(app)
+    app.task = _checking(app, app.task)
+    app._redislock_installed = True
+    return app
+
+
+def _checking(app: Celery, decorator: Any) -> Any:
+    @functools.wraps(decorator)
+    def task(*args: Any, **opts: Any) -> Any:
+        if len(args) == 1 and callable(args[0]) and not opts:
+            return decorator(*args)  # bare @app.task: no options to check
+        if opts.get("lock") in (None, False):
+            return decorator(*args, **opts)
+
+        def declare(fun: Any) -> Any:
+            _check_declaration(app, fun, opts)
+            return decorator(*args, **opts)(fun)
+
+        return declare
+
+    return task
+
+
+def _check_declaration(app: Celery, fun: Any, opts: dict[str, Any]) -> None:
+    name = opts.get("name") or gen_task_name(app, fun.__name__, fun.__module__)
+    base = opts.get("base")
+    if base is not None and not (isinstance(base, type) and issubclass(base, LockedTask)):
+        raise LockConfigError(
+            f"task {name!r}: lock= needs a base class derived from celery_redislock.LockedTask, "
+            f"got base={base!r}"
+        )
+    parse_lock_option(name, call_signature(fun, bool(opts.get("bind"))), opts["lock"])
+
+
+def _check_tasks(app: Celery) -> None:
+    unlocked = sorted(
+        name
+        for name, task in app.tasks.items()
+        if getattr(task, "lock", None) not in (None, False) and not isinstance(task, LockedTask)
+    )
+    if unlocked:
+        raise LockConfigError(
+            f"task(s) {', '.join(unlocked)} declare lock= but do not derive from "
+            "celery_redislock.LockedTask: their lock would be ignored. Create the app with "
+            "task_cls='celery_redislock:LockedTask' or call install(app) before declaring tasks"
+        )
+
+
+def _refuse_ignored_locks(sender: Any = None, **_: Any) -> None:
+    # A lock= option on a task that is not a LockedTask would silently do nothing: refuse to start.
+    app = getattr(sender, "app", None)
+    if isinstance(app, Celery):
+        _check_tasks(app)
+
+
+worker_init.connect(_refuse_ignored_locks, weak=False)

@@ -1,0 +1,205 @@
+"""The ``lock=`` task option: parsed and checked once, when the task is defined."""
+
+from __future__ import annotations
+
+import inspect
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import LockConfigError
+from ..lock import Mode
+
+__all__ = ["ConflictAction", "LockOptions", "Scope", "call_signature", "parse_lock_option"]
+
+ConflictAction = Literal["skip", "retry", "wait", "raise"]
+Scope = Literal["global", "host"]
+KeyFunction = Callable[..., object]
+
+CONFLICT_ACTIONS: tuple[ConflictAction, ...] = ("skip", "retry", "wait", "raise")
+SCOPES: tuple[Scope, ...] = ("global", "host")
+DEFAULT_COUNTDOWN = 2.0
+DEFAULT_WAIT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class LockOptions:
+    """A task's lock, as declared by its ``lock=`` option (``None`` fields take settings)."""
+
+    key: str | KeyFunction | None = None
+    """Template over the bound arguments, a callable taking the task's arguments, or ``None``
+    for the task name plus a hash of all bound arguments."""
+    mode: Mode = "write"
+    limit: int | None = None
+    scope: Scope = "global"
+    ttl: float | None = None
+    on_conflict: ConflictAction | None = None
+    countdown: float = DEFAULT_COUNTDOWN
+    max_retries: int | None = None
+    count_retries: bool = False
+    timeout: float = DEFAULT_WAIT_TIMEOUT
+    max_hold: float | None = None
+    fields: tuple[str, ...] = ()
+    """Names of the arguments a key template uses (checked against the signature)."""
+
+
+_ALLOWED = (
+    "key",
+    "mode",
+    "limit",
+    "scope",
+    "ttl",
+    "on_conflict",
+    "countdown",
+    "max_retries",
+    "count_retries",
+    "timeout",
+    "max_hold",
+)
+
+
+def _error(task: str, option: str, message: str) -> LockConfigError:
+    return LockConfigError(f"task {task!r}: lock option {option!r}: {message}")
+
+
+def _seconds(task: str, option: str, value: object, *, optional: bool) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        allowed = "a positive number of seconds" + (" or None" if optional else "")
+        raise _error(task, option, f"must be {allowed}, got {value!r}")
+    return float(value)
+
+
+def template_fields(task: str, template: str) -> tuple[str, ...]:
+    """The argument names a key template refers to (``{a}``, ``{a.b}``, ``{a[0]}``)."""
+    names = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise _error(task, "key", f"is not a valid format string ({exc}): {template!r}") from exc
+    for _, field, _, _ in parsed:
+        if field is None:
+            continue
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if not root or root.isdigit():
+            raise _error(
+                task, "key", f"template fields must name arguments, got {{{field}}} in {template!r}"
+            )
+        names.append(root)
+    return tuple(dict.fromkeys(names))
+
+
+def parse_lock_option(
+    task: str, signature: inspect.Signature | None, value: object
+) -> LockOptions | None:
+    """Checks a task's ``lock=`` option against its function and returns it parsed.
+
+    ``value`` is ``None``/``False`` (no lock), ``True`` (one run per distinct arguments), a key
+    template string, or a mapping of options. ``signature`` is the task's call signature (see
+    :func:`call_signature`). Raises :class:`LockConfigError` naming the task and the option.
+
+    >>> sig = inspect.signature(lambda customer_id: None)
+    >>> parse_lock_option("sync", sig, "sync:{customer_id}").key
+    'sync:{customer_id}'
+    """
+    if value is None or value is False:
+        return None
+    if value is True:
+        return LockOptions()
+    if isinstance(value, str):
+        value = {"key": value}
+    if not isinstance(value, Mapping):
+        raise LockConfigError(
+            f"task {task!r}: lock must be True, a key template string or a dict of options "
+            f"({', '.join(_ALLOWED)}), got {type(value).__name__}"
+        )
+    unknown = sorted(str(k) for k in value if k not in _ALLOWED)
+    if unknown:
+        raise LockConfigError(
+            f"task {task!r}: unknown lock option(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(_ALLOWED)}"
+        )
+    opts: dict[str, Any] = dict(value)
+    key = opts.get("key")
+    fields: tuple[str, ...] = ()
+    if isinstance(key, str):
+        if not key:
+            raise _error(task, "key", "must not be empty")
+        fields = template_fields(task, key)
+        _check_fields(task, signature, fields)
+    elif key is not None and not callable(key):
+        raise _error(
+            task, "key", f"must be a template string, a callable or None, got {type(key).__name__}"
+        )
+    mode = opts.get("mode", "write")
+    if mode not in ("read", "write"):
+        raise _error(task, "mode", f"must be 'read' or 'write', got {mode!r}")
+    limit = opts.get("limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise _error(task, "limit", f"must be an integer >= 1 or None, got {limit!r}")
+    scope = opts.get("scope", "global")
+    if scope not in SCOPES:
+        raise _error(task, "scope", f"must be one of {', '.join(map(repr, SCOPES))}, got {scope!r}")
+    on_conflict = opts.get("on_conflict")
+    if on_conflict is not None and on_conflict not in CONFLICT_ACTIONS:
+        raise _error(
+            task,
+            "on_conflict",
+            f"must be one of {', '.join(map(repr, CONFLICT_ACTIONS))}, got {on_conflict!r}",
+        )
+    max_retries = opts.get("max_retries")
+    if max_retries is not None and (
+        isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0
+    ):
+        raise _error(task, "max_retries", f"must be an integer >= 0 or None, got {max_retries!r}")
+    count_retries = opts.get("count_retries", False)
+    if not isinstance(count_retries, bool):
+        raise _error(task, "count_retries", f"must be True or False, got {count_retries!r}")
+    return LockOptions(
+        key=key,
+        mode=mode,
+        limit=limit,
+        scope=scope,
+        ttl=_seconds(task, "ttl", opts.get("ttl"), optional=True),
+        on_conflict=on_conflict,
+        countdown=_seconds(
+            task, "countdown", opts.get("countdown", DEFAULT_COUNTDOWN), optional=False
+        )
+        or DEFAULT_COUNTDOWN,
+        max_retries=max_retries,
+        count_retries=count_retries,
+        timeout=_seconds(task, "timeout", opts.get("timeout", DEFAULT_WAIT_TIMEOUT), optional=False)
+        or DEFAULT_WAIT_TIMEOUT,
+        max_hold=_seconds(task, "max_hold", opts.get("max_hold"), optional=True),
+        fields=fields,
+    )
+
+
+def call_signature(fun: Callable[..., Any], bound: bool) -> inspect.Signature | None:
+    """The signature callers use: ``fun``'s, without ``self`` for a ``bind=True`` task."""
+    try:
+        sig = inspect.signature(fun)
+    except (TypeError, ValueError):
+        return None  # no signature to check against (e.g. a C function)
+    if bound:
+        params = list(sig.parameters.values())[1:]
+        sig = sig.replace(parameters=params)
+    return sig
+
+
+def _check_fields(task: str, signature: inspect.Signature | None, fields: tuple[str, ...]) -> None:
+    if signature is None:
+        return
+    params = signature.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return  # any name may arrive through **kwargs
+    missing = [f for f in fields if f not in params]
+    if missing:
+        raise _error(
+            task,
+            "key",
+            f"template names argument(s) {', '.join(map(repr, missing))} that the task does not "
+            f"take; its arguments are: {', '.join(params) or '(none)'}",
+        )

@@ -1,0 +1,277 @@
+"""What a locked task does in the process that runs it: take the lease, act on a conflict,
+keep the lease alive, give it back."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import threading
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from celery.exceptions import Ignore, Retry
+
+from ..errors import LockBackendError, LockConfigError, LockNotAcquired
+from ..lock import Lease, Lock, RedisClient
+from ..renewal import Renewer
+from .keyname import lock_name
+from .options import ConflictAction, LockOptions
+from .settings import Settings, client_for, settings_for
+from .signals import lock_conflict, lock_lost
+
+if TYPE_CHECKING:
+    from .task import LockedTask
+
+__all__ = ["SKIPPED", "acquire_for", "lock_for", "release_held"]
+
+log = logging.getLogger("celery_redislock")
+
+SKIPPED = "SKIPPED"
+"""The result state of a task run that was skipped because its lock was held."""
+
+# Message header counting conflict retries (kept apart from the task's own ``retries``).
+CONFLICTS_HEADER = "redislock_conflicts"
+_REQUEST_ATTR = "_redislock_lease"
+_MAX_BACKOFF_DOUBLINGS = 5
+
+
+class _Held:
+    """The leases this process's tasks hold now, for release at process shutdown."""
+
+    def __init__(self) -> None:
+        self.leases: dict[str, Lease] = {}
+        self.guard = threading.Lock()
+
+    def add(self, lease: Lease) -> None:
+        with self.guard:
+            self.leases[lease.token] = lease
+
+    def discard(self, lease: Lease) -> None:
+        with self.guard:
+            self.leases.pop(lease.token, None)
+
+    def drain(self) -> list[Lease]:
+        with self.guard:
+            out = list(self.leases.values())
+            self.leases.clear()
+            return out
+
+
+HELD = _Held()
+
+
+def _reset_after_fork() -> None:
+    global HELD
+    HELD = _Held()  # the parent's leases are the parent's; this process holds none yet
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def make_lock(task: LockedTask, settings: Settings, client: RedisClient, name: str) -> Lock:
+    options = task.lock_options
+    assert options is not None
+    return Lock(
+        client,
+        name,
+        ttl=options.ttl or settings.ttl,
+        mode=options.mode,
+        limit=options.limit,
+        namespace=settings.namespace,
+    )
+
+
+def lock_for(task: Any, args: Any = (), kwargs: Any = None) -> Lock:
+    """The lock a call of ``task`` with these arguments takes (same key derivation as the run).
+
+    >>> lock_for(sync_customer, (42,)).holders()   # doctest: +SKIP
+    """
+    from .task import LockedTask
+
+    if not isinstance(task, LockedTask) or task.lock_options is None:
+        raise LockConfigError(f"task {getattr(task, 'name', task)!r} has no lock option")
+    name = lock_name(task.name, task.lock_options, task.call_signature, args, kwargs or {})
+    return make_lock(task, settings_for(task.app), client_for(task.app), name)
+
+
+def _max_hold(task: LockedTask, options: LockOptions) -> float | None:
+    if options.max_hold is not None:
+        return options.max_hold
+    limits = task.request.timelimit or (None, None)
+    hard = limits[0] or task.time_limit or task.app.conf.task_time_limit
+    return float(hard) if hard else None
+
+
+def acquire_for(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
+    """Takes the task's lease before it runs, or acts on the conflict (raising Ignore, Retry,
+    or an error, which the worker honours because this runs inside ``before_start``)."""
+    options = task.lock_options
+    assert options is not None
+    settings = settings_for(task.app)
+    name = lock_name(task.name, options, task.call_signature, args, kwargs)
+    action: ConflictAction = options.on_conflict or settings.on_conflict
+    try:
+        lock = make_lock(task, settings, client_for(task.app), name)
+        # owner = task id, not re-entrant: a second delivery of a running task is a conflict.
+        lease = lock.acquire(
+            blocking=action == "wait",
+            timeout=options.timeout if action == "wait" else None,
+            owner=task_id,
+            reentrant=False,
+            info={"task_id": task_id, "task": task.name},
+        )
+    except LockNotAcquired:
+        _conflict(task, task_id, lock, action, options)
+    except LockBackendError as exc:
+        _backend_down(task, task_id, name, settings, options, exc)
+        return
+    HELD.add(lease)
+    setattr(task.request, _REQUEST_ATTR, lease)
+
+    def on_lost(lost: Lease, error: BaseException | None) -> None:
+        log.error(
+            "task %s[%s]: lease on lock %r lost%s; the task goes on without it",
+            task.name,
+            task_id,
+            lost.name,
+            f" ({error})" if error else "",
+        )
+        lock_lost.send(sender=task, task_id=task_id, lease=lost, error=error)
+
+    Renewer.current().register(lease, on_lost=on_lost, max_hold=_max_hold(task, options))
+
+
+def held_lease(task: LockedTask) -> Lease | None:
+    lease = getattr(task.request, _REQUEST_ATTR, None)
+    return lease if isinstance(lease, Lease) else None
+
+
+def release_held(task: LockedTask) -> None:
+    """Gives back the lease the current run holds (if any); never raises."""
+    lease = held_lease(task)
+    if lease is None:
+        return
+    setattr(task.request, _REQUEST_ATTR, None)
+    release(lease)
+
+
+def release(lease: Lease) -> None:
+    Renewer.current().unregister(lease)
+    HELD.discard(lease)
+    if lease.released:
+        return
+    try:
+        lease.release()
+    except LockBackendError as exc:
+        log.warning("lock %r: release failed, the lease lapses within its ttl: %s", lease.name, exc)
+    except LockNotAcquired:  # pragma: no cover - not raised by release
+        pass
+    except Exception as exc:  # LockNotOwned/LockLost: nothing left to give back
+        log.warning("lock %r: lease was no longer held at release: %s", lease.name, exc)
+
+
+def release_all_held() -> None:
+    """Releases every lease this process's tasks hold (worker process shutdown)."""
+    for lease in HELD.drain():
+        release(lease)
+
+
+# -- conflicts ---------------------------------------------------------------------------------
+
+
+def _holder_ids(lock: Lock) -> list[str]:
+    try:
+        return [h.info.get("task_id", "?") for h in lock.holders()]
+    except LockBackendError:
+        return []
+
+
+def _conflict(
+    task: LockedTask, task_id: str, lock: Lock, action: ConflictAction, options: LockOptions
+) -> NoReturn:
+    holders = _holder_ids(lock)
+    held_by = ", ".join(holders) or "a task that just finished"
+    redelivered = task_id in holders
+    lock_conflict.send(
+        sender=task,
+        task_id=task_id,
+        lock=lock.name,
+        action="drop" if redelivered else action,
+        holders=holders,
+    )
+    if redelivered:
+        # A second delivery of a run still going (visibility timeout, acks_late): never run it
+        # beside the first, and leave the result state to the first.
+        log.info(
+            "task %s[%s]: a copy of this task is already running under lock %r; "
+            "this delivery is dropped",
+            task.name,
+            task_id,
+            lock.name,
+        )
+        raise Ignore()
+    if action == "skip":
+        log.info(
+            "task %s[%s] skipped: lock %r is held by %s", task.name, task_id, lock.name, held_by
+        )
+        _store_skipped(task, task_id, lock.name, holders)
+        raise Ignore()
+    if action == "retry":
+        _retry(task, task_id, options, lock.name, f"lock {lock.name!r} is held by {held_by}")
+    waited = f" after waiting {options.timeout}s" if action == "wait" else ""
+    raise LockNotAcquired(
+        f"task {task.name}[{task_id}]: lock {lock.name!r} is held by {held_by}{waited}",
+        name=lock.name,
+        timeout=options.timeout if action == "wait" else None,
+    )
+
+
+def _store_skipped(task: LockedTask, task_id: str, name: str, holders: list[str]) -> None:
+    if task.ignore_result or task.request.is_eager:
+        return
+    # Without a result backend (NotImplementedError) the log line and the signal remain.
+    with contextlib.suppress(NotImplementedError):
+        task.backend.store_result(
+            task_id, {"lock": name, "holders": holders}, SKIPPED, request=task.request
+        )
+
+
+def _retry(task: LockedTask, task_id: str, options: LockOptions, name: str, why: str) -> NoReturn:
+    request = task.request
+    conflicts = int((request.headers or {}).get(CONFLICTS_HEADER, 0) or 0)
+    base = options.countdown * 2 ** min(conflicts, _MAX_BACKOFF_DOUBLINGS)
+    countdown = random.uniform(base / 2, base)  # jitter: duplicates do not come back together
+    log.info("task %s[%s] retries in %.1fs: %s", task.name, task_id, countdown, why)
+    if options.count_retries:
+        raise task.retry(countdown=countdown)
+    if options.max_retries is not None and conflicts >= options.max_retries:
+        raise LockNotAcquired(
+            f"task {task.name}[{task_id}]: gave up after {conflicts} conflict retries: {why}",
+            name=name,
+        )
+    if request.is_eager:
+        raise LockNotAcquired(f"task {task.name}[{task_id}] (eager): {why}", name=name)
+    headers = {**(request.headers or {}), CONFLICTS_HEADER: conflicts + 1}
+    signature = task.signature_from_request(request, countdown=countdown, headers=headers)
+    signature.apply_async()
+    raise Retry(why, when=countdown)
+
+
+def _backend_down(
+    task: LockedTask,
+    task_id: str,
+    name: str,
+    settings: Settings,
+    options: LockOptions,
+    exc: LockBackendError,
+) -> None:
+    policy = settings.on_backend_error
+    if policy == "run":
+        log.error(
+            "task %s[%s] runs WITHOUT lock %r: Redis failed: %s", task.name, task_id, name, exc
+        )
+        return
+    if policy == "retry":
+        _retry(task, task_id, options, name, f"Redis for lock {name!r} failed: {exc}")
+    raise exc

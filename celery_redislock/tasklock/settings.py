@@ -1,0 +1,119 @@
+"""Settings read from ``app.conf`` (all named ``redislock_*``) and the Redis client they give."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+from celery import Celery
+
+from ..errors import LockConfigError
+from ..keys import DEFAULT_NAMESPACE, check_namespace
+from ..lock import RedisClient
+from .options import CONFLICT_ACTIONS, ConflictAction
+
+__all__ = ["BackendPolicy", "Settings", "client_for", "settings_for"]
+
+BackendPolicy = Literal["fail", "retry", "run"]
+BACKEND_POLICIES: tuple[BackendPolicy, ...] = ("fail", "retry", "run")
+
+DEFAULT_TTL = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The app-wide lock settings; see the README's settings table."""
+
+    url: str | None
+    client_factory: Callable[[], RedisClient] | None
+    namespace: str
+    ttl: float
+    on_conflict: ConflictAction
+    on_backend_error: BackendPolicy
+
+
+def _setting(app: Celery, name: str, default: Any) -> Any:
+    value = app.conf.get(name)
+    return default if value is None else value
+
+
+def _read(app: Celery) -> Settings:
+    url = _setting(app, "redislock_url", None)
+    factory = _setting(app, "redislock_client", None)
+    if factory is not None and not callable(factory):
+        raise LockConfigError(
+            "setting redislock_client must be a callable returning a redis.Redis or "
+            f"RedisCluster, got {type(factory).__name__}"
+        )
+    if url is None and factory is None:
+        broker = app.conf.broker_url or ""
+        if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
+            url = broker.split(";", 1)[0]  # the first of a failover list
+    if url is not None and not isinstance(url, str):
+        raise LockConfigError(f"setting redislock_url must be a string, got {url!r}")
+    ttl = _setting(app, "redislock_ttl", DEFAULT_TTL)
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
+        raise LockConfigError(
+            f"setting redislock_ttl must be a positive number of seconds, got {ttl!r}"
+        )
+    on_conflict = _setting(app, "redislock_on_conflict", "skip")
+    if on_conflict not in CONFLICT_ACTIONS:
+        raise LockConfigError(
+            f"setting redislock_on_conflict must be one of {', '.join(CONFLICT_ACTIONS)}, "
+            f"got {on_conflict!r}"
+        )
+    policy = _setting(app, "redislock_on_backend_error", "fail")
+    if policy not in BACKEND_POLICIES:
+        raise LockConfigError(
+            f"setting redislock_on_backend_error must be one of {', '.join(BACKEND_POLICIES)}, "
+            f"got {policy!r}"
+        )
+    return Settings(
+        url=url,
+        client_factory=factory,
+        namespace=check_namespace(_setting(app, "redislock_namespace", DEFAULT_NAMESPACE)),
+        ttl=float(ttl),
+        on_conflict=on_conflict,
+        on_backend_error=policy,
+    )
+
+
+# One client per app and Redis address: a changed setting gets a new client.
+_clients: weakref.WeakKeyDictionary[Celery, tuple[object, RedisClient]] = (
+    weakref.WeakKeyDictionary()
+)
+_clients_lock = threading.Lock()
+
+
+def settings_for(app: Celery) -> Settings:
+    """The app's lock settings, checked (a bad value raises :class:`LockConfigError`)."""
+    return _read(app)
+
+
+def client_for(app: Celery) -> RedisClient:
+    """The Redis client the app's locks use (one per app; redis-py reconnects after fork).
+
+    >>> client_for(app).ping()   # doctest: +SKIP
+    True
+    """
+    settings = _read(app)
+    identity = (settings.url, id(settings.client_factory))
+    with _clients_lock:
+        cached = _clients.get(app)
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        if settings.client_factory is not None:
+            client = settings.client_factory()
+        elif settings.url is not None:
+            client = redis.Redis.from_url(settings.url)
+        else:
+            raise LockConfigError(
+                "no Redis for locks: set app.conf.redislock_url (or redislock_client); "
+                f"the broker ({app.conf.broker_url!r}) is not a Redis URL"
+            )
+        _clients[app] = (identity, client)
+        return client

@@ -1,0 +1,79 @@
+"""The task base class that reads the ``lock=`` option."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+from celery import Task
+from celery.signals import task_postrun, worker_process_shutdown
+
+from ..lock import Lease
+from . import runtime
+from .options import LockOptions, call_signature, parse_lock_option
+
+__all__ = ["LockedTask"]
+
+
+class LockedTask(Task):  # type: ignore[misc]
+    """Base class for tasks that declare ``lock=``: use it as the app's ``task_cls`` (or call
+    :func:`celery_redislock.install`).
+
+    The lease is taken in :meth:`before_start` (where Celery honours ``Ignore`` and ``Retry``),
+    renewed by the process's renewer while the task runs, and released when the run ends; a
+    worker's parent process releases what a killed child held (see :class:`LockRequest`).
+
+    >>> app = Celery("proj", task_cls="celery_redislock:LockedTask")    # doctest: +SKIP
+    >>> @app.task(lock={"key": "sync:{customer_id}", "on_conflict": "retry"})
+    ... def sync_customer(customer_id): ...
+    """
+
+    Request = "celery_redislock.tasklock.request:LockRequest"
+
+    lock: Any = None
+    """The ``lock=`` option as declared: True, a key template, or a dict of options."""
+    lock_options: ClassVar[LockOptions | None] = None
+    call_signature: ClassVar[inspect.Signature | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "lock" not in cls.__dict__ and "run" not in cls.__dict__:
+            return  # an abstract base Celery derives: nothing declared here
+        run = cls.__dict__.get("run", getattr(cls, "run", None))
+        bound = not isinstance(run, staticmethod)  # Celery stores unbound runs as staticmethods
+        fun = run.__func__ if isinstance(run, staticmethod) else run
+        name = cls.__dict__.get("name") or cls.__name__
+        cls.call_signature = call_signature(fun, bound) if callable(fun) else None
+        cls.lock_options = parse_lock_option(name, cls.call_signature, cls.lock)
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease the current run holds (``None`` outside a locked run). ``lease.check()``
+        raises :class:`LockLost` if the renewer found it lost."""
+        return runtime.held_lease(self)
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        if self.lock_options is not None:
+            runtime.acquire_for(self, task_id, args, kwargs)
+        super().before_start(task_id, args, kwargs)
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        # Give the lock back before the retry is published, so the retried run cannot find it
+        # still held by this very run and be skipped as a duplicate.
+        runtime.release_held(self)
+        return super().retry(*args, **kwargs)
+
+
+def _release_after_run(sender: Any = None, **_: Any) -> None:
+    # task_postrun fires for every ending, RETRY, IGNORED and REJECTED included (after_return
+    # does not), in the process that ran the task, while its request is still current.
+    if isinstance(sender, LockedTask):
+        runtime.release_held(sender)
+
+
+def _release_at_shutdown(**_: Any) -> None:
+    runtime.release_all_held()
+
+
+task_postrun.connect(_release_after_run, weak=False)
+worker_process_shutdown.connect(_release_at_shutdown, weak=False)
