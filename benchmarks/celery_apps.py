@@ -100,7 +100,8 @@ def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> 
         app.conf.singleton_backend_url = url
         app.conf.singleton_key_prefix = f"{keys.prefix}:singleton:"
         # Its documented guard against locks left by lost workers; without it they never expire.
-        app.conf.singleton_lock_expiry = expiry
+        # Whole seconds: it goes to SET ... EX, which redis-py refuses as a float.
+        app.conf.singleton_lock_expiry = round(expiry)
         base = Singleton
         hold_opts = {"unique_on": ["run", "key"]}
     elif variant == "celery_once":

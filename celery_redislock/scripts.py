@@ -7,7 +7,6 @@ NOSCRIPT, so the scripts survive ``SCRIPT FLUSH``, restarts and failover.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
 from importlib.resources import files
 from typing import Any
 
@@ -19,14 +18,25 @@ def _source(name: str) -> bytes:
     return (files(__package__) / "lua" / f"{name}.lua").read_bytes()
 
 
-@cache
+def _load_all() -> dict[str, Script]:
+    scripts = {}
+    for name in ("acquire", "release", "release_where", "renew", "notify", "holders"):
+        body = _source(name)
+        if name in ("acquire", "release", "release_where"):
+            body = _source("common") + b"\n" + body
+        # A Script made from bytes needs no client: each call names the client it runs on.
+        scripts[name] = Script(None, body)  # type: ignore[arg-type]
+    return scripts
+
+
+# Read at import, never later: reading package files takes the import system's module locks,
+# and a thread holding one when a worker forks its pool children deadlocks those children.
+_SCRIPTS = _load_all()
+
+
 def script(name: str) -> Script:
     """The registered script ``name``; lock scripts get the shared helpers prepended."""
-    body = _source(name)
-    if name in ("acquire", "release", "release_where"):
-        body = _source("common") + b"\n" + body
-    # A Script made from bytes needs no client: each call names the client it runs on.
-    return Script(None, body)  # type: ignore[arg-type]
+    return _SCRIPTS[name]
 
 
 def run(name: str, client: Any, keys: Sequence[str | bytes], args: Sequence[str]) -> Any:

@@ -11,9 +11,13 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 import redis
+from workers import Worker
 
 from celery_redislock import Lock
 from celery_redislock.server import RedisServer, embedded_binary
@@ -78,3 +82,39 @@ def wait_until_queued(client: redis.Redis | redis.RedisCluster, lock: Lock, coun
     """Blocks until ``count`` waiters stand in ``lock``'s line: a release after this is sure to
     find them blocked (no sleeping and hoping)."""
     wait_for(lambda: client.zcard(lock.keys.all[2]) >= count, f"{count} waiter(s) queued")
+
+
+@pytest.fixture(scope="session")
+def celery_server() -> Iterator[RedisServer]:
+    """One Redis for the Celery tests (broker, results and locks): worker tests are slow, so
+    they run on one Redis version; the lock core is what runs on every version."""
+    with RedisServer() as server:
+        os.environ["LOCKAPP_REDIS_URL"] = server.url
+        yield server
+
+
+@pytest.fixture
+def lockapp(celery_server: RedisServer) -> Iterator[ModuleType]:
+    """The test app module (tests/lockapp.py), its Redis emptied."""
+    import lockapp as module
+
+    assert celery_server.url == module.URL
+    module.r.flushall()
+    yield module
+    module.r.flushall()
+
+
+@pytest.fixture
+def workers(celery_server: RedisServer, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    """Starts real worker subprocesses (``workers(name="w1", pool="prefork", ...)``); every one
+    is killed at the end of the test, whatever happened."""
+    started: list[Worker] = []
+
+    def start(**kwargs: Any) -> Worker:
+        worker = Worker(celery_server.url, tmp_path, **kwargs)
+        started.append(worker)
+        return worker.start()
+
+    yield start
+    for worker in started:
+        worker.kill()

@@ -57,6 +57,16 @@ class LockedTask(Task):  # type: ignore[misc]
             runtime.acquire_for(self, task_id, args, kwargs)
         super().before_start(task_id, args, kwargs)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.request.called_directly:
+            return super().__call__(*args, **kwargs)  # a plain function call: no lock
+        # Run by the worker (the request is already pushed): release as the body ends, before
+        # the result is stored, so whoever waits on the result finds the lock free.
+        try:
+            return self.run(*args, **kwargs)
+        finally:
+            runtime.release_held(self)
+
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         # Give the lock back before the retry is published, so the retried run cannot find it
         # still held by this very run and be skipped as a duplicate.
@@ -65,6 +75,7 @@ class LockedTask(Task):  # type: ignore[misc]
 
 
 def _release_after_run(sender: Any = None, **_: Any) -> None:
+    # Normally released already (__call__); this covers a run whose body never started.
     # task_postrun fires for every ending, RETRY, IGNORED and REJECTED included (after_return
     # does not), in the process that ran the task, while its request is still current.
     if isinstance(sender, LockedTask):

@@ -1,0 +1,158 @@
+"""The Celery app the worker tests run: tasks that record what they did in Redis.
+
+Workers import it as ``lockapp`` (tests/ on PYTHONPATH); its broker, result backend and lock
+Redis are all ``LOCKAPP_REDIS_URL``. Each task notes its start (task id, pid) and the
+concurrency it saw per key, so tests can assert on what really ran, where and beside what.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.exceptions import Ignore, Reject
+
+from celery_redislock import LockLost, install, lock_lost
+
+URL = os.environ["LOCKAPP_REDIS_URL"]
+app = install(Celery("lockapp", broker=URL, backend=URL))
+app.conf.update(
+    redislock_ttl=float(os.environ.get("LOCKAPP_TTL", "30")),
+    worker_prefetch_multiplier=1,
+    task_acks_late=os.environ.get("LOCKAPP_ACKS_LATE") == "1",
+    broker_connection_retry_on_startup=True,
+    result_expires=600,
+)
+r = redis.Redis.from_url(URL)
+RETRY = {"on_conflict": "retry", "countdown": 0.05}
+
+
+def started(key: str, task_id: str) -> None:
+    r.rpush(f"started:{key}", task_id)
+    r.hset("pid", task_id, os.getpid())
+
+
+class Active:
+    """Counts the runs of ``key`` in progress and notes the count each run saw on entry."""
+
+    def __init__(self, *keys: str) -> None:
+        self.keys = keys
+
+    def __enter__(self) -> None:
+        pipe = r.pipeline()
+        for key in self.keys:
+            pipe.incr(f"active:{key}")
+        counts = pipe.execute()
+        pipe = r.pipeline()
+        for key, count in zip(self.keys, counts, strict=True):
+            pipe.rpush(f"seen:{key}", count)
+            # What else was running at that instant (for read/write checks).
+            pipe.rpush(f"beside:{key}", ",".join(f"{k}={r.get('active:' + k)}" for k in self.keys))
+        pipe.execute()
+
+    def __exit__(self, *exc: Any) -> None:
+        for key in self.keys:
+            r.decr(f"active:{key}")
+
+
+def _sleep(seconds: float, name: str) -> None:
+    # Ends early when a test sets stop:<name>, so no test waits longer than it must.
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not r.exists(f"stop:{name}"):
+        time.sleep(0.01)
+
+
+@app.task(bind=True, lock={"key": "hold:{name}"})
+def hold(self: Any, name: str, seconds: float = 0.0, ending: str = "return") -> str:
+    """Holds ``hold:<name>`` for ``seconds`` then ends as ``ending`` says."""
+    started(name, self.request.id)
+    if ending == "soft":
+        _sleep(seconds, name)  # interrupted by SoftTimeLimitExceeded
+    else:
+        _sleep(seconds, name)
+    r.rpush(f"ended:{name}", f"{self.request.id}:{ending}:{self.request.retries}")
+    if ending == "fail":
+        raise RuntimeError("failed on purpose")
+    if ending == "ignore":
+        raise Ignore()
+    if ending == "reject":
+        raise Reject("rejected on purpose", requeue=False)
+    if ending == "retry" and self.request.retries == 0:
+        raise self.retry(countdown=0)
+    return ending
+
+
+@app.task(bind=True, lock={"key": "hold:{name}", **RETRY})
+def duplicate(self: Any, name: str) -> str:
+    """Takes the same lock as ``hold``, retrying until it gets it."""
+    started(f"dup:{name}", self.request.id)
+    return "ran"
+
+
+@app.task(bind=True, lock={"key": "hold:{name}"}, time_limit=1)
+def hard_limited(self: Any, name: str) -> None:
+    started(name, self.request.id)
+    time.sleep(60)
+
+
+@app.task(bind=True, lock={"key": "hold:{name}"}, soft_time_limit=0.5)
+def soft_limited(self: Any, name: str) -> None:
+    started(name, self.request.id)
+    try:
+        time.sleep(60)
+    finally:
+        r.rpush(f"ended:{name}", f"{self.request.id}:soft")
+
+
+@app.task(bind=True, lock={"key": "counter:{key}", **RETRY})
+def increment(self: Any, key: str) -> None:
+    """A non-atomic read-modify-write: loses updates unless runs of one key are serialised."""
+    with Active(key):
+        value = int(r.get(f"counter:{key}") or 0)
+        time.sleep(0.005)
+        r.set(f"counter:{key}", value + 1)
+
+
+@app.task(lock={"key": "cap", "limit": 3, **RETRY})
+def capped(i: int) -> None:
+    with Active("cap"):
+        time.sleep(0.1)
+
+
+@app.task(lock={"key": "rw:{resource}", "mode": "read", **RETRY})
+def read(resource: str) -> None:
+    with Active(f"read:{resource}", f"write:{resource}"):
+        time.sleep(0.05)
+
+
+@app.task(lock={"key": "rw:{resource}", "mode": "write", **RETRY})
+def write(resource: str) -> None:
+    with Active(f"write:{resource}", f"read:{resource}"):
+        time.sleep(0.05)
+
+
+@app.task(bind=True, lock={"key": "hold:{name}"})
+def watch_lease(self: Any, name: str, seconds: float) -> str:
+    """Checks its lease until told to stop; notes LockLost when the lease goes."""
+    started(name, self.request.id)
+    lease = self.lease
+    r.hset(f"lease:{name}", mapping={"name": lease.name, "fence": lease.fence, "mode": lease.mode})
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            lease.check()
+        except LockLost as exc:
+            r.rpush(f"lost:{name}", str(exc))
+            return "lost"
+        time.sleep(0.02)
+    return "held"
+
+
+def _note_lost(sender: Any = None, task_id: str = "", lease: Any = None, **_: Any) -> None:
+    r.rpush("signal:lock_lost", f"{task_id}:{lease.name}")
+
+
+lock_lost.connect(_note_lost, weak=False)

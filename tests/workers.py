@@ -1,0 +1,109 @@
+"""Real Celery worker processes for tests: each in its own process group, killed for real."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TESTS = Path(__file__).parent
+
+
+def children_of(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (the pool's children of a worker's main process)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == pid and stat[0] not in ("Z", "X"):
+            out.append(int(entry.name))
+    return out
+
+
+class Worker:
+    """``celery -A <app> worker`` as a subprocess, with its log in a file."""
+
+    def __init__(
+        self,
+        url: str,
+        log_dir: Path,
+        *,
+        name: str = "w1",
+        pool: str = "prefork",
+        concurrency: int = 2,
+        app: str = "lockapp",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name, self.pool, self.concurrency, self.app = name, pool, concurrency, app
+        self.log_path = log_dir / f"worker-{name}.log"
+        self.env = {
+            **os.environ,
+            "LOCKAPP_REDIS_URL": url,
+            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+            **(env or {}),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> Worker:
+        command = [
+            sys.executable, "-m", "celery", "-A", self.app, "worker",
+            "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h",
+            "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info",
+        ]  # fmt: skip
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while " ready." not in self.log():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"worker {self.name} did not start:\n{self.log()}")
+            time.sleep(0.05)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def children(self) -> list[int]:
+        return children_of(self.pid)
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL to the whole process group: the main process and every pool child."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, timeout: float = 20) -> None:
+        """Warm shutdown (SIGTERM); SIGKILL if it takes longer than ``timeout``."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.kill()
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        finally:
+            self.kill()
