@@ -15,7 +15,7 @@ import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject
 
-from celery_redislock import LockLost, install, lock_lost
+from celery_redislock import LockLost, install, lock_conflict, lock_lost
 
 URL = os.environ["LOCKAPP_REDIS_URL"]
 app = install(Celery("lockapp", broker=URL, backend=URL))
@@ -26,6 +26,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=600,
 )
+if os.environ.get("LOCKAPP_LOCK_URL"):
+    app.conf.redislock_url = os.environ["LOCKAPP_LOCK_URL"]
 r = redis.Redis.from_url(URL)
 RETRY = {"on_conflict": "retry", "countdown": 0.05}
 
@@ -36,26 +38,20 @@ def started(key: str, task_id: str) -> None:
 
 
 class Active:
-    """Counts the runs of ``key`` in progress and notes the count each run saw on entry."""
+    """Counts the runs of ``key`` in progress, notes the count each run saw on entry, and what
+    the ``beside`` counters were at that instant (for read/write checks)."""
 
-    def __init__(self, *keys: str) -> None:
-        self.keys = keys
+    def __init__(self, key: str, *beside: str) -> None:
+        self.key, self.beside = key, beside
 
     def __enter__(self) -> None:
-        pipe = r.pipeline()
-        for key in self.keys:
-            pipe.incr(f"active:{key}")
-        counts = pipe.execute()
-        pipe = r.pipeline()
-        for key, count in zip(self.keys, counts, strict=True):
-            pipe.rpush(f"seen:{key}", count)
-            # What else was running at that instant (for read/write checks).
-            pipe.rpush(f"beside:{key}", ",".join(f"{k}={r.get('active:' + k)}" for k in self.keys))
-        pipe.execute()
+        count = r.incr(f"active:{self.key}")
+        others = ",".join(f"{k}={int(r.get('active:' + k) or 0)}" for k in self.beside)
+        r.rpush(f"seen:{self.key}", count)
+        r.rpush(f"beside:{self.key}", others)
 
     def __exit__(self, *exc: Any) -> None:
-        for key in self.keys:
-            r.decr(f"active:{key}")
+        r.decr(f"active:{self.key}")
 
 
 def _sleep(seconds: float, name: str) -> None:
@@ -85,7 +81,7 @@ def hold(self: Any, name: str, seconds: float = 0.0, ending: str = "return") -> 
     return ending
 
 
-@app.task(bind=True, lock={"key": "hold:{name}", **RETRY})
+@app.task(bind=True, lock={"key": "hold:{name}", **RETRY}, max_retries=3)
 def duplicate(self: Any, name: str) -> str:
     """Takes the same lock as ``hold``, retrying until it gets it."""
     started(f"dup:{name}", self.request.id)
@@ -139,7 +135,15 @@ def watch_lease(self: Any, name: str, seconds: float) -> str:
     """Checks its lease until told to stop; notes LockLost when the lease goes."""
     started(name, self.request.id)
     lease = self.lease
-    r.hset(f"lease:{name}", mapping={"name": lease.name, "fence": lease.fence, "mode": lease.mode})
+    r.hset(
+        f"lease:{name}",
+        mapping={
+            "name": lease.name,
+            "fence": lease.fence,
+            "mode": lease.mode,
+            "token": lease.token,
+        },
+    )
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -156,3 +160,25 @@ def _note_lost(sender: Any = None, task_id: str = "", lease: Any = None, **_: An
 
 
 lock_lost.connect(_note_lost, weak=False)
+
+
+@app.task(lock={"key": "hold:{name}", "on_conflict": "wait", "timeout": 10})
+def waiting(name: str) -> str:
+    return "ran"
+
+
+@app.task(lock={"key": "hold:{name}", "on_conflict": "wait", "timeout": 0.3})
+def waiting_briefly(name: str) -> str:
+    return "ran"
+
+
+@app.task(bind=True, lock={"key": "hold:{name}", "on_conflict": "raise"})
+def strict(self: Any, name: str) -> str:
+    return "ran"
+
+
+def _note_conflict(sender: Any = None, task_id: str = "", action: str = "", **_: Any) -> None:
+    r.rpush("signal:lock_conflict", f"{task_id}:{action}")
+
+
+lock_conflict.connect(_note_conflict, weak=False)

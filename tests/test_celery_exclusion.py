@@ -1,0 +1,78 @@
+"""Exclusion under load with real workers: 2 workers x 2 prefork children = 4 processes."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+from celery import group
+from conftest import wait_for
+from workers import Worker
+
+from celery_redislock import lock_for
+
+
+def _seen(lockapp: ModuleType, key: str) -> list[int]:
+    return [int(v) for v in lockapp.r.lrange(f"seen:{key}", 0, -1)]
+
+
+@pytest.fixture
+def four_processes(workers: Callable[..., Worker]) -> None:
+    workers(name="w1")
+    workers(name="w2")
+
+
+@pytest.mark.usefixtures("four_processes")
+def test_read_modify_write_loses_no_update(lockapp: ModuleType) -> None:
+    keys = [f"k{i}" for i in range(10)]
+    calls = [key for key in keys for _ in range(20)]
+    random.Random(7).shuffle(calls)
+    group(lockapp.increment.s(key) for key in calls).apply_async().get(timeout=240)
+    for key in keys:
+        assert int(lockapp.r.get(f"counter:{key}")) == 20, key  # no lost update
+        seen = _seen(lockapp, key)
+        assert len(seen) == 20
+        assert max(seen) == 1, f"{key}: runs overlapped: {seen}"
+        assert not lock_for(lockapp.increment, (key,)).locked()
+
+
+@pytest.mark.usefixtures("four_processes")
+def test_limit_caps_concurrency_and_reaches_it(lockapp: ModuleType) -> None:
+    group(lockapp.capped.s(i) for i in range(30)).apply_async().get(timeout=120)
+    seen = _seen(lockapp, "cap")
+    assert len(seen) == 30
+    assert max(seen) == 3, seen  # never more than 3, and 3 reached (4 processes compete)
+
+
+@pytest.mark.usefixtures("four_processes")
+def test_readers_share_and_a_writer_runs_alone(lockapp: ModuleType) -> None:
+    calls = [lockapp.read.s("db") for _ in range(24)] + [lockapp.write.s("db") for _ in range(6)]
+    random.Random(3).shuffle(calls)
+    group(calls).apply_async().get(timeout=120)
+    readers_seen = _seen(lockapp, "read:db")
+    writers_seen = _seen(lockapp, "write:db")
+    assert len(readers_seen) == 24 and len(writers_seen) == 6
+    assert max(readers_seen) > 1, "readers never overlapped"
+    assert max(writers_seen) == 1
+    # Beside each writer's entry: no reader was active; beside each reader's: no writer.
+    for entry in lockapp.r.lrange("beside:write:db", 0, -1):
+        assert entry == b"read:db=0", entry
+    for entry in lockapp.r.lrange("beside:read:db", 0, -1):
+        assert entry == b"write:db=0", entry
+
+
+def test_redelivered_copy_of_a_running_task_does_not_run(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """A second delivery of a running task (same task id, as after a visibility timeout) is
+    dropped, whichever worker gets it; the running one finishes and owns the result."""
+    workers(name="w1")
+    workers(name="w2")
+    first = lockapp.hold.apply_async(("r", 2.0))
+    wait_for(lambda: lockapp.r.llen("started:r") == 1, "first delivery running", 30)
+    lockapp.hold.apply_async(("r", 2.0), task_id=first.id)  # the redelivery
+    assert first.get(timeout=30) == "return"
+    assert lockapp.r.llen("started:r") == 1  # the copy never ran its body
+    assert first.state == "SUCCESS"

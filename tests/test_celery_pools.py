@@ -1,0 +1,123 @@
+"""Skips, retries, waits, lost leases, and the three pools, with real workers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+from celery.exceptions import TimeoutError as CeleryTimeout
+from conftest import wait_for
+from workers import Worker
+
+from celery_redislock import SKIPPED, lock_for
+
+POOLS = {
+    "prefork": [{"pool": "prefork", "concurrency": 2}],
+    "threads": [{"pool": "threads", "concurrency": 2}],
+    "solo": [{"pool": "solo", "name": "w1"}, {"pool": "solo", "name": "w2"}],
+}
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_pool_renews_while_running_skips_duplicates_and_releases(
+    lockapp: ModuleType, workers: Callable[..., Worker], pool: str
+) -> None:
+    for options in POOLS[pool]:
+        workers(env={"LOCKAPP_TTL": "1"}, **options)
+    lock = lock_for(lockapp.hold, ("p",))
+    first = lockapp.hold.delay("p", 60)
+    wait_for(lambda: lockapp.r.llen("started:p") == 1, "first run started", 30)
+    (holder,) = lock.holders()
+    time.sleep(2.5)  # an observation window of 2.5 ttls: only renewal can keep the lease
+    assert [h.token for h in lock.holders()] == [holder.token]
+    late = lockapp.hold.delay("p", 0)
+    wait_for(lambda: late.state == SKIPPED, "the duplicate skipped", 30)
+    assert late.info["lock"] == "hold:p"
+    assert late.info["holders"] == [first.id]
+    lockapp.r.set("stop:p", 1)
+    assert first.get(timeout=30) == "return"
+    wait_for(lambda: not lock.locked(), "released", 5)
+    assert lockapp.r.llen("started:p") == 1
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_lost_lease_is_seen_by_the_task_logged_and_signalled(
+    lockapp: ModuleType, workers: Callable[..., Worker], pool: str
+) -> None:
+    worker = workers(pool=pool, env={"LOCKAPP_TTL": "1.5"})
+    result = lockapp.watch_lease.delay("l", 30)
+    wait_for(lambda: lockapp.r.exists("lease:l"), "the task read its lease", 30)
+    lease = {k.decode(): v.decode() for k, v in lockapp.r.hgetall("lease:l").items()}
+    assert lease["name"] == "hold:l" and lease["mode"] == "write" and int(lease["fence"]) > 0
+    lock = lock_for(lockapp.watch_lease, ("l", 30))
+    lockapp.r.delete(*lock.keys.all)  # the lease vanishes (flush, failover, a bad script)
+    assert result.get(timeout=10) == "lost"  # within one heartbeat (0.5 s) + the task's poll
+    lost = [m.decode() for m in lockapp.r.lrange("lost:l", 0, -1)]
+    assert lost == [f"lease {lease['token']} of lock 'hold:l' was lost"]
+    assert lockapp.r.lrange("signal:lock_lost", 0, -1) == [f"{result.id}:hold:l".encode()]
+    assert "ERROR" in worker.log() and "lease on lock 'hold:l' lost" in worker.log()
+
+
+def test_retry_on_conflict_does_not_spend_the_task_retry_budget(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    workers()
+    lockapp.hold.delay("q", 1.0)
+    wait_for(lambda: lockapp.r.llen("started:q") == 1, "holder running", 30)
+    # duplicate retries on conflict every ~0.05-1.6 s; its own max_retries (3) is not spent.
+    assert lockapp.duplicate.delay("q").get(timeout=30) == "ran"
+    assert lockapp.duplicate.max_retries == 3
+
+
+def test_wait_on_conflict_runs_when_the_holder_ends(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    workers(pool="threads", concurrency=3)
+    lockapp.hold.delay("w", 0.5)
+    wait_for(lambda: lockapp.r.llen("started:w") == 1, "holder running", 30)
+    waiter = lockapp.waiting.delay("w")
+    assert waiter.get(timeout=30) == "ran"
+    lockapp.hold.delay("w", 60)
+    wait_for(lambda: lockapp.r.llen("started:w") == 2, "second holder running", 30)
+    gives_up = lockapp.waiting_briefly.delay("w")
+    with pytest.raises(Exception, match=r"held by .* after waiting 0.3s"):
+        gives_up.get(timeout=30)
+    lockapp.r.set("stop:w", 1)
+
+
+def test_raise_on_conflict_fails_the_task_naming_the_holder(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    workers()
+    holder = lockapp.hold.delay("x", 60)
+    wait_for(lambda: lockapp.r.llen("started:x") == 1, "holder running", 30)
+    with pytest.raises(Exception, match=f"lock 'hold:x' is held by {holder.id}"):
+        lockapp.strict.delay("x").get(timeout=30)
+    lockapp.r.set("stop:x", 1)
+
+
+def test_skip_state_is_not_ready_and_signal_names_the_action(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    workers()
+    lockapp.hold.delay("s", 60)
+    wait_for(lambda: lockapp.r.llen("started:s") == 1, "holder running", 30)
+    skipped = lockapp.hold.delay("s", 0)
+    wait_for(lambda: skipped.state == SKIPPED, "skipped", 30)
+    with pytest.raises(CeleryTimeout):
+        skipped.get(timeout=0.2)  # SKIPPED is not a ready state: use on_conflict="raise" to wait
+    assert lockapp.r.lrange("signal:lock_conflict", 0, -1) == [f"{skipped.id}:skip".encode()]
+    lockapp.r.set("stop:s", 1)
+
+
+def test_redis_for_locks_down_fails_the_task_by_default(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    # Locks on a Redis nobody listens on; broker and results still work.
+    worker = workers(env={"LOCKAPP_LOCK_URL": "redis://127.0.0.1:1/0"})
+    with pytest.raises(Exception, match="Redis failed"):
+        lockapp.hold.delay("d", 0).get(timeout=30)
+    assert lockapp.r.llen("started:d") == 0  # never ran unlocked
+    wait_for(lambda: "LockBackendError" in worker.log(), "the failure logged", 10)
