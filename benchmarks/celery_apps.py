@@ -117,11 +117,12 @@ def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> 
         noop_opts["base"] = base
         hold_opts["base"] = base
 
-    @app.task(name="celerybench.noop", shared=False, **noop_opts)
+    # shared=False: a shared task would be added to every app this process creates.
+    @app.task(name="celerybench.noop", shared=False, **noop_opts)  # type: ignore[untyped-decorator]
     def noop(run: str, i: int) -> None:
         _client(url).incr(keys.done)
 
-    @app.task(name="celerybench.hold", shared=False, **hold_opts)
+    @app.task(name="celerybench.hold", shared=False, **hold_opts)  # type: ignore[untyped-decorator]
     def hold(run: str, key: str, tag: str, seconds: float) -> None:
         event = {"tag": tag, "pid": os.getpid(), "t": time.time()}
         _client(url).rpush(keys.events, json.dumps(event))

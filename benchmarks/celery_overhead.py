@@ -18,31 +18,42 @@ only the task base / lock options differ. What is measured:
    celery_redislock when it starts. A warm-up batch (not timed) has the worker ready and both
    pool children forked. Rounds alternate the variants (order rotated each round), each
    measurement on a fresh worker; the best round per variant is kept. Afterwards every result
-   is checked to be SUCCESS (none skipped, none lost).
+   is checked to be SUCCESS (none skipped, none lost). CPU per task (user + sys of the worker's
+   processes, of redis-server, and of this publishing process) is shown beside the rate: it
+   says where the time goes and is less sensitive than wall time to other load on the host.
    Our task: ``@app.task(lock={"key": "bench:{run}:{i}"})`` with ``celery_redislock.install``;
    celery-singleton: ``base=Singleton``; celery-once: ``base=QueueOnce``.
-2. Recovery after a crash. A long locked task ``hold(run, key, ...)`` starts; after ``--hold``
-   seconds (longer than our ttl, so its lease has been renewed) a duplicate is published and
-   must be refused; then
+2. Recovery after a crash. A long locked task ``hold(run, key, ...)`` starts and runs ``hold_s``
+   (4 s: longer than our ttl, so its lease has been renewed); a duplicate published then must
+   be refused (ours: it ends SKIPPED; the peers refuse it at publish). Then
    * ``child_kill``: SIGKILL of the pool child running it (the worker's parent lives on);
-   * ``worker_kill`` (ours only): SIGKILL of the whole worker's process group, and a fresh
+   * ``worker_kill`` (ours only): SIGKILL of the worker's whole process group, and a fresh
      worker started at once.
-   Then duplicates (same key) are published one after another until one runs. Recovery is the
-   time from the kill to the start of the duplicate that ran (``time.time()`` stamped by the
-   task; same host). Ours, with ``redislock_ttl`` = ``TTL_S``: the worker's parent releases the
-   dead child's lease; after a worker kill the lease lapses within the ttl. celery-singleton
-   with its documented ``singleton_lock_expiry`` (the lock is only ever dropped by expiry after a
-   kill; without the setting it never is). celery-once: its default timeout is one hour, so the
-   figure reported is the configured one, NOT measured; the run only checks that a duplicate is
-   refused after the kill and reads the lock's remaining time.
+   Then duplicates (same key) are published one after another, each followed until it ran, ended
+   without running, or 0.25 s passed, until one runs. Recovery is the time from the kill to the
+   start of the duplicate that ran (``time.time()`` stamped by the task; same host). Each trial
+   runs on a fresh worker; the median over the trials is reported (5 child kills and 3 worker
+   kills for ours, 1 with --quick), with the max. A trial also checks the worker afterwards:
+   duplicates that never ran nor ended and pool children hung on a futex are reported.
+   Ours, with ``redislock_ttl`` = 3 s: the worker's parent releases the dead child's lease;
+   after a worker kill the lease lapses within the ttl. celery-singleton, with its documented
+   ``singleton_lock_expiry`` (10 s, 6 s with --quick) set: after a kill its lock is only ever
+   dropped by that expiry, counted from publish (without the setting, never). celery-once: its
+   default timeout is one hour, so the figure reported is that configured one, NOT measured;
+   the trial only checks that a duplicate is still refused 1 s after the kill and reads how
+   long its lock has left.
 
 Run from the repository root::
 
     python benchmarks/celery_overhead.py [--json out.json] [--quick] [--url redis://...]
 
-A full run takes about 2 minutes on 2 cores and ``--quick`` about 40 s. Every process started
-here runs in its own process group and is killed on exit (Ctrl-C included). Against ``--url`` the
-keys created (each contains the run id) are deleted at the end.
+A full run takes about 2.5 minutes on 2 cores and ``--quick`` about 35 s. ``--json`` writes
+``tasks_per_s`` (best round) and ``recovery_s`` (ours, median), plus ``recovery_s_max``,
+``recovery_s_peers`` (celery-once's figure is the configured one: see ``recovery_measured``),
+``recovery_degraded_trials``, ``ttl``, ``singleton_lock_expiry`` and ``once_timeout``.
+
+Every worker runs in its own process group and is killed (all of it) on exit, Ctrl-C and SIGTERM
+included. Against ``--url`` the keys created (each contains the run id) are deleted at the end.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,11 +110,20 @@ WORKER_CMD = [
 WARMUP_TASKS = 50
 READY_TIMEOUT_S = 60
 PROBE_GAP_S = 0.01  # between two duplicates that were refused
-PROBE_WAIT_S = 1.0  # the longest one duplicate is followed before the next is published
+PROBE_WAIT_S = 0.25  # the longest one duplicate is followed before the next is published
 PENDING = ("PENDING", "RECEIVED", "STARTED")  # result states of a task that has not ended
 
 
 # -- workers -------------------------------------------------------------------------------------
+
+
+def _running(pid: int) -> bool:
+    """True until ``pid`` has exited (a zombie has: its files, sockets included, are closed)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 @dataclass
@@ -118,16 +139,27 @@ class Worker:
         return self.process.pid  # start_new_session: the worker leads its group
 
     def children(self) -> list[int]:
-        path = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        """The pool children (of any thread of the worker's parent)."""
+        found: list[int] = []
         with contextlib.suppress(OSError):
-            return [int(p) for p in path.read_text().split()]
-        return []
+            for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    found += [int(p) for p in (task / "children").read_text().split()]
+        return sorted(found)
 
     def kill(self) -> None:
-        """SIGKILL to the whole group: the worker's parent and its pool children."""
+        """SIGKILL to the whole group, then waits until every member has exited.
+
+        Waiting matters: until the last process holding the broker socket is gone, Redis still
+        counts the dead worker's BRPOP as a consumer and may hand it a message just published.
+        """
+        members = [self.process.pid, *self.children()]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, signal.SIGKILL)
         self.process.wait()
+        deadline = time.monotonic() + 10
+        while any(_running(pid) for pid in members) and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def tail(self, lines: int = 30) -> str:
         with contextlib.suppress(OSError):
@@ -221,7 +253,8 @@ class Bench:
                 raise RuntimeError(f"{variant}: the worker exited:\n{worker.tail()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"{variant}: {self.client.get(key)} of {count} tasks done after {timeout} s"
+                    f"{variant}: {int(self.client.get(key) or 0)} of {count} tasks done after "
+                    f"{timeout} s"
                     f"\n{worker.tail()}"
                 )
             time.sleep(0.002)
@@ -242,14 +275,60 @@ class Bench:
 # -- 1. throughput -------------------------------------------------------------------------------
 
 
-def measure_throughput(bench: Bench, fleet: Fleet, variant: str, count: int) -> float:
+@dataclass(frozen=True)
+class Round:
+    """One throughput measurement: the rate, and CPU per task (in ms) where it was spent."""
+
+    tasks_per_s: float
+    worker_cpu_ms: float  # the worker's parent and pool children (user + sys)
+    redis_cpu_ms: float  # redis-server (user + sys; includes broker and result traffic)
+    client_cpu_ms: float  # this process: publishing (and polling the counter)
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.worker_cpu_ms + self.redis_cpu_ms + self.client_cpu_ms
+
+
+@dataclass(frozen=True)
+class Rounds:
+    all: list[Round]
+
+    @property
+    def best(self) -> Round:
+        return max(self.all, key=lambda r: r.tasks_per_s)
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one live process (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+
+
+def worker_cpu_s(worker: Worker) -> float:
+    return sum(process_cpu_s(pid) for pid in [worker.process.pid, *worker.children()])
+
+
+def redis_cpu_s(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def measure_throughput(bench: Bench, fleet: Fleet, variant: str, count: int) -> Round:
     worker = fleet.start(variant)
     try:
         bench.warm_up(variant, worker)
+        cpu_before = (worker_cpu_s(worker), redis_cpu_s(bench.client), time.process_time())
         start = time.perf_counter()
         ids = bench.publish_noops(variant, count)
         bench.wait_done(variant, count, worker, 60 + count / 20)
         elapsed = time.perf_counter() - start
+        cpu_after = (worker_cpu_s(worker), redis_cpu_s(bench.client), time.process_time())
         # Not timed: every call ran exactly once and succeeded (none skipped as a duplicate).
         deadline = time.monotonic() + 10
         states = [bench.state(variant, i) for i in ids]
@@ -261,28 +340,59 @@ def measure_throughput(bench: Bench, fleet: Fleet, variant: str, count: int) -> 
             raise RuntimeError(f"{variant}: not all tasks succeeded: {bad}\n{worker.tail()}")
     finally:
         worker.kill()
-    return count / elapsed
+    worker_ms, redis_ms, client_ms = (
+        (after - before) / count * 1000 for before, after in zip(cpu_before, cpu_after, strict=True)
+    )
+    return Round(count / elapsed, worker_ms, redis_ms, client_ms)
 
 
-def run_throughput(bench: Bench, fleet: Fleet, rounds: int, count: int) -> dict[str, list[float]]:
-    rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
+def run_throughput(bench: Bench, fleet: Fleet, rounds: int, count: int) -> dict[str, Rounds]:
+    """Rounds alternate the variants (order rotated each round); the best round is kept."""
+    results: dict[str, list[Round]] = {v: [] for v in VARIANTS}
     for r in range(rounds):
         shift = r % len(VARIANTS)
         for variant in VARIANTS[shift:] + VARIANTS[:shift]:
-            rates[variant].append(measure_throughput(bench, fleet, variant, count))
-    return rates
+            results[variant].append(measure_throughput(bench, fleet, variant, count))
+    return {v: Rounds(rs) for v, rs in results.items()}
 
 
 # -- 2. recovery ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
+class Trial:
+    """One kill and what followed."""
+
+    seconds: float  # from the kill to the start of the first duplicate that ran
+    duplicates: int  # published (or refused at publish) until one ran
+    stuck: int  # duplicates that, 3 s later, had neither run nor ended
+    hung: int  # pool children blocked on a futex afterwards
+
+
+@dataclass(frozen=True)
 class Recovery:
-    seconds: float
-    measured: bool
+    trials: list[Trial]  # empty: not measured, ``configured`` is the figure
     note: str
-    duplicates: int = 0  # duplicates published (or refused at publish) until one ran
-    health: str = ""  # after the recovery: stuck duplicates, hung pool children
+    configured: float | None = None
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.trials)
+
+    @property
+    def seconds(self) -> float:
+        if not self.trials:
+            assert self.configured is not None
+            return self.configured
+        return statistics.median(t.seconds for t in self.trials)
+
+    @property
+    def worst(self) -> float:
+        return max((t.seconds for t in self.trials), default=self.seconds)
+
+    @property
+    def degraded(self) -> list[Trial]:
+        return [t for t in self.trials if t.stuck or t.hung]
 
 
 def next_event(bench: Bench, variant: str, timeout: float) -> dict[str, Any] | None:
@@ -329,7 +439,9 @@ def check_refused(bench: Bench, variant: str, key: str, worker: Worker) -> str:
     event = next_event(bench, variant, 0.2)
     if event is not None:
         raise RuntimeError(f"{variant}: a duplicate ran while the lock was held: {event}")
-    return f"ended {state}"
+    if state != "SKIPPED":  # the only way a published duplicate should end here (ours)
+        raise RuntimeError(f"{variant}: a duplicate published while the lock was held: {state}")
+    return "SKIPPED"
 
 
 @dataclass
@@ -380,96 +492,89 @@ class Probe:
             time.sleep(0.05)
 
 
-def hung_children(worker: Worker) -> list[int]:
+def hung_children(worker: Worker) -> int:
     """Pool children blocked on a futex (an idle child waits on its pipe, a busy one runs)."""
-    hung = []
+    hung = 0
     for pid in worker.children():
         with contextlib.suppress(OSError):
-            if "futex" in Path(f"/proc/{pid}/wchan").read_text():
-                hung.append(pid)
+            hung += "futex" in Path(f"/proc/{pid}/wchan").read_text()
     return hung
 
 
-def health(probe: Probe, worker: Worker) -> str:
-    """After the recovery: duplicates that never ended and pool children that hang."""
-    stuck = probe.stuck()
-    hung = hung_children(worker)
-    if not stuck and not hung:
-        return "worker healthy after"
-    return (
-        f"WORKER DEGRADED after: {stuck} duplicate(s) never ran nor ended, "
-        f"{len(hung)} pool child(ren) blocked on a futex {hung}"
-    )
-
-
-def recover_child_kill(bench: Bench, fleet: Fleet, variant: str, hold_s: float) -> Recovery:
+def child_kill_trial(
+    bench: Bench, fleet: Fleet, variant: str, hold_s: float, n: int
+) -> Trial | float:
+    """SIGKILL of the pool child running the holder; for celery-once (not measured) the time
+    its lock has left, read 1 s after the kill."""
     worker = fleet.start(variant)
     try:
         bench.warm_up(variant, worker)
-        key = f"child-{variant}"
+        key = f"child-{n}"
         pid = start_holder(bench, variant, worker, key, hold_s)
-        refused = check_refused(bench, variant, key, worker)
+        check_refused(bench, variant, key, worker)
         killed_at = time.time()
         os.kill(pid, signal.SIGKILL)
         if variant == "celery_once":
-            # Measuring would take an hour: check that the duplicate is still refused and read
-            # how long the lock has left, then report the configured timeout.
+            # Measuring would take an hour: check that a duplicate is still refused, read how
+            # long the lock has left; the configured timeout is reported.
             time.sleep(1.0)
             try:
-                publish = bench.task(variant, "hold").apply_async((bench.run, key, "probe", 0))
+                published = bench.task(variant, "hold").apply_async((bench.run, key, "probe", 0))
             except AlreadyQueued as exc:
-                left = exc.countdown
-            else:
-                raise RuntimeError(f"celery_once: a duplicate was published: {publish.id}")
-            timeout = celery_apps.ONCE_DEFAULT_TIMEOUT_S
-            return Recovery(
-                float(timeout),
-                False,
-                f"default timeout {timeout} s; 1 s after the kill a duplicate is still refused, "
-                f"lock expires in {left:.0f} s",
-            )
+                return float(exc.countdown)
+            raise RuntimeError(f"celery_once: a duplicate was published: {published.id}")
         probe = Probe(bench, variant, key)
         seconds = probe.until_runs(killed_at, 30 if variant == OURS else bench.expiry + 30)
-        if variant == OURS:
-            note = "the worker's parent releases the dead child's lease"
-        else:
-            note = f"lock_expiry {bench.expiry:g} s configured, counted from publish"
-        return Recovery(
-            seconds,
-            True,
-            f"{note}; duplicate while held: {refused}",
-            probe.tried,
-            health(probe, worker),
-        )
+        return Trial(seconds, probe.tried, probe.stuck(), hung_children(worker))
     finally:
         worker.kill()
 
 
-def recover_worker_kill(bench: Bench, fleet: Fleet, hold_s: float) -> Recovery:
+def recover_child_kill(
+    bench: Bench, fleet: Fleet, variant: str, hold_s: float, trials: int
+) -> Recovery:
+    results = [child_kill_trial(bench, fleet, variant, hold_s, n) for n in range(trials)]
+    if variant == "celery_once":
+        left = min(r for r in results if isinstance(r, float))
+        timeout = celery_apps.ONCE_DEFAULT_TIMEOUT_S
+        return Recovery(
+            [],
+            f"its default timeout; 1 s after the kill a duplicate is still refused and the lock "
+            f"expires in {left:.0f} s",
+            float(timeout),
+        )
+    measured = [r for r in results if isinstance(r, Trial)]
+    if variant == OURS:
+        note = "the worker's parent releases the dead child's lease"
+    else:
+        note = f"lock_expiry {bench.expiry:g} s configured, counted from publish"
+    return Recovery(measured, note)
+
+
+def worker_kill_trial(bench: Bench, fleet: Fleet, hold_s: float, n: int) -> Trial:
     worker = fleet.start(OURS)
     try:
         bench.warm_up(OURS, worker)
-        key = "worker"
+        key = f"worker-{n}"
         start_holder(bench, OURS, worker, key, hold_s)
-        refused = check_refused(bench, OURS, key, worker)
+        check_refused(bench, OURS, key, worker)
         killed_at = time.time()
         worker.kill()  # parent and children at once: nobody is left to release the lease
         fresh = fleet.start(OURS)  # duplicates wait in the queue until it is up
         try:
             probe = Probe(bench, OURS, key)
             seconds = probe.until_runs(killed_at, TTL_S + 60)
-            healthy = health(probe, fresh)
+            return Trial(seconds, probe.tried, probe.stuck(), hung_children(fresh))
         finally:
             fresh.kill()
     finally:
         worker.kill()
+
+
+def recover_worker_kill(bench: Bench, fleet: Fleet, hold_s: float, trials: int) -> Recovery:
     return Recovery(
-        seconds,
-        True,
-        f"lease lapses within ttl {TTL_S:g} s; a fresh worker started at the kill; "
-        f"duplicate while held: {refused}",
-        probe.tried,
-        healthy,
+        [worker_kill_trial(bench, fleet, hold_s, n) for n in range(trials)],
+        f"the lease lapses within its ttl ({TTL_S:g} s); a fresh worker is started at the kill",
     )
 
 
@@ -497,49 +602,80 @@ def section(title: str) -> None:
     print(f"\n{title}\n{'-' * len(title)}", flush=True)
 
 
-def print_throughput(rates: dict[str, list[float]], count: int) -> None:
+def print_throughput(rates: dict[str, Rounds], count: int) -> None:
     section(
         f"1. Throughput: {count} trivial tasks, publish -> all done, one worker (prefork -c 2); "
-        f"best of {len(rates[OURS])} round(s)"
+        f"best of {len(rates[OURS].all)} round(s)"
     )
-    plain = max(rates["plain"])
-    print(f"  {'variant':<20}{'tasks/s':>9}{'vs plain':>10}{'ms/task extra':>15}  all rounds")
-    for variant, values in rates.items():
-        best = max(values)
-        extra = (1 / best - 1 / plain) * 1000
-        rounds = " ".join(f"{v:.0f}" for v in values)
-        print(f"  {variant:<20}{best:>9.0f}{best / plain:>9.2f}x{extra:>+15.3f}  {rounds}")
+    plain = rates["plain"].best
+    print(
+        f"  {'variant':<20}{'tasks/s':>9}{'vs plain':>10}{'ms/task extra':>15}"
+        f"{'CPU ms/task':>13}{'worker':>8}{'redis':>7}{'client':>8}  all rounds (tasks/s)"
+    )
+    for variant, rounds in rates.items():
+        r = rounds.best
+        extra = (1 / r.tasks_per_s - 1 / plain.tasks_per_s) * 1000
+        each = " ".join(f"{x.tasks_per_s:.0f}" for x in rounds.all)
+        print(
+            f"  {variant:<20}{r.tasks_per_s:>9.0f}{r.tasks_per_s / plain.tasks_per_s:>9.2f}x"
+            f"{extra:>+15.3f}{r.cpu_ms:>13.2f}{r.worker_cpu_ms:>8.2f}{r.redis_cpu_ms:>7.2f}"
+            f"{r.client_cpu_ms:>8.2f}  {each}"
+        )
+    print(
+        "  ms/task extra: 1/rate - 1/plain rate; CPU: user+sys per task of the best round, "
+        "summed over the worker (parent + children), redis-server and this publishing process"
+    )
 
 
-def print_recovery(recovery: dict[str, dict[str, Recovery]]) -> None:
+def print_recovery(recovery: dict[str, dict[str, Recovery]], hold_s: float) -> None:
     section(
-        "2. Recovery: SIGKILL while a long locked task runs -> seconds until a duplicate "
-        "(same key) runs"
+        f"2. Recovery: a long locked task runs {hold_s:g} s, SIGKILL -> seconds until a "
+        "duplicate (same key) runs"
     )
-    print(f"  {'lock':<20}{'scenario':<13}{'seconds':>9}  {'figure':<12}note")
+    print(f"  {'lock':<20}{'scenario':<13}{'median':>8}{'max':>8}{'n':>3}  {'figure':<12}note")
     for variant, scenarios in recovery.items():
         for scenario, r in scenarios.items():
             how = "measured" if r.measured else "CONFIGURED"
-            tries = f"; {r.duplicates} duplicate(s) tried" if r.measured else ""
-            print(f"  {variant:<20}{scenario:<13}{r.seconds:>9.2f}  {how:<12}{r.note}{tries}")
-            if r.health:
-                print(f"  {'':<42}{r.health}")
+            print(
+                f"  {variant:<20}{scenario:<13}{r.seconds:>8.2f}{r.worst:>8.2f}"
+                f"{len(r.trials):>3}  {how:<12}{r.note}"
+            )
+            if not r.trials:
+                continue
+            each = " ".join(f"{t.seconds:.2f}" for t in r.trials)
+            tries = " ".join(str(t.duplicates) for t in r.trials)
+            print(f"  {'':<22}trials: {each} s; duplicates tried: {tries}")
+            for t in r.degraded:
+                print(
+                    f"  {'':<22}WORKER DEGRADED after the {t.seconds:.2f} s trial: {t.stuck} "
+                    f"duplicate(s) never ran nor ended, {t.hung} pool child(ren) hung on a futex"
+                )
+    print(
+        "  a duplicate published while the holder ran was refused in every trial "
+        "(ours: SKIPPED; celery-singleton, celery-once: at publish)"
+    )
 
 
 def to_json(
-    rates: dict[str, list[float]], recovery: dict[str, dict[str, Recovery]], expiry: float
+    rates: dict[str, Rounds], recovery: dict[str, dict[str, Recovery]], expiry: float
 ) -> dict[str, Any]:
-    ours = recovery[OURS]
     return {
-        "tasks_per_s": {v: round(max(values), 1) for v, values in rates.items()},
-        "recovery_s": {s: round(r.seconds, 3) for s, r in ours.items()},
+        "tasks_per_s": {v: round(r.best.tasks_per_s, 1) for v, r in rates.items()},
+        "cpu_ms_per_task": {v: round(r.best.cpu_ms, 3) for v, r in rates.items()},
+        "recovery_s": {s: round(r.seconds, 3) for s, r in recovery[OURS].items()},
+        "recovery_s_max": {s: round(r.worst, 3) for s, r in recovery[OURS].items()},
         "recovery_s_peers": {
-            variant: {
-                scenario: {"seconds": round(r.seconds, 3), "measured": r.measured}
-                for scenario, r in scenarios.items()
-            }
+            variant: {s: round(r.seconds, 3) for s, r in scenarios.items()}
             for variant, scenarios in recovery.items()
             if variant != OURS
+        },
+        "recovery_measured": {
+            variant: {s: r.measured for s, r in scenarios.items()}
+            for variant, scenarios in recovery.items()
+        },
+        "recovery_degraded_trials": {
+            variant: {s: len(r.degraded) for s, r in scenarios.items() if r.trials}
+            for variant, scenarios in recovery.items()
         },
         "ttl": TTL_S,
         "singleton_lock_expiry": expiry,
@@ -556,10 +692,12 @@ class Settings:
     rounds: int
     hold_s: float  # how long the holder runs before the kill
     expiry: float  # celery-singleton's lock_expiry
+    child_trials: int  # child kills for ours (celery-singleton and celery-once: one)
+    worker_trials: int
 
 
-FULL = Settings(tasks=2000, rounds=3, hold_s=TTL_S + 1, expiry=10)
-QUICK = Settings(tasks=300, rounds=1, hold_s=TTL_S + 1, expiry=6)
+FULL = Settings(tasks=2000, rounds=3, hold_s=TTL_S + 1, expiry=10, child_trials=5, worker_trials=3)
+QUICK = Settings(tasks=400, rounds=1, hold_s=TTL_S + 1, expiry=6, child_trials=1, worker_trials=1)
 
 
 @contextlib.contextmanager
@@ -587,7 +725,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--url", help="benchmark this Redis (default: $REDIS_URL, else a fresh redis-server)"
     )
-    parser.add_argument("--tasks", type=int, help="tasks per throughput round (2000, quick 300)")
+    parser.add_argument("--tasks", type=int, help="tasks per throughput round (2000, quick 400)")
     return parser.parse_args(argv)
 
 
@@ -600,6 +738,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = QUICK if args.quick else FULL
     count = args.tasks or settings.tasks
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     began = time.perf_counter()
     run = f"{os.getpid()}-{os.urandom(3).hex()}"
     with (
@@ -625,21 +764,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             rates = run_throughput(bench, fleet, settings.rounds, count)
             print_throughput(rates, count)
+            hold, trials = settings.hold_s, settings.child_trials
             recovery = {
                 OURS: {
-                    "child_kill": recover_child_kill(bench, fleet, OURS, settings.hold_s),
-                    "worker_kill": recover_worker_kill(bench, fleet, settings.hold_s),
+                    "child_kill": recover_child_kill(bench, fleet, OURS, hold, trials),
+                    "worker_kill": recover_worker_kill(bench, fleet, hold, settings.worker_trials),
                 },
                 "celery_singleton": {
-                    "child_kill": recover_child_kill(
-                        bench, fleet, "celery_singleton", settings.hold_s
-                    )
+                    "child_kill": recover_child_kill(bench, fleet, "celery_singleton", hold, 1)
                 },
                 "celery_once": {
-                    "child_kill": recover_child_kill(bench, fleet, "celery_once", settings.hold_s)
+                    "child_kill": recover_child_kill(bench, fleet, "celery_once", hold, 1)
                 },
             }
-            print_recovery(recovery)
+            print_recovery(recovery, settings.hold_s)
         finally:
             fleet.close()
             if args.url or os.environ.get("REDIS_URL"):
@@ -647,11 +785,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.close()
     checks = [
         Target(
-            "recovery after child kill, celery_redislock", recovery[OURS]["child_kill"].seconds, 1.0
+            "recovery after child kill (median), celery_redislock",
+            recovery[OURS]["child_kill"].seconds,
+            1.0,
         ),
         Target(
-            f"recovery after worker kill, celery_redislock (ttl {TTL_S:g} s)",
-            recovery[OURS]["worker_kill"].seconds,
+            f"recovery after worker kill (max), celery_redislock, ttl {TTL_S:g} s",
+            recovery[OURS]["worker_kill"].worst,
             TTL_S + 1,
         ),
     ]

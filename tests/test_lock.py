@@ -379,3 +379,25 @@ def test_reentry_through_a_lock_of_the_other_mode_reports_the_leases_mode(
     write = Lock(client, "doc", ttl=5).acquire(owner="job-1")
     again = Lock(client, "doc", ttl=5, mode="read").acquire(owner="job-1")
     assert again.token == write.token and again.mode == "write"
+
+
+@pytest.mark.parametrize(("mode", "limit"), [("write", None), ("read", None), ("write", 3)])
+def test_non_reentrant_owner_holds_at_most_one_lease(
+    client: redis.Redis, mode: Mode, limit: int | None
+) -> None:
+    lock = Lock(client, "once", ttl=5, mode=mode, limit=limit)
+    first = lock.acquire(owner="task-1", reentrant=False)
+    # Even where another holder would fit (readers, a cap of 3), the same owner is refused.
+    with pytest.raises(LockNotAcquired):
+        lock.acquire(blocking=False, owner="task-1", reentrant=False)
+    with pytest.raises(LockNotAcquired):
+        lock.acquire(timeout=0.05, owner="task-1", reentrant=False)
+    if mode == "read" or limit:
+        other = lock.acquire(blocking=False, owner="task-2", reentrant=False)
+        other.release()
+    first.release()
+    again = lock.acquire(blocking=False, owner="task-1", reentrant=False)
+    assert again.token != first.token and again.fence > first.fence
+    assert [h.count for h in lock.holders()] == [1]
+    with pytest.raises(LockConfigError, match="reentrant must be True or False"):
+        lock.acquire(owner="x", reentrant="no")  # type: ignore[arg-type]
