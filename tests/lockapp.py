@@ -18,7 +18,8 @@ from celery.exceptions import Ignore, Reject
 from celery_redislock import LockLost, install, lock_conflict, lock_lost
 
 URL = os.environ["LOCKAPP_REDIS_URL"]
-app = install(Celery("lockapp", broker=URL, backend=URL))
+# The broker may be another (LOCKAPP_BROKER_URL, e.g. RabbitMQ); results and locks stay on URL.
+app = install(Celery("lockapp", broker=os.environ.get("LOCKAPP_BROKER_URL", URL), backend=URL))
 app.conf.update(
     redislock_ttl=float(os.environ.get("LOCKAPP_TTL", "30")),
     worker_prefetch_multiplier=1,
@@ -26,6 +27,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=600,
 )
+app.conf.redislock_url = URL
 if os.environ.get("LOCKAPP_LOCK_URL"):
     app.conf.redislock_url = os.environ["LOCKAPP_LOCK_URL"]
 r = redis.Redis.from_url(URL)

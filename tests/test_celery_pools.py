@@ -7,11 +7,13 @@ from collections.abc import Callable
 from types import ModuleType
 
 import pytest
+import redis
 from celery.exceptions import TimeoutError as CeleryTimeout
 from conftest import wait_for
 from workers import Worker
 
-from celery_redislock import SKIPPED, lock_for
+from celery_redislock import SKIPPED, Lock, lock_for
+from celery_redislock.server import RedisServer
 
 POOLS = {
     "prefork": [{"pool": "prefork", "concurrency": 2}],
@@ -121,3 +123,21 @@ def test_redis_for_locks_down_fails_the_task_by_default(
         lockapp.hold.delay("d", 0).get(timeout=30)
     assert lockapp.r.llen("started:d") == 0  # never ran unlocked
     wait_for(lambda: "LockBackendError" in worker.log(), "the failure logged", 10)
+
+
+def test_locks_on_another_redis_than_the_broker(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    with RedisServer() as lock_redis:
+        workers(name="w1", env={"LOCKAPP_LOCK_URL": lock_redis.url})
+        workers(name="w2", env={"LOCKAPP_LOCK_URL": lock_redis.url})
+        lock = Lock(redis.Redis.from_url(lock_redis.url), "hold:o", ttl=30)
+        first = lockapp.hold.delay("o", 60)
+        wait_for(lambda: lockapp.r.llen("started:o") == 1, "holder running", 30)
+        assert [h.info["task_id"] for h in lock.holders()] == [first.id]
+        assert not lock_for(lockapp.hold, ("o",)).locked()  # nothing on the broker's Redis
+        late = lockapp.hold.delay("o", 0)
+        wait_for(lambda: late.state == SKIPPED, "the duplicate skipped", 30)
+        lockapp.r.set("stop:o", 1)
+        assert first.get(timeout=30) == "return"
+        wait_for(lambda: not lock.locked(), "released", 5)

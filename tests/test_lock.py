@@ -17,6 +17,7 @@ from celery_redislock import (
     LockNotAcquired,
     LockNotOwned,
     LockUpgradeError,
+    Mode,
     RedisLockError,
     iter_locks,
 )
