@@ -26,6 +26,12 @@ app.conf.update(
     task_acks_late=os.environ.get("LOCKAPP_ACKS_LATE") == "1",
     broker_connection_retry_on_startup=True,
     result_expires=600,
+    broker_transport_options={
+        "visibility_timeout": float(os.environ.get("LOCKAPP_VT", "3600")),
+        # Look for overdue unacked messages often (kombu's default: every 10 s, every 10th look).
+        "unacked_restore_interval": 0.5,
+        "unacked_restore_throttle": 1,
+    },
 )
 app.conf.redislock_url = URL
 if os.environ.get("LOCKAPP_LOCK_URL"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from types import ModuleType
 
@@ -76,3 +77,26 @@ def test_redelivered_copy_of_a_running_task_does_not_run(
     assert first.get(timeout=30) == "return"
     assert lockapp.r.llen("started:r") == 1  # the copy never ran its body
     assert first.state == "SUCCESS"
+
+
+def test_visibility_timeout_redelivery_is_dropped_not_run(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """The real thing: acks_late and a 1 s Redis visibility timeout, so the broker hands the
+    message of a task running for longer to a worker again (kombu restores overdue messages
+    when a worker starts, and newer kombu also every so often)."""
+    env = {"LOCKAPP_ACKS_LATE": "1", "LOCKAPP_VT": "1"}
+    workers(name="w1", env=env)
+    first = lockapp.hold.apply_async(("v", 30.0))
+    wait_for(lambda: lockapp.r.llen("started:v") == 1, "first delivery running", 30)
+    time.sleep(1.5)  # the fault: the task outlives the visibility timeout
+    workers(name="w2", env=env)
+    wait_for(
+        lambda: f"{first.id}:drop".encode() in lockapp.r.lrange("signal:lock_conflict", 0, -1),
+        "the broker redelivered the running task and the copy was dropped",
+        60,
+    )
+    assert lockapp.r.llen("started:v") == 1
+    lockapp.r.set("stop:v", 1)
+    assert first.get(timeout=30) == "return"
+    assert lockapp.r.llen("started:v") == 1
