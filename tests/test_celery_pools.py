@@ -141,3 +141,21 @@ def test_locks_on_another_redis_than_the_broker(
         lockapp.r.set("stop:o", 1)
         assert first.get(timeout=30) == "return"
         wait_for(lambda: not lock.locked(), "released", 5)
+
+
+def test_lock_redis_paused_past_the_lease_the_task_sees_it_lost(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    with RedisServer() as lock_redis:
+        workers(env={"LOCKAPP_LOCK_URL": lock_redis.url, "LOCKAPP_TTL": "1.5"})
+        result = lockapp.watch_lease.delay("z", 30)
+        wait_for(lambda: lockapp.r.exists("lease:z"), "the task holds its lease", 30)
+        lock_redis.pause()
+        try:
+            # While Redis is still frozen, the task learns its lease may have lapsed.
+            assert result.get(timeout=10) == "lost"
+        finally:
+            lock_redis.resume()
+        wait_for(lambda: lockapp.r.llen("signal:lock_lost") == 1, "lock_lost signalled", 15)
+        fresh = Lock(redis.Redis.from_url(lock_redis.url), "hold:z", ttl=1)
+        wait_for(lambda: not fresh.locked(), "the lapsed lease gone", 5)

@@ -22,6 +22,7 @@ BackendPolicy = Literal["fail", "retry", "run"]
 BACKEND_POLICIES: tuple[BackendPolicy, ...] = ("fail", "retry", "run")
 
 DEFAULT_TTL = 15.0
+SOCKET_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +110,11 @@ def client_for(app: Celery) -> RedisClient:
         if settings.client_factory is not None:
             client = settings.client_factory()
         elif settings.url is not None:
-            client = redis.Redis.from_url(settings.url)
+            # Bounded socket waits: a hung Redis must surface as an error (and a lost lease),
+            # not block a task or the heartbeat forever. Options in the URL take precedence.
+            client = redis.Redis.from_url(
+                settings.url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT
+            )
         else:
             raise LockConfigError(
                 "no Redis for locks: set app.conf.redislock_url (or redislock_client); "
