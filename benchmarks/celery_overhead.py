@@ -186,6 +186,7 @@ class Fleet:
             "CELERYBENCH_RUN": self.run,
             "CELERYBENCH_TTL": str(TTL_S),
             "CELERYBENCH_EXPIRY": str(self.expiry),
+            "PYTHONFAULTHANDLER": "1",  # a hung child's stack can be dumped (SIGABRT)
         }
         log = self.logdir / f"worker-{len(self.started)}-{variant}.log"
         with log.open("wb") as out:
@@ -367,6 +368,7 @@ class Trial:
     duplicates: int  # published (or refused at publish) until one ran
     stuck: int  # duplicates that, 3 s later, had neither run nor ended
     hung: int  # pool children blocked on a futex afterwards
+    stacks: str = ""  # their Python stacks (faulthandler), if any
 
 
 @dataclass(frozen=True)
@@ -492,13 +494,30 @@ class Probe:
             time.sleep(0.05)
 
 
-def hung_children(worker: Worker) -> int:
+def hung_children(worker: Worker) -> list[int]:
     """Pool children blocked on a futex (an idle child waits on its pipe, a busy one runs)."""
-    hung = 0
+    hung = []
     for pid in worker.children():
         with contextlib.suppress(OSError):
-            hung += "futex" in Path(f"/proc/{pid}/wchan").read_text()
+            if "futex" in Path(f"/proc/{pid}/wchan").read_text():
+                hung.append(pid)
     return hung
+
+
+def finish_trial(seconds: float, probe: Probe, worker: Worker) -> Trial:
+    """The trial's figures and the worker's health after it; the Python stacks of hung pool
+    children are dumped (SIGABRT: workers run with PYTHONFAULTHANDLER=1) and kept."""
+    stuck = probe.stuck()
+    hung = hung_children(worker)
+    stacks = ""
+    if hung:
+        for pid in hung:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        time.sleep(1.0)
+        log = worker.log.read_text(errors="replace")
+        stacks = log[log.find("Fatal Python error") :] if "Fatal Python error" in log else ""
+    return Trial(seconds, probe.tried, stuck, len(hung), stacks)
 
 
 def child_kill_trial(
@@ -525,7 +544,7 @@ def child_kill_trial(
             raise RuntimeError(f"celery_once: a duplicate was published: {published.id}")
         probe = Probe(bench, variant, key)
         seconds = probe.until_runs(killed_at, 30 if variant == OURS else bench.expiry + 30)
-        return Trial(seconds, probe.tried, probe.stuck(), hung_children(worker))
+        return finish_trial(seconds, probe, worker)
     finally:
         worker.kill()
 
@@ -564,7 +583,7 @@ def worker_kill_trial(bench: Bench, fleet: Fleet, hold_s: float, n: int) -> Tria
         try:
             probe = Probe(bench, OURS, key)
             seconds = probe.until_runs(killed_at, TTL_S + 60)
-            return Trial(seconds, probe.tried, probe.stuck(), hung_children(fresh))
+            return finish_trial(seconds, probe, fresh)
         finally:
             fresh.kill()
     finally:
@@ -650,6 +669,9 @@ def print_recovery(recovery: dict[str, dict[str, Recovery]], hold_s: float) -> N
                     f"  {'':<22}WORKER DEGRADED after the {t.seconds:.2f} s trial: {t.stuck} "
                     f"duplicate(s) never ran nor ended, {t.hung} pool child(ren) hung on a futex"
                 )
+                if t.stacks:  # the innermost frames come first
+                    frames = t.stacks.splitlines()[:24]
+                    print("\n".join(f"  {'':<24}| {line}" for line in frames))
     print(
         "  a duplicate published while the holder ran was refused in every trial "
         "(ours: SKIPPED; celery-singleton, celery-once: at publish)"

@@ -14,6 +14,7 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject
+from celery.worker.control import inspect_command
 
 from celery_redislock import LockLost, install, lock_conflict, lock_lost
 
@@ -190,3 +191,11 @@ def _note_conflict(sender: Any = None, task_id: str = "", action: str = "", **_:
 
 
 lock_conflict.connect(_note_conflict, weak=False)
+
+
+@inspect_command()
+def redislock_watched(state: Any) -> dict[str, int]:
+    """Remote control, answered by a worker's parent: how many children it watches."""
+    from celery_redislock.tasklock import request
+
+    return {"watched": len(request._watch._watched)}

@@ -155,3 +155,19 @@ def test_cold_shutdown_releases(lockapp: ModuleType, workers: Callable[..., Work
     worker.signal(signal.SIGQUIT)  # cold shutdown: running tasks are cancelled
     worker.wait(30)
     wait_for(lambda: not lock.locked(), "released at cold shutdown", PROMPTLY)
+
+
+def test_parent_stops_watching_children_once_their_tasks_end(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """Celery's per-task request class overrides on_success without calling up: the watch must
+    learn that a task ended some other way, or it grows with every task the worker runs."""
+    workers()
+    group_result = [lockapp.hold.delay(f"n{i}", 0) for i in range(40)]
+    assert [r.get(timeout=60) for r in group_result] == ["return"] * 40
+
+    def watched() -> int:
+        replies = lockapp.app.control.inspect(timeout=2)._request("redislock_watched") or {}
+        return sum(reply["watched"] for reply in replies.values())
+
+    wait_for(lambda: watched() == 0, "the parent watches no finished task", 10)

@@ -9,10 +9,11 @@ import threading
 from typing import Any
 
 from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
+from celery.worker import state as worker_state
 from celery.worker.request import Request
 
-from ..lock import Lock
 from .runtime import lock_for
+from .settings import client_for
 
 __all__ = ["LockRequest"]
 
@@ -45,13 +46,13 @@ class _ChildWatch:
     tasks and releases a child's lease the moment the child is dead (a zombie counts)."""
 
     def __init__(self) -> None:
-        self._watched: dict[str, tuple[int, Lock]] = {}  # task id -> (child pid, its lock)
+        self._watched: dict[str, tuple[int, LockRequest]] = {}  # task id -> (child pid, request)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def watch(self, task_id: str, pid: int, lock: Lock) -> None:
+    def watch(self, request: LockRequest, pid: int) -> None:
         with self._cond:
-            self._watched[task_id] = (pid, lock)
+            self._watched[request.id] = (pid, request)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="redislock-childwatch", daemon=True
@@ -59,9 +60,9 @@ class _ChildWatch:
                 self._thread.start()
             self._cond.notify()
 
-    def forget(self, task_id: str) -> tuple[int, Lock] | None:
+    def _forget(self, task_id: str) -> bool:
         with self._cond:
-            return self._watched.pop(task_id, None)
+            return self._watched.pop(task_id, None) is not None
 
     def _run(self) -> None:
         while True:
@@ -69,11 +70,12 @@ class _ChildWatch:
                 while not self._watched:
                     self._cond.wait()
                 watched = list(self._watched.items())
-            for task_id, (pid, _) in watched:
+            for task_id, (pid, request) in watched:
                 if not _alive(pid):
-                    entry = self.forget(task_id)
-                    if entry is not None:
-                        release_dead(task_id, *entry)
+                    if self._forget(task_id):
+                        request.release_for_dead_child(pid)
+                elif not request.child_dying and request not in worker_state.active_requests:
+                    self._forget(task_id)  # done: the child released the lease itself
             with self._cond:
                 self._cond.wait(_WATCH_INTERVAL_S)
 
@@ -89,22 +91,6 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def release_dead(task_id: str, pid: int, lock: Lock) -> None:
-    """Releases the lease a dead child took for ``task_id`` (matched by task id, host, pid)."""
-    try:
-        released = lock.release_where(task_id=task_id, host=_HOST, pid=str(pid))
-    except Exception as exc:
-        log.warning(
-            "lock %r: could not release the lease of dead child %d (it lapses within its ttl): %s",
-            lock.name,
-            pid,
-            exc,
-        )
-        return
-    if released:
-        log.info("lock %r released: child %d running task %s died", lock.name, pid, task_id)
-
-
 class LockRequest(Request):  # type: ignore[misc]
     """Celery's request with one addition, run in the worker's parent process: while a pool
     child runs a locked task the parent watches it, and if the child dies (hard time limit,
@@ -113,28 +99,45 @@ class LockRequest(Request):  # type: ignore[misc]
     Subclass it (and set ``Request`` on your task class) if you need a request class of your own.
     """
 
+    # Set (in the main thread) once Celery reports the child dead or being killed: the watch
+    # then keeps the request until the child is gone, though Celery has finished with it.
+    child_dying = False
+
     def on_accepted(self, pid: int, time_accepted: float) -> None:
         super().on_accepted(pid, time_accepted)
-        if getattr(self.task, "lock_options", None) is None or pid == os.getpid():
-            return  # not locked, or no child to watch (solo and threads pools)
-        try:
-            lock = lock_for(self.task, self.args, self.kwargs)
-        except Exception:
-            log.exception(
-                "task %s[%s]: cannot derive its lock to watch its child", self.name, self.id
-            )
-            return
-        _watch.watch(self.id, pid, lock)
+        if getattr(self.task, "lock_options", None) is not None and pid != os.getpid():
+            client_for(self.task.app)  # made here, not in the watch thread (fork safety)
+            _watch.watch(self, pid)  # (solo and threads pools have no child to watch)
 
-    def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
-        _watch.forget(self.id)
-        return super().on_success(failed__retval__runtime, **kwargs)
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        if not soft:
+            self.child_dying = True  # the pool kills the child right after this
+        super().on_timeout(soft, timeout)
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
         exc = getattr(exc_info, "exception", None)
         exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback wraps the original
-        if not isinstance(exc, _CHILD_DEATHS):
-            _watch.forget(self.id)  # the child ended the task itself and released the lease
+        if isinstance(exc, _CHILD_DEATHS):
+            self.child_dying = True
         return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def release_for_dead_child(self, pid: int) -> None:
+        """Releases the lease the dead child ``pid`` took for this task (matched by task id,
+        host and pid: never a lease of another delivery or another process)."""
+        try:
+            lock = lock_for(self.task, self.args, self.kwargs)
+            released = lock.release_where(task_id=self.id, host=_HOST, pid=str(pid))
+        except Exception as exc:
+            log.warning(
+                "task %s[%s]: could not release the lease of dead child %d "
+                "(it lapses within its ttl): %s",
+                self.name,
+                self.id,
+                pid,
+                exc,
+            )
+            return
+        if released:
+            log.info("lock %r released: child %d running task %s died", lock.name, pid, self.id)
