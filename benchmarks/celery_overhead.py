@@ -88,6 +88,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the app module lives next to this script
 import celery_apps  # noqa: E402
 from celery_apps import VARIANTS, Keys, make_app  # noqa: E402
+from reporting import Target, print_targets, section  # noqa: E402
 
 OURS = "celery_redislock"
 TTL_S = 3.0  # app.conf.redislock_ttl for this benchmark (the default is 15 s)
@@ -600,27 +601,6 @@ def recover_worker_kill(bench: Bench, fleet: Fleet, hold_s: float, trials: int) 
 # -- reporting -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Target:
-    label: str
-    value: float
-    limit: float
-    unit: str = " s"
-
-    @property
-    def passed(self) -> bool:
-        return self.value <= self.limit
-
-    def line(self) -> str:
-        mark = "pass" if self.passed else "MISS"
-        value = f"{self.value:.3g}{self.unit}"
-        return f"  [{mark}] {self.label:<50} {value:>10}  (target <= {self.limit:g}{self.unit})"
-
-
-def section(title: str) -> None:
-    print(f"\n{title}\n{'-' * len(title)}", flush=True)
-
-
 def print_throughput(rates: dict[str, Rounds], count: int) -> None:
     section(
         f"1. Throughput: {count} trivial tasks, publish -> all done, one worker (prefork -c 2); "
@@ -807,24 +787,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.close()
     checks = [
         Target(
+            "tasks/s, celery_redislock / plain",
+            rates[OURS].best.tasks_per_s / rates["plain"].best.tasks_per_s,
+            0.9,
+            at_least=True,
+            unit="x",
+        ),
+        Target(
             "recovery after child kill (median), celery_redislock",
             recovery[OURS]["child_kill"].seconds,
             1.0,
+            unit=" s",
         ),
         Target(
             f"recovery after worker kill (max), celery_redislock, ttl {TTL_S:g} s",
             recovery[OURS]["worker_kill"].worst,
             TTL_S + 1,
+            unit=" s",
         ),
     ]
-    section("Targets")
-    for check in checks:
-        print(check.line())
-    misses = sum(not c.passed for c in checks)
-    print(
-        f"\n{len(checks) - misses} of {len(checks)} targets met; total runtime "
-        f"{time.perf_counter() - began:.1f} s"
-    )
+    print_targets(checks, began)
     if args.json:
         args.json.write_text(json.dumps(to_json(rates, recovery, settings.expiry), indent=2))
         print(f"wrote {args.json}")

@@ -64,6 +64,9 @@ import celery_redislock
 from celery_redislock import Lock, renew_leases
 from celery_redislock.server import RedisServer
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reporting import Target, print_targets, section
+
 TTL_S = 30
 RENEW_TTL_S = 60
 RENEW_LEASES = 10_000
@@ -516,30 +519,6 @@ def measure_renew(url: str, admin: redis.Redis, prefix: str, count: int) -> Rene
 # -- reporting -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Target:
-    label: str
-    value: float
-    limit: float
-    at_least: bool  # True: value >= limit passes; False: value <= limit passes
-    unit: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return self.value >= self.limit if self.at_least else self.value <= self.limit
-
-    def line(self) -> str:
-        mark = "pass" if self.passed else "MISS"
-        op = ">=" if self.at_least else "<="
-        shown = f"{self.value:,.0f}" if float(self.value).is_integer() else f"{self.value:.3g}"
-        value = f"{shown}{self.unit}"
-        return f"  [{mark}] {self.label:<62} {value:>10}  (target {op} {self.limit:g}{self.unit})"
-
-
-def section(title: str) -> None:
-    print(f"\n{title}\n{'-' * len(title)}", flush=True)
-
-
 def print_pairs(pairs: dict[str, PairsResult], rounds: int, seconds: float) -> None:
     section(
         f"1. Uncontended acquire+release pairs (one process, one name; best of {rounds} "
@@ -753,14 +732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             delete_keys(admin, prefix)
             admin.close()
     checks = targets(pairs, handoffs, contention, renew)
-    section("Targets")
-    for check in checks:
-        print(check.line())
-    misses = sum(not c.passed for c in checks)
-    print(
-        f"\n{len(checks) - misses} of {len(checks)} targets met; total runtime "
-        f"{time.perf_counter() - began:.1f} s"
-    )
+    print_targets(checks, began)
     if args.json:
         args.json.write_text(json.dumps(to_json(pairs, handoffs, contention, renew), indent=2))
         print(f"wrote {args.json}")

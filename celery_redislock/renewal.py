@@ -147,6 +147,9 @@ class Renewer:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        # When the thread next wakes by itself (monotonic). A lease registered as due later
+        # needs no wake-up: each task start would otherwise cost the thread a wake-up.
+        self._wake_at = 0.0
 
     @classmethod
     def current(cls) -> Renewer:
@@ -177,7 +180,8 @@ class Renewer:
                     target=self._run, name="redislock-renewer", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if entry.due < self._wake_at:
+                self._cond.notify()  # due before the thread means to wake: it must look again
 
     def unregister(self, lease: Lease) -> None:
         """Stops renewing ``lease`` (call before or after releasing it)."""
@@ -202,10 +206,14 @@ class Renewer:
             with self._cond:
                 while not self._stopped:
                     now = time.monotonic()
-                    next_due = min((e.due for e in self._entries.values()), default=now + 3600)
+                    # Idle, it still wakes each second: most registrations then fall due after
+                    # that and need not wake it.
+                    next_due = min((e.due for e in self._entries.values()), default=now + 1.0)
                     if next_due <= now:
                         break
+                    self._wake_at = next_due
                     self._cond.wait(next_due - now)
+                    self._wake_at = 0.0
                 if self._stopped:
                     return
                 now = time.monotonic()

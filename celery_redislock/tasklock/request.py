@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import threading
+import time
+import weakref
 from typing import Any
 
 from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
@@ -20,9 +23,9 @@ __all__ = ["LockRequest"]
 log = logging.getLogger("celery_redislock")
 
 _HOST = socket.gethostname()
-# How often the parent looks whether a child running a locked task is still alive. Celery
-# itself may notice a lost child only seconds later; the lease must not wait for that.
-_WATCH_INTERVAL_S = 0.02
+# How often the watch picks up newly started tasks (and, without pidfds, looks at /proc).
+# Celery itself may notice a lost child only seconds later; the lease must not wait for that.
+_WATCH_INTERVAL_S = 0.05
 _CHILD_DEATHS = (Terminated, TimeLimitExceeded, WorkerLostError, SystemExit, KeyboardInterrupt)
 
 
@@ -52,35 +55,61 @@ class _ChildWatch:
 
     def watch(self, request: LockRequest, pid: int) -> None:
         with self._cond:
+            idle = not self._watched  # the thread sleeps until there is something to watch
             self._watched[request.id] = (pid, request)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="redislock-childwatch", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if idle:
+                self._cond.notify()
 
     def _forget(self, task_id: str) -> bool:
         with self._cond:
             return self._watched.pop(task_id, None) is not None
 
     def _run(self) -> None:
+        pidfds: dict[int, int] = {}  # child pid -> pidfd: readable once the child has exited
         while True:
             with self._cond:
                 while not self._watched:
                     self._cond.wait()
                 watched = list(self._watched.items())
+            dead = self._wait_for_deaths({pid for pid, _ in dict(watched).values()}, pidfds)
             for task_id, (pid, request) in watched:
-                if not _alive(pid):
+                if pid in dead:
                     if self._forget(task_id):
                         request.release_for_dead_child(pid)
                 elif not request.child_dying and request not in worker_state.active_requests:
                     self._forget(task_id)  # done: the child released the lease itself
-            with self._cond:
-                self._cond.wait(_WATCH_INTERVAL_S)
+
+    @staticmethod
+    def _wait_for_deaths(pids: set[int], pidfds: dict[int, int]) -> set[int]:
+        """Waits up to one interval; returns the pids among ``pids`` that have died. With
+        pidfds (Linux 5.3+) the kernel says so the moment it happens, at no cost meanwhile."""
+        dead = set()
+        for pid in pids - pidfds.keys():
+            try:
+                pidfds[pid] = os.pidfd_open(pid)
+            except ProcessLookupError:
+                dead.add(pid)
+            except (AttributeError, OSError):  # no pidfds here: read /proc after a pause
+                time.sleep(_WATCH_INTERVAL_S)
+                return dead | {p for p in pids if not _alive(p)}
+        poller = select.poll()
+        for pid in pids - dead:
+            poller.register(pidfds[pid], select.POLLIN)
+        by_fd = {fd: pid for pid, fd in pidfds.items()}
+        for fd, _ in poller.poll(_WATCH_INTERVAL_S * 1000):
+            dead.add(by_fd[fd])
+        for pid in [p for p in pidfds if p in dead or p not in pids]:
+            os.close(pidfds.pop(pid))  # died, or runs no locked task now
+        return dead
 
 
 _watch = _ChildWatch()
+_prepared: weakref.WeakSet[Any] = weakref.WeakSet()  # apps whose lock client exists here
 
 
 def _reset_after_fork() -> None:
@@ -106,7 +135,9 @@ class LockRequest(Request):  # type: ignore[misc]
     def on_accepted(self, pid: int, time_accepted: float) -> None:
         super().on_accepted(pid, time_accepted)
         if getattr(self.task, "lock_options", None) is not None and pid != os.getpid():
-            client_for(self.task.app)  # made here, not in the watch thread (fork safety)
+            if self.task.app not in _prepared:
+                client_for(self.task.app)  # made here, not in the watch thread (fork safety)
+                _prepared.add(self.task.app)
             _watch.watch(self, pid)  # (solo and threads pools have no child to watch)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:

@@ -92,7 +92,8 @@ def lock_for(task: Any, args: Any = (), kwargs: Any = None) -> Lock:
     if not isinstance(task, LockedTask) or task.lock_options is None:
         raise LockConfigError(f"task {getattr(task, 'name', task)!r} has no lock option")
     name = lock_name(task.name, task.lock_options, task.call_signature, args, kwargs or {})
-    return make_lock(task, settings_for(task.app), client_for(task.app), name)
+    settings = settings_for(task.app)
+    return make_lock(task, settings, client_for(task.app, settings), name)
 
 
 def _max_hold(task: LockedTask, options: LockOptions) -> float | None:
@@ -112,7 +113,7 @@ def acquire_for(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
     name = lock_name(task.name, options, task.call_signature, args, kwargs)
     action: ConflictAction = options.on_conflict or settings.on_conflict
     try:
-        lock = make_lock(task, settings, client_for(task.app), name)
+        lock = make_lock(task, settings, client_for(task.app, settings), name)
         # owner = task id, not re-entrant: a second delivery of a running task is a conflict.
         lease = lock.acquire(
             blocking=action == "wait",

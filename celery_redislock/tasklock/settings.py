@@ -90,18 +90,35 @@ _clients: weakref.WeakKeyDictionary[Celery, tuple[object, RedisClient]] = (
 _clients_lock = threading.Lock()
 
 
+# In a worker, configuration is final once it has started: settings are then read once per
+# app (reading app.conf costs more than the rest of taking a lock, Redis aside).
+_frozen = False
+_settings: weakref.WeakKeyDictionary[Celery, Settings] = weakref.WeakKeyDictionary()
+
+
+def freeze() -> None:
+    """From now on, read each app's settings once (called as a worker starts)."""
+    global _frozen
+    _frozen = True
+
+
 def settings_for(app: Celery) -> Settings:
     """The app's lock settings, checked (a bad value raises :class:`LockConfigError`)."""
-    return _read(app)
+    if not _frozen:
+        return _read(app)
+    settings = _settings.get(app)
+    if settings is None:
+        settings = _settings[app] = _read(app)
+    return settings
 
 
-def client_for(app: Celery) -> RedisClient:
+def client_for(app: Celery, settings: Settings | None = None) -> RedisClient:
     """The Redis client the app's locks use (one per app; redis-py reconnects after fork).
 
     >>> client_for(app).ping()   # doctest: +SKIP
     True
     """
-    settings = _read(app)
+    settings = settings or _read(app)
     identity = (settings.url, id(settings.client_factory))
     with _clients_lock:
         cached = _clients.get(app)

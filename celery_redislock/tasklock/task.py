@@ -6,10 +6,10 @@ import inspect
 from typing import Any, ClassVar
 
 from celery import Task
-from celery.signals import task_postrun, worker_process_shutdown
+from celery.signals import task_postrun, worker_init, worker_process_shutdown
 
 from ..lock import Lease
-from . import runtime
+from . import runtime, settings
 from .options import LockOptions, call_signature, parse_lock_option
 
 __all__ = ["LockedTask"]
@@ -88,3 +88,13 @@ def _release_at_shutdown(**_: Any) -> None:
 
 task_postrun.connect(_release_after_run, weak=False)
 worker_process_shutdown.connect(_release_at_shutdown, weak=False)
+
+
+def _freeze_settings(sender: Any = None, **_: Any) -> None:
+    # A worker's configuration is final once it starts (pool children inherit this). Not so
+    # for a worker started inside a test process, whose tests may go on changing app.conf.
+    if type(sender).__name__ != "TestWorkController":
+        settings.freeze()
+
+
+worker_init.connect(_freeze_settings, weak=False)

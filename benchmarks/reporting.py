@@ -1,0 +1,42 @@
+"""What both benchmark scripts print: section headings and pass/miss lines for targets."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    label: str
+    value: float
+    limit: float
+    at_least: bool = False  # True: value >= limit passes; False: value <= limit passes
+    unit: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.value >= self.limit if self.at_least else self.value <= self.limit
+
+    def line(self) -> str:
+        mark = "pass" if self.passed else "MISS"
+        op = ">=" if self.at_least else "<="
+        shown = f"{self.value:,.0f}" if float(self.value).is_integer() else f"{self.value:.3g}"
+        value = f"{shown}{self.unit}"
+        return f"  [{mark}] {self.label:<62} {value:>10}  (target {op} {self.limit:g}{self.unit})"
+
+
+def section(title: str) -> None:
+    print(f"\n{title}\n{'-' * len(title)}", flush=True)
+
+
+def print_targets(checks: Sequence[Target], began: float) -> None:
+    section("Targets")
+    for check in checks:
+        print(check.line())
+    misses = sum(not c.passed for c in checks)
+    print(
+        f"\n{len(checks) - misses} of {len(checks)} targets met; total runtime "
+        f"{time.perf_counter() - began:.1f} s"
+    )
