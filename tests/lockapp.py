@@ -94,6 +94,17 @@ def hold(self: Any, name: str, seconds: float = 0.0, ending: str = "return") -> 
 def duplicate(self: Any, name: str) -> str:
     """Takes the same lock as ``hold``, retrying until it gets it."""
     started(f"dup:{name}", self.request.id)
+    r.rpush(f"dup-retries:{name}", self.request.retries)
+    return "ran"
+
+
+@app.task(
+    bind=True,
+    lock={"key": "hold:{name}", "on_conflict": "retry", "countdown": 0.05, "count_retries": True},
+    max_retries=2,
+)
+def counted_duplicate(self: Any, name: str) -> str:
+    """Conflict retries spend this task's own max_retries (2)."""
     return "ran"
 
 
@@ -142,6 +153,10 @@ def write(resource: str) -> None:
 @app.task(bind=True, lock={"key": "hold:{name}"})
 def watch_lease(self: Any, name: str, seconds: float) -> str:
     """Checks its lease until told to stop; notes LockLost when the lease goes."""
+    return _watch(self, name, seconds)
+
+
+def _watch(self: Any, name: str, seconds: float) -> str:
     started(name, self.request.id)
     lease = self.lease
     r.hset(
@@ -199,3 +214,9 @@ def redislock_watched(state: Any) -> dict[str, int]:
     from celery_redislock.tasklock import request
 
     return {"watched": len(request._watch._watched)}
+
+
+@app.task(bind=True, lock={"key": "hold:{name}", "ttl": 1, "max_hold": 0.5})
+def held_briefly(self: Any, name: str, seconds: float) -> str:
+    """Runs past its max_hold: renewal stops, and the lease lapses under it."""
+    return _watch(self, name, seconds)

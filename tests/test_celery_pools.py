@@ -66,11 +66,29 @@ def test_retry_on_conflict_does_not_spend_the_task_retry_budget(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
     workers()
-    lockapp.hold.delay("q", 1.0)
+    lockapp.hold.delay("q", 60)
     wait_for(lambda: lockapp.r.llen("started:q") == 1, "holder running", 30)
-    # duplicate retries on conflict every ~0.05-1.6 s; its own max_retries (3) is not spent.
-    assert lockapp.duplicate.delay("q").get(timeout=30) == "ran"
-    assert lockapp.duplicate.max_retries == 3
+    dup = lockapp.duplicate.delay("q")
+    retried = f"{dup.id}:retry".encode()
+    # More conflict retries than its own max_retries (3) allows, and it is still retrying.
+    wait_for(
+        lambda: lockapp.r.lrange("signal:lock_conflict", 0, -1).count(retried) >= 5,
+        "five conflict retries",
+        30,
+    )
+    lockapp.r.set("stop:q", 1)
+    assert dup.get(timeout=30) == "ran"
+    assert lockapp.r.lrange("dup-retries:q", 0, -1) == [b"0"]  # request.retries untouched
+    lockapp.r.delete("stop:q")
+    lockapp.hold.delay("q", 60)
+    wait_for(lambda: lockapp.r.llen("started:q") == 2, "holder running again", 30)
+    counted = lockapp.counted_duplicate.delay("q")
+    with pytest.raises(Exception, match="lock 'hold:q' is held"):
+        counted.get(timeout=30)  # asked to count: its own budget of 2 ran out
+    assert (
+        lockapp.r.lrange("signal:lock_conflict", 0, -1).count(f"{counted.id}:retry".encode()) == 3
+    )
+    lockapp.r.set("stop:q", 1)
 
 
 def test_wait_on_conflict_runs_when_the_holder_ends(
@@ -159,3 +177,13 @@ def test_lock_redis_paused_past_the_lease_the_task_sees_it_lost(
         wait_for(lambda: lockapp.r.llen("signal:lock_lost") == 1, "lock_lost signalled", 15)
         fresh = Lock(redis.Redis.from_url(lock_redis.url), "hold:z", ttl=1)
         wait_for(lambda: not fresh.locked(), "the lapsed lease gone", 5)
+
+
+def test_max_hold_stops_renewal_and_the_task_sees_the_lease_lapse(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    worker = workers()
+    result = lockapp.held_briefly.delay("mh", 30)
+    assert result.get(timeout=15) == "lost"
+    assert "reached its maximum hold; no longer renewed" in worker.log()
+    assert not lock_for(lockapp.held_briefly, ("mh", 30)).locked()

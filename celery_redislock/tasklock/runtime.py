@@ -245,7 +245,9 @@ def _retry(task: LockedTask, task_id: str, options: LockOptions, name: str, why:
     countdown = random.uniform(base / 2, base)  # jitter: duplicates do not come back together
     log.info("task %s[%s] retries in %.1fs: %s", task.name, task_id, countdown, why)
     if options.count_retries:
-        raise task.retry(countdown=countdown)
+        # Past the task's own max_retries, Celery raises ``exc``: a LockNotAcquired naming the lock.
+        exc = LockNotAcquired(f"task {task.name}[{task_id}]: {why}", name=name)
+        raise task.retry(countdown=countdown, exc=exc)
     if options.max_retries is not None and conflicts >= options.max_retries:
         raise LockNotAcquired(
             f"task {task.name}[{task_id}]: gave up after {conflicts} conflict retries: {why}",
