@@ -8,6 +8,7 @@ concurrency it saw per key, so tests can assert on what really ran, where and be
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -220,3 +221,16 @@ def redislock_watched(state: Any) -> dict[str, int]:
 def held_briefly(self: Any, name: str, seconds: float) -> str:
     """Runs past its max_hold: renewal stops, and the lease lapses under it."""
     return _watch(self, name, seconds)
+
+
+@app.task(bind=True, lock={"key": "hold:{name}"})
+def slow_to_die(self: Any, name: str) -> None:
+    """Takes half a second to die of SIGTERM: Celery has long counted the task done by then."""
+
+    def linger_then_exit(signum: int, frame: Any) -> None:
+        time.sleep(0.5)
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, linger_then_exit)
+    started(name, self.request.id)
+    time.sleep(60)

@@ -171,3 +171,19 @@ def test_parent_stops_watching_children_once_their_tasks_end(
         return sum(reply["watched"] for reply in replies.values())
 
     wait_for(lambda: watched() == 0, "the parent watches no finished task", 10)
+
+
+def test_revoke_terminate_of_a_child_slow_to_die_releases_once_it_is_dead(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    worker = workers()
+    result = lockapp.slow_to_die.delay("sd")
+    (task_id,) = _wait_started(lockapp, "sd")
+    child = _child_pid(lockapp, task_id)
+    lock = lock_for(lockapp.slow_to_die, ("sd",))
+    result.revoke(terminate=True)  # SIGTERM: the child lingers 0.5 s, still holding the lease
+    wait_for(lambda: result.state == "REVOKED", "Celery counts the task revoked", 10)
+    held = lock.locked()
+    assert held or child not in children_of(worker.pid), "released while the child lived"
+    wait_for(lambda: not lock.locked(), "released once the child died", PROMPTLY)
+    assert child not in children_of(worker.pid)

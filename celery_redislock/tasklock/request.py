@@ -140,6 +140,16 @@ class LockRequest(Request):  # type: ignore[misc]
                 _prepared.add(self.task.app)
             _watch.watch(self, pid)  # (solo and threads pools have no child to watch)
 
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        # revoke(terminate=True): Celery counts the task done at once, before the child is
+        # dead; the watch must keep waiting for the death.
+        self.child_dying = True
+        super().terminate(pool, signal)
+
+    def cancel(self, pool: Any, *args: Any, **kwargs: Any) -> Any:
+        self.child_dying = True  # cold shutdown, lost connection: the child is being killed
+        return super().cancel(pool, *args, **kwargs)
+
     def on_timeout(self, soft: bool, timeout: float) -> None:
         if not soft:
             self.child_dying = True  # the pool kills the child right after this
