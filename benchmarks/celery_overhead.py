@@ -70,7 +70,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,13 +82,12 @@ from celery.result import AsyncResult
 from celery_once import AlreadyQueued
 
 import celery_redislock
-from celery_redislock.server import RedisServer
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the app module lives next to this script
 import celery_apps  # noqa: E402
 from celery_apps import VARIANTS, Keys, make_app  # noqa: E402
-from reporting import Target, print_targets, section  # noqa: E402
+from common import Target, print_targets, redis_target, section  # noqa: E402
 
 OURS = "celery_redislock"
 TTL_S = 3.0  # app.conf.redislock_ttl for this benchmark (the default is 15 s)
@@ -700,16 +699,6 @@ class Settings:
 
 FULL = Settings(tasks=2000, rounds=3, hold_s=TTL_S + 1, expiry=10, child_trials=5, worker_trials=3)
 QUICK = Settings(tasks=400, rounds=1, hold_s=TTL_S + 1, expiry=6, child_trials=1, worker_trials=1)
-
-
-@contextlib.contextmanager
-def redis_target(url: str | None) -> Iterator[tuple[str, str]]:
-    """The URL to benchmark and where it came from; starts (and stops) a server unless given."""
-    if url:
-        yield url, "given"
-        return
-    with RedisServer() as server:
-        yield server.url, f"started here: {server.binary} v{server.version}"
 
 
 def delete_keys(client: redis.Redis, run: str) -> int:

@@ -46,8 +46,8 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -62,10 +62,9 @@ from pottery import Redlock
 
 import celery_redislock
 from celery_redislock import Lock, renew_leases
-from celery_redislock.server import RedisServer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reporting import Target, print_targets, section
+from common import Target, print_targets, redis_target, section
 
 TTL_S = 30
 RENEW_TTL_S = 60
@@ -216,16 +215,6 @@ def delete_keys(admin: redis.Redis, prefix: str) -> int:
     if batch:
         deleted += int(admin.unlink(*batch))
     return deleted
-
-
-@contextmanager
-def redis_target(url: str | None) -> Iterator[tuple[str, str]]:
-    """The URL to benchmark and where it came from; starts (and stops) a server unless given."""
-    if url:
-        yield url, "given"
-        return
-    with RedisServer() as server:
-        yield server.url, f"started here: {server.binary} v{server.version}"
 
 
 def stop_process(process: BaseProcess) -> None:

@@ -1,10 +1,13 @@
-"""What both benchmark scripts print: section headings and pass/miss lines for targets."""
+"""What both benchmark scripts share: the Redis they run on, section headings, target lines."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+from celery_redislock.server import RedisServer
 
 
 @dataclass(frozen=True)
@@ -40,3 +43,13 @@ def print_targets(checks: Sequence[Target], began: float) -> None:
         f"\n{len(checks) - misses} of {len(checks)} targets met; total runtime "
         f"{time.perf_counter() - began:.1f} s"
     )
+
+
+@contextlib.contextmanager
+def redis_target(url: str | None) -> Iterator[tuple[str, str]]:
+    """The URL to benchmark and where it came from; starts (and stops) a server unless given."""
+    if url:
+        yield url, "given"
+        return
+    with RedisServer() as server:
+        yield server.url, f"started here: {server.binary} v{server.version}"
