@@ -99,8 +99,10 @@ def lock_for(task: Any, args: Any = (), kwargs: Any = None) -> Lock:
 def _max_hold(task: LockedTask, options: LockOptions) -> float | None:
     if options.max_hold is not None:
         return options.max_hold
-    limits = task.request.timelimit or (None, None)
-    hard = limits[0] or task.time_limit or task.app.conf.task_time_limit
+    limits = task.request.timelimit or (None, None)  # this call's own time_limit, if given
+    hard = limits[0] or task.time_limit
+    if not hard:
+        hard = settings_for(task.app).task_time_limit
     return float(hard) if hard else None
 
 

@@ -35,6 +35,8 @@ class Settings:
     ttl: float
     on_conflict: ConflictAction
     on_backend_error: BackendPolicy
+    task_time_limit: float | None
+    """Celery's own ``task_time_limit``: the default maximum hold of a lease."""
 
 
 def _setting(app: Celery, name: str, default: Any) -> Any:
@@ -80,6 +82,7 @@ def _read(app: Celery) -> Settings:
         ttl=float(ttl),
         on_conflict=on_conflict,
         on_backend_error=policy,
+        task_time_limit=app.conf.task_time_limit,
     )
 
 
