@@ -87,7 +87,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the app module lives next to this script
 import celery_apps  # noqa: E402
 from celery_apps import VARIANTS, Keys, make_app  # noqa: E402
-from common import Target, print_targets, redis_target, section  # noqa: E402
+from common import Target, base_parser, print_targets, redis_target, section  # noqa: E402
 
 OURS = "celery_redislock"
 TTL_S = 3.0  # app.conf.redislock_ttl for this benchmark (the default is 15 s)
@@ -710,12 +710,7 @@ def delete_keys(client: redis.Redis, run: str) -> int:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", type=Path, metavar="PATH", help="write the results here")
-    parser.add_argument("--quick", action="store_true", help="fewer tasks and rounds (< 60 s)")
-    parser.add_argument(
-        "--url", help="benchmark this Redis (default: $REDIS_URL, else a fresh redis-server)"
-    )
+    parser = base_parser(__doc__ or "", "fewer tasks and rounds (< 60 s)")
     parser.add_argument("--tasks", type=int, help="tasks per throughput round (2000, quick 400)")
     return parser.parse_args(argv)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from celery_redislock.server import RedisServer
 
@@ -53,3 +55,14 @@ def redis_target(url: str | None) -> Iterator[tuple[str, str]]:
         return
     with RedisServer() as server:
         yield server.url, f"started here: {server.binary} v{server.version}"
+
+
+def base_parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes: --json, --quick, --url."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write the results here")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument(
+        "--url", help="benchmark this Redis (default: $REDIS_URL, else a fresh redis-server)"
+    )
+    return parser

@@ -64,7 +64,7 @@ import celery_redislock
 from celery_redislock import Lock, renew_leases
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Target, print_targets, redis_target, section
+from common import Target, base_parser, print_targets, redis_target, section
 
 TTL_S = 30
 RENEW_TTL_S = 60
@@ -678,12 +678,7 @@ QUICK = Settings(pair_seconds=0.5, rounds=2, handoffs=40, polling_handoffs=8, du
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", type=Path, metavar="PATH", help="write the results here")
-    parser.add_argument("--quick", action="store_true", help="short smoke-test durations")
-    parser.add_argument(
-        "--url", help="benchmark this Redis (default: $REDIS_URL, else a fresh redis-server)"
-    )
+    parser = base_parser(__doc__ or "", "short smoke-test durations")
     parser.add_argument(
         "--duration", type=float, help="seconds of each contention run (default 10, quick 2)"
     )

@@ -89,7 +89,12 @@ def test_visibility_timeout_redelivery_is_dropped_not_run(
     workers(name="w1", env=env)
     first = lockapp.hold.apply_async(("v", 30.0))
     wait_for(lambda: lockapp.r.llen("started:v") == 1, "first delivery running", 30)
-    time.sleep(1.5)  # the fault: the task outlives the visibility timeout
+    # The fault: the task outlives the visibility timeout (its unacked message is overdue).
+    wait_for(
+        lambda: lockapp.r.zcount("unacked_index", "-inf", time.time() - 1.0) > 0,
+        "the running task's message overdue",
+        10,
+    )
     workers(name="w2", env=env)
     wait_for(
         lambda: f"{first.id}:drop".encode() in lockapp.r.lrange("signal:lock_conflict", 0, -1),

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Retry
 
-from ..errors import LockBackendError, LockConfigError, LockNotAcquired
+from ..errors import LockBackendError, LockConfigError, LockNotAcquired, LockNotOwned
 from ..lock import Lease, Lock, RedisClient
 from ..renewal import Renewer
 from .keyname import lock_name
@@ -168,10 +168,10 @@ def release(lease: Lease) -> None:
         lease.release()
     except LockBackendError as exc:
         log.warning("lock %r: release failed, the lease lapses within its ttl: %s", lease.name, exc)
-    except LockNotAcquired:  # pragma: no cover - not raised by release
-        pass
-    except Exception as exc:  # LockNotOwned/LockLost: nothing left to give back
+    except LockNotOwned as exc:  # expired or removed (LockLost): nothing left to give back
         log.warning("lock %r: lease was no longer held at release: %s", lease.name, exc)
+    except Exception:  # never mask how the task itself ended
+        log.exception("lock %r: release failed, the lease lapses within its ttl", lease.name)
 
 
 def release_all_held() -> None:
