@@ -8,6 +8,7 @@ kept alive by a per-process renewer and released however a task ends.
 """
 
 from .errors import (
+    DuplicateTask,
     LockBackendError,
     LockConfigError,
     LockLost,
@@ -24,6 +25,7 @@ from .tasklock import (
     LockedTask,
     LockOptions,
     LockRequest,
+    UniqueOptions,
     client_for,
     install,
     lock_conflict,
@@ -33,6 +35,7 @@ from .tasklock import (
 
 __all__ = [
     "SKIPPED",
+    "DuplicateTask",
     "Holder",
     "Lease",
     "Lock",
@@ -49,6 +52,7 @@ __all__ = [
     "RedisLockError",
     "RenewReport",
     "Renewer",
+    "UniqueOptions",
     "client_for",
     "install",
     "iter_locks",

@@ -6,12 +6,14 @@ RedisLockError                  base; ``.name`` is the lock's name (or None)
 ├── LockNotOwned                release/renew of a lease this token does not hold
 │   └── LockLost                a lease held earlier expired or was removed
 ├── LockUpgradeError            an owner holding a read lease asked for write
-└── LockBackendError            Redis could not be reached or answered with an error
+├── LockBackendError            Redis could not be reached or answered with an error
+└── DuplicateTask               a unique task is already queued or running (not published)
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "DuplicateTask",
     "LockBackendError",
     "LockConfigError",
     "LockLost",
@@ -60,3 +62,19 @@ class LockUpgradeError(RedisLockError):
 
 class LockBackendError(RedisLockError):
     """Redis was unreachable or failed; the original redis-py error is the ``__cause__``."""
+
+
+class DuplicateTask(RedisLockError):
+    """A unique task was not published: a copy with the same key is queued or running.
+
+    ``task_id`` is the copy's id, ``expires_in`` the seconds its claim on the key has left (for a
+    running copy: until its lease lapses unless renewed), ``state`` ``"queued"`` or ``"running"``.
+    """
+
+    def __init__(
+        self, message: str, *, name: str, task_id: str, expires_in: float | None, state: str
+    ) -> None:
+        super().__init__(message, name=name)
+        self.task_id = task_id
+        self.expires_in = expires_in
+        self.state = state

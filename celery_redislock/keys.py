@@ -47,6 +47,11 @@ class LockKeys:
         return f"{self.prefix}:meta"
 
     @property
+    def queued(self) -> str:
+        """A unique task's claim while its message waits in the queue (the task id)."""
+        return f"{self.prefix}:queued"
+
+    @property
     def all(self) -> list[str]:
         return [f"{self.prefix}:{suffix}" for suffix in _SUFFIXES]
 

@@ -20,7 +20,16 @@ def _source(name: str) -> bytes:
 
 def _load_all() -> dict[str, Script]:
     scripts = {}
-    for name in ("acquire", "release", "release_where", "renew", "notify", "holders"):
+    for name in (
+        "acquire",
+        "release",
+        "release_where",
+        "renew",
+        "notify",
+        "holders",
+        "unique_claim",
+        "unique_release",
+    ):
         body = _source(name)
         if name in ("acquire", "release", "release_where"):
             body = _source("common") + b"\n" + body

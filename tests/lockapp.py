@@ -234,3 +234,70 @@ def slow_to_die(self: Any, name: str) -> None:
     signal.signal(signal.SIGTERM, linger_then_exit)
     started(name, self.request.id)
     time.sleep(60)
+
+
+# -- unique tasks (enqueue-time uniqueness) ------------------------------------------------------
+
+
+def _unique_run(self: Any, name: str, seconds: float, retry_countdown: float | None) -> str:
+    started(name, self.request.id)
+    _sleep(seconds, name)
+    if retry_countdown is not None and self.request.retries == 0:
+        raise self.retry(countdown=retry_countdown)
+    r.rpush(f"ended:{name}", f"{self.request.id}:{self.request.retries}")
+    return "ran"
+
+
+@app.task(bind=True, unique={"lifecycle": "until_finished", "key": "fin:{name}"})
+def unique_finished(
+    self: Any, name: str, seconds: float = 0.0, retry_countdown: float | None = None
+) -> str:
+    return _unique_run(self, name, seconds, retry_countdown)
+
+
+@app.task(bind=True, unique={"lifecycle": "until_started", "key": "start:{name}"})
+def unique_started(
+    self: Any, name: str, seconds: float = 0.0, retry_countdown: float | None = None
+) -> str:
+    return _unique_run(self, name, seconds, retry_countdown)
+
+
+@app.task(bind=True, unique={"lifecycle": "until_and_while_running", "key": "both:{name}"})
+def unique_both(
+    self: Any, name: str, seconds: float = 0.0, retry_countdown: float | None = None
+) -> str:
+    with Active(f"both:{name}"):
+        return _unique_run(self, name, seconds, retry_countdown)
+
+
+@app.task(
+    bind=True,
+    unique={"lifecycle": "until_started", "key": "deb:{name}", "on_duplicate": "replace"},
+)
+def debounced(self: Any, name: str, n: int) -> int:
+    started(name, self.request.id)
+    return n
+
+
+@app.task(
+    bind=True,
+    unique={"lifecycle": "until_started", "key": "eta:{name}", "allowance": 1},
+)
+def briefly_unique(self: Any, name: str) -> str:
+    started(name, self.request.id)
+    return "ran"
+
+
+@app.task(unique={"lifecycle": "until_finished", "on_duplicate": "raise"})
+def unique_strict(name: str) -> str:
+    return name
+
+
+if os.environ.get("LOCKAPP_BEAT"):
+    app.conf.beat_schedule = {
+        "report": {
+            "task": "lockapp.unique_finished",
+            "schedule": float(os.environ["LOCKAPP_BEAT"]),
+            "args": ("beat", 60),
+        }
+    }

@@ -6,12 +6,14 @@ import functools
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import beat_init, worker_init
 from celery.utils.imports import gen_task_name
 
 from ..errors import LockConfigError
+from .enqueue import publish_specs, wrap_send_task
 from .options import call_signature, parse_lock_option
 from .task import LockedTask
+from .unique import parse_unique_option
 
 __all__ = ["install"]
 
@@ -42,6 +44,7 @@ def install(app: Celery) -> Celery:
     if app.finalized:
         _check_tasks(app)
     app.task = _checking(app, app.task)
+    wrap_send_task(app)  # every publish, by any producer in this process, passes here
     app._redislock_installed = True
     return app
 
@@ -51,7 +54,7 @@ def _checking(app: Celery, decorator: Any) -> Any:
     def task(*args: Any, **opts: Any) -> Any:
         if len(args) == 1 and callable(args[0]) and not opts:
             return decorator(*args)  # bare @app.task: no options to check
-        if opts.get("lock") in (None, False):
+        if opts.get("lock") in (None, False) and opts.get("unique") in (None, False):
             return decorator(*args, **opts)
 
         def declare(fun: Any) -> Any:
@@ -68,22 +71,25 @@ def _check_declaration(app: Celery, fun: Any, opts: dict[str, Any]) -> None:
     base = opts.get("base")
     if base is not None and not (isinstance(base, type) and issubclass(base, LockedTask)):
         raise LockConfigError(
-            f"task {name!r}: lock= needs a base class derived from celery_redislock.LockedTask, "
-            f"got base={base!r}"
+            f"task {name!r}: lock= and unique= need a base class derived from "
+            f"celery_redislock.LockedTask, got base={base!r}"
         )
-    parse_lock_option(name, call_signature(fun, bool(opts.get("bind"))), opts["lock"])
+    signature = call_signature(fun, bool(opts.get("bind")))
+    lock = parse_lock_option(name, signature, opts.get("lock"))
+    parse_unique_option(name, signature, opts.get("unique"), lock)
 
 
 def _check_tasks(app: Celery) -> None:
     unlocked = sorted(
         name
         for name, task in app.tasks.items()
-        if getattr(task, "lock", None) not in (None, False) and not isinstance(task, LockedTask)
+        if not isinstance(task, LockedTask)
+        and any(getattr(task, option, None) not in (None, False) for option in ("lock", "unique"))
     )
     if unlocked:
         raise LockConfigError(
-            f"task(s) {', '.join(unlocked)} declare lock= but do not derive from "
-            "celery_redislock.LockedTask: their lock would be ignored. Create the app with "
+            f"task(s) {', '.join(unlocked)} declare lock= or unique= but do not derive from "
+            "celery_redislock.LockedTask: it would be ignored. Create the app with "
             "task_cls='celery_redislock:LockedTask' or call install(app) before declaring tasks"
         )
 
@@ -93,6 +99,21 @@ def _refuse_ignored_locks(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if isinstance(app, Celery):
         _check_tasks(app)
+        # Producers that cannot import a unique task (beat, services sending by name) read
+        # its options from Redis: publish them.
+        publish_specs(app)
+
+
+def _beat_publishes_unique(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    task_cls = getattr(app, "task_cls", None)
+    if isinstance(app, Celery) and (
+        getattr(app, "_redislock_installed", False)
+        or (isinstance(task_cls, type) and issubclass(task_cls, LockedTask))
+        or (isinstance(task_cls, str) and task_cls.endswith(":LockedTask"))
+    ):
+        wrap_send_task(app)
 
 
 worker_init.connect(_refuse_ignored_locks, weak=False)
+beat_init.connect(_beat_publishes_unique, weak=False)

@@ -11,7 +11,17 @@ from typing import Any, Literal
 from ..errors import LockConfigError
 from ..lock import Mode
 
-__all__ = ["ConflictAction", "LockOptions", "Scope", "call_signature", "parse_lock_option"]
+__all__ = [
+    "ConflictAction",
+    "LockOptions",
+    "Scope",
+    "call_signature",
+    "check_fields",
+    "parse_key",
+    "parse_lock_option",
+    "parse_scope",
+    "template_fields",
+]
 
 ConflictAction = Literal["skip", "retry", "wait", "raise"]
 Scope = Literal["global", "host"]
@@ -59,8 +69,8 @@ _ALLOWED = (
 )
 
 
-def _error(task: str, option: str, message: str) -> LockConfigError:
-    return LockConfigError(f"task {task!r}: lock option {option!r}: {message}")
+def _error(task: str, option: str, message: str, what: str = "lock") -> LockConfigError:
+    return LockConfigError(f"task {task!r}: {what} option {option!r}: {message}")
 
 
 def _seconds(task: str, option: str, value: object, *, optional: bool) -> float | None:
@@ -72,20 +82,26 @@ def _seconds(task: str, option: str, value: object, *, optional: bool) -> float 
     return float(value)
 
 
-def template_fields(task: str, template: str) -> tuple[str, ...]:
-    """The argument names a key template refers to (``{a}``, ``{a.b}``, ``{a[0]}``)."""
+def template_fields(task: str, template: str, what: str = "lock") -> tuple[str, ...]:
+    """The argument names a key template refers to (``{a}``, ``{a.b}``, ``{a[0]}``); ``what``
+    names the option in errors."""
     names = []
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise _error(task, "key", f"is not a valid format string ({exc}): {template!r}") from exc
+        raise _error(
+            task, "key", f"is not a valid format string ({exc}): {template!r}", what
+        ) from exc
     for _, field, _, _ in parsed:
         if field is None:
             continue
         root = field.split(".", 1)[0].split("[", 1)[0]
         if not root or root.isdigit():
             raise _error(
-                task, "key", f"template fields must name arguments, got {{{field}}} in {template!r}"
+                task,
+                "key",
+                f"template fields must name arguments, got {{{field}}} in {template!r}",
+                what,
             )
         names.append(root)
     return tuple(dict.fromkeys(names))
@@ -122,26 +138,14 @@ def parse_lock_option(
             f"allowed: {', '.join(_ALLOWED)}"
         )
     opts: dict[str, Any] = dict(value)
-    key = opts.get("key")
-    fields: tuple[str, ...] = ()
-    if isinstance(key, str):
-        if not key:
-            raise _error(task, "key", "must not be empty")
-        fields = template_fields(task, key)
-        _check_fields(task, signature, fields)
-    elif key is not None and not callable(key):
-        raise _error(
-            task, "key", f"must be a template string, a callable or None, got {type(key).__name__}"
-        )
+    key, fields = parse_key(task, signature, opts.get("key"))
     mode = opts.get("mode", "write")
     if mode not in ("read", "write"):
         raise _error(task, "mode", f"must be 'read' or 'write', got {mode!r}")
     limit = opts.get("limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise _error(task, "limit", f"must be an integer >= 1 or None, got {limit!r}")
-    scope = opts.get("scope", "global")
-    if scope not in SCOPES:
-        raise _error(task, "scope", f"must be one of {', '.join(map(repr, SCOPES))}, got {scope!r}")
+    scope = parse_scope(task, opts.get("scope", "global"))
     on_conflict = opts.get("on_conflict")
     if on_conflict is not None and on_conflict not in CONFLICT_ACTIONS:
         raise _error(
@@ -177,6 +181,34 @@ def parse_lock_option(
     )
 
 
+def parse_key(
+    task: str, signature: inspect.Signature | None, key: object, what: str = "lock"
+) -> tuple[str | KeyFunction | None, tuple[str, ...]]:
+    """Checks a ``key`` option; returns it with the argument names a template uses."""
+    if isinstance(key, str):
+        if not key:
+            raise _error(task, "key", "must not be empty", what)
+        fields = template_fields(task, key, what)
+        check_fields(task, signature, fields, what)
+        return key, fields
+    if key is not None and not callable(key):
+        raise _error(
+            task,
+            "key",
+            f"must be a template string, a callable or None, got {type(key).__name__}",
+            what,
+        )
+    return key, ()
+
+
+def parse_scope(task: str, scope: object, what: str = "lock") -> Scope:
+    if scope not in SCOPES:
+        raise _error(
+            task, "scope", f"must be one of {', '.join(map(repr, SCOPES))}, got {scope!r}", what
+        )
+    return scope
+
+
 def call_signature(fun: Callable[..., Any], bound: bool) -> inspect.Signature | None:
     """The signature callers use: ``fun``'s, without ``self`` for a ``bind=True`` task."""
     try:
@@ -189,7 +221,10 @@ def call_signature(fun: Callable[..., Any], bound: bool) -> inspect.Signature | 
     return sig
 
 
-def _check_fields(task: str, signature: inspect.Signature | None, fields: tuple[str, ...]) -> None:
+def check_fields(
+    task: str, signature: inspect.Signature | None, fields: tuple[str, ...], what: str = "lock"
+) -> None:
+    """Checks that the task takes every argument a key template names."""
     if signature is None:
         return
     params = signature.parameters
@@ -202,4 +237,5 @@ def _check_fields(task: str, signature: inspect.Signature | None, fields: tuple[
             "key",
             f"template names argument(s) {', '.join(map(repr, missing))} that the task does not "
             f"take; its arguments are: {', '.join(params) or '(none)'}",
+            what,
         )

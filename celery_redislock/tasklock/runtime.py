@@ -15,10 +15,12 @@ from celery.exceptions import Ignore, Retry
 from ..errors import LockBackendError, LockConfigError, LockNotAcquired, LockNotOwned
 from ..lock import Lease, Lock, RedisClient
 from ..renewal import Renewer
+from .enqueue import CONFLICTS_HEADER
 from .keyname import lock_name
 from .options import ConflictAction, LockOptions
 from .settings import Settings, client_for, settings_for
 from .signals import lock_conflict, lock_lost
+from .unique import claim, release_claim
 
 if TYPE_CHECKING:
     from .task import LockedTask
@@ -30,8 +32,6 @@ log = logging.getLogger("celery_redislock")
 SKIPPED = "SKIPPED"
 """The result state of a task run that was skipped because its lock was held."""
 
-# Message header counting conflict retries (kept apart from the task's own ``retries``).
-CONFLICTS_HEADER = "redislock_conflicts"
 _REQUEST_ATTR = "_redislock_lease"
 _MAX_BACKOFF_DOUBLINGS = 5
 
@@ -108,11 +108,35 @@ def _max_hold(task: LockedTask, options: LockOptions) -> float | None:
 
 def acquire_for(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
     """Takes the task's lease before it runs, or acts on the conflict (raising Ignore, Retry,
-    or an error, which the worker honours because this runs inside ``before_start``)."""
+    or an error, which the worker honours because this runs inside ``before_start``); then
+    gives up the claim a unique task's message held on its key while queued."""
     options = task.lock_options
-    assert options is not None
+    unique = task.unique_options
     settings = settings_for(task.app)
-    name = lock_name(task.name, options, task.call_signature, args, kwargs)
+    name = None
+    if options is not None:
+        name = lock_name(task.name, options, task.call_signature, args, kwargs)
+        _take_lease(task, task_id, args, kwargs, name, options, settings)
+    if unique is not None and unique.queued:
+        keying = unique.keying
+        same_key = options is not None and (keying.key, keying.scope) == (
+            options.key,
+            options.scope,
+        )
+        if name is None or not same_key:
+            name = lock_name(task.name, keying, task.call_signature, args, kwargs)
+        _start_claim(task, task_id, name, settings)
+
+
+def _take_lease(
+    task: LockedTask,
+    task_id: str,
+    args: Any,
+    kwargs: Any,
+    name: str,
+    options: LockOptions,
+    settings: Settings,
+) -> None:
     action: ConflictAction = options.on_conflict or settings.on_conflict
     try:
         lock = make_lock(task, settings, client_for(task.app, settings), name)
@@ -125,7 +149,7 @@ def acquire_for(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
             info={"task_id": task_id, "task": task.name},
         )
     except LockNotAcquired:
-        _conflict(task, task_id, lock, action, options)
+        _conflict(task, task_id, lock, action, options, (args, kwargs))
     except LockBackendError as exc:
         _backend_down(task, task_id, name, settings, options, exc)
         return
@@ -143,6 +167,70 @@ def acquire_for(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
         lock_lost.send(sender=task, task_id=task_id, lease=lost, error=error)
 
     Renewer.current().register(lease, on_lost=on_lost, max_hold=_max_hold(task, options))
+
+
+def _republished(request: Any) -> bool:
+    return bool(request.retries) or CONFLICTS_HEADER in (request.headers or {})
+
+
+def _start_claim(task: LockedTask, task_id: str, name: str, settings: Settings) -> None:
+    # The run lease (if any) is held by now, so a unique-until-finished job is never free
+    # in between: a producer sees it queued, then running.
+    try:
+        holder = release_claim(client_for(task.app, settings), settings.namespace, name, task_id)
+    except LockBackendError as exc:
+        log.warning("unique key %r: could not release as task %s started: %s", name, task_id, exc)
+        return
+    if holder is None or _republished(task.request):
+        return  # a retry runs even though a newer copy was queued after it started
+    # Another copy claims the key: this one was replaced (its revoke may still be on its way)
+    # or outlived its claim and a newer copy was queued. One of them runs: the newer.
+    release_held(task)
+    log.info(
+        "task %s[%s] skipped: %s is queued under unique key %r", task.name, task_id, holder, name
+    )
+    lock_conflict.send(
+        sender=task, task_id=task_id, lock=name, action="superseded", holders=[holder]
+    )
+    _store_skipped(task, task_id, name, [holder])
+    raise Ignore()
+
+
+def end_claim(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
+    """Gives up the queued claim ``task_id`` may hold (it was revoked, skipped or failed before
+    it started); never raises."""
+    unique = task.unique_options
+    if unique is None or not unique.queued:
+        return
+    try:
+        name = lock_name(task.name, unique.keying, task.call_signature, args or (), kwargs or {})
+        settings = settings_for(task.app)
+        release_claim(client_for(task.app, settings), settings.namespace, name, task_id)
+    except (LockBackendError, LockConfigError) as exc:
+        log.warning("task %s[%s]: could not release its unique key: %s", task.name, task_id, exc)
+
+
+def keep_claim_for_retry(task: LockedTask) -> None:
+    """Claims the key as queued for a job unique until it finishes that is about to retry,
+    before its run lease goes (its retry's publish then extends the claim)."""
+    unique = task.unique_options
+    lease = held_lease(task)
+    if unique is None or not unique.running_counts or lease is None or task.request.is_eager:
+        return
+    settings = settings_for(task.app)
+    allowance = unique.allowance or settings.queue_allowance
+    try:
+        claim(
+            client_for(task.app, settings),
+            settings.namespace,
+            lease.name,
+            task.request.id,
+            allowance,
+            "r",
+            True,
+        )
+    except LockBackendError as exc:
+        log.warning("unique key %r: could not keep it across a retry: %s", lease.name, exc)
 
 
 def held_lease(task: LockedTask) -> Lease | None:
@@ -191,7 +279,12 @@ def _holder_ids(lock: Lock) -> list[str]:
 
 
 def _conflict(
-    task: LockedTask, task_id: str, lock: Lock, action: ConflictAction, options: LockOptions
+    task: LockedTask,
+    task_id: str,
+    lock: Lock,
+    action: ConflictAction,
+    options: LockOptions,
+    call: tuple[Any, Any],
 ) -> NoReturn:
     holders = _holder_ids(lock)
     held_by = ", ".join(holders) or "a task that just finished"
@@ -219,6 +312,7 @@ def _conflict(
             "task %s[%s] skipped: lock %r is held by %s", task.name, task_id, lock.name, held_by
         )
         _store_skipped(task, task_id, lock.name, holders)
+        end_claim(task, task_id, *call)  # the job is over (other endings: task_postrun)
         raise Ignore()
     if action == "retry":
         _retry(task, task_id, options, lock.name, f"lock {lock.name!r} is held by {held_by}")

@@ -15,6 +15,7 @@ from ..errors import LockConfigError
 from ..keys import DEFAULT_NAMESPACE, check_namespace
 from ..lock import RedisClient
 from .options import CONFLICT_ACTIONS, ConflictAction
+from .unique import ON_DUPLICATE, OnDuplicate
 
 __all__ = ["BackendPolicy", "Settings", "client_for", "settings_for"]
 
@@ -22,6 +23,7 @@ BackendPolicy = Literal["fail", "retry", "run"]
 BACKEND_POLICIES: tuple[BackendPolicy, ...] = ("fail", "retry", "run")
 
 DEFAULT_TTL = 15.0
+DEFAULT_QUEUE_ALLOWANCE = 600.0
 SOCKET_TIMEOUT = 5.0
 
 
@@ -35,6 +37,9 @@ class Settings:
     ttl: float
     on_conflict: ConflictAction
     on_backend_error: BackendPolicy
+    on_duplicate: OnDuplicate
+    queue_allowance: float
+    """Seconds a unique task's queued claim lasts beyond its countdown/ETA."""
     task_time_limit: float | None
     """Celery's own ``task_time_limit``: the default maximum hold of a lease."""
 
@@ -42,6 +47,13 @@ class Settings:
 def _setting(app: Celery, name: str, default: Any) -> Any:
     value = app.conf.get(name)
     return default if value is None else value
+
+
+def _seconds(app: Celery, name: str, default: float) -> float:
+    value = _setting(app, name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise LockConfigError(f"setting {name} must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def _read(app: Celery) -> Settings:
@@ -58,11 +70,8 @@ def _read(app: Celery) -> Settings:
             url = broker.split(";", 1)[0]  # the first of a failover list
     if url is not None and not isinstance(url, str):
         raise LockConfigError(f"setting redislock_url must be a string, got {url!r}")
-    ttl = _setting(app, "redislock_ttl", DEFAULT_TTL)
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
-        raise LockConfigError(
-            f"setting redislock_ttl must be a positive number of seconds, got {ttl!r}"
-        )
+    ttl = _seconds(app, "redislock_ttl", DEFAULT_TTL)
+    allowance = _seconds(app, "redislock_queue_allowance", DEFAULT_QUEUE_ALLOWANCE)
     on_conflict = _setting(app, "redislock_on_conflict", "skip")
     if on_conflict not in CONFLICT_ACTIONS:
         raise LockConfigError(
@@ -75,13 +84,21 @@ def _read(app: Celery) -> Settings:
             f"setting redislock_on_backend_error must be one of {', '.join(BACKEND_POLICIES)}, "
             f"got {policy!r}"
         )
+    on_duplicate = _setting(app, "redislock_on_duplicate", "existing")
+    if on_duplicate not in ON_DUPLICATE:
+        raise LockConfigError(
+            f"setting redislock_on_duplicate must be one of {', '.join(ON_DUPLICATE)}, "
+            f"got {on_duplicate!r}"
+        )
     return Settings(
         url=url,
         client_factory=factory,
         namespace=check_namespace(_setting(app, "redislock_namespace", DEFAULT_NAMESPACE)),
-        ttl=float(ttl),
+        ttl=ttl,
         on_conflict=on_conflict,
         on_backend_error=policy,
+        on_duplicate=on_duplicate,
+        queue_allowance=allowance,
         task_time_limit=app.conf.task_time_limit,
     )
 

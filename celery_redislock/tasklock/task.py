@@ -10,7 +10,9 @@ from celery.signals import task_postrun, worker_init, worker_process_shutdown
 
 from ..lock import Lease
 from . import runtime, settings
+from .enqueue import Spec, wrap_send_task
 from .options import LockOptions, call_signature, parse_lock_option
+from .unique import UniqueOptions, parse_unique_option
 
 __all__ = ["LockedTask"]
 
@@ -32,19 +34,44 @@ class LockedTask(Task):  # type: ignore[misc]
 
     lock: Any = None
     """The ``lock=`` option as declared: True, a key template, or a dict of options."""
+    unique: Any = None
+    """The ``unique=`` option as declared: a lifecycle name, or a dict of options."""
     lock_options: ClassVar[LockOptions | None] = None
+    """The execution lock: ``lock=`` as parsed, or the one ``unique=`` implies."""
+    unique_options: ClassVar[UniqueOptions | None] = None
     call_signature: ClassVar[inspect.Signature | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "lock" not in cls.__dict__ and "run" not in cls.__dict__:
+        if not {"lock", "unique", "run"} & cls.__dict__.keys():
             return  # an abstract base Celery derives: nothing declared here
         run = cls.__dict__.get("run", getattr(cls, "run", None))
         bound = not isinstance(run, staticmethod)  # Celery stores unbound runs as staticmethods
         fun = run.__func__ if isinstance(run, staticmethod) else run
         name = cls.__dict__.get("name") or cls.__name__
         cls.call_signature = call_signature(fun, bound) if callable(fun) else None
-        cls.lock_options = parse_lock_option(name, cls.call_signature, cls.lock)
+        lock = parse_lock_option(name, cls.call_signature, cls.lock)
+        cls.unique_options, cls.lock_options = parse_unique_option(
+            name, cls.call_signature, cls.unique, lock
+        )
+        cls._unique_spec = None
+
+    @classmethod
+    def bind(cls, app: Any) -> Any:
+        bound = super().bind(app)
+        if cls.unique_options is not None and cls.unique_options.queued:
+            wrap_send_task(app)  # also for apps that set task_cls= without install()
+        return bound
+
+    _unique_spec: ClassVar[Spec | None] = None
+
+    def unique_spec(self) -> Spec | None:
+        """What a producer needs to check a call of this task for duplicates (None: not
+        unique while queued)."""
+        spec = type(self)._unique_spec
+        if spec is None and self.unique_options is not None:
+            spec = type(self)._unique_spec = Spec.of(self)
+        return spec
 
     @property
     def lease(self) -> Lease | None:
@@ -53,7 +80,7 @@ class LockedTask(Task):  # type: ignore[misc]
         return runtime.held_lease(self)
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        if self.lock_options is not None:
+        if self.lock_options is not None or self.unique_options is not None:
             runtime.acquire_for(self, task_id, args, kwargs)
         super().before_start(task_id, args, kwargs)
 
@@ -69,17 +96,24 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         # Give the lock back before the retry is published, so the retried run cannot find it
-        # still held by this very run and be skipped as a duplicate.
+        # still held by this very run and be skipped as a duplicate. A job unique until it
+        # finishes first claims its key as queued, so no other copy slips in between.
+        runtime.keep_claim_for_retry(self)
         runtime.release_held(self)
         return super().retry(*args, **kwargs)
 
 
-def _release_after_run(sender: Any = None, **_: Any) -> None:
+def _release_after_run(
+    sender: Any = None, task_id: Any = None, args: Any = (), kwargs: Any = None, **info: Any
+) -> None:
     # Normally released already (__call__); this covers a run whose body never started.
     # task_postrun fires for every ending, RETRY, IGNORED and REJECTED included (after_return
     # does not), in the process that ran the task, while its request is still current.
     if isinstance(sender, LockedTask):
         runtime.release_held(sender)
+        if info.get("state") in ("FAILURE", "REJECTED"):
+            # The job is over (it may have failed before it started): its queued claim goes.
+            runtime.end_claim(sender, task_id, args, kwargs or {})
 
 
 def _release_at_shutdown(**_: Any) -> None:

@@ -1,0 +1,44 @@
+-- unique_claim.lua: claim a unique task's key as its message is published.
+-- KEYS: 1 queued (string: the id of the task whose message holds the key),
+--       2 leases, 3 meta (the run lock's keys, read only: a live run lease means the job runs)
+-- ARGV: 1 task id, 2 lifetime ms,
+--       3 kind: 'n' a new call, 'x' a new call that replaces a queued holder,
+--               'r' a re-publish of the same job (its retry),
+--       4 '1' if a running copy counts as a duplicate (until_finished), else '0'
+-- Returns 'status holder ms state' (one string):
+--   1 claimed, or this id's already (lifetime extended, never shortened); holder = this id
+--   2 claimed from a queued holder (replace): holder = the replaced id, for the caller to revoke
+--   0 a duplicate: holder = the id holding the key, ms = what its claim has left,
+--     state 'q' (queued) or 'r' (running)
+--   3 a re-publish that found another id holding the key: published without it
+local id, ttl, kind, count_running = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+if count_running and kind ~= 'r' then
+  local live = redis.call('ZRANGEBYSCORE', KEYS[2], string.format('(%d', now), '+inf',
+    'WITHSCORES', 'LIMIT', 0, 1)
+  if live[1] then
+    local raw = redis.call('HGET', KEYS[3], 'i:' .. live[1])
+    local holder = raw and cjson.decode(raw).task_id or '?'
+    if holder ~= id then
+      return string.format('0 %s %d r', holder, tonumber(live[2]) - now)
+    end
+  end
+end
+
+local cur = redis.call('GET', KEYS[1])
+if not cur or cur == id then
+  local left = cur and redis.call('PTTL', KEYS[1]) or 0
+  redis.call('SET', KEYS[1], id, 'PX', math.max(ttl, left))
+  return string.format('1 %s 0 q', id)
+end
+local left = math.max(redis.call('PTTL', KEYS[1]), 0)
+if kind == 'r' then
+  return string.format('3 %s %d q', cur, left)
+end
+if kind == 'x' then
+  redis.call('SET', KEYS[1], id, 'PX', ttl)
+  return string.format('2 %s 0 q', cur)
+end
+return string.format('0 %s %d q', cur, left)

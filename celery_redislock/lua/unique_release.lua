@@ -1,0 +1,14 @@
+-- unique_release.lua: give up a unique task's claim on its key (the task starts, was revoked,
+-- skipped, or its publish failed), only if this task id holds it.
+-- KEYS: 1 queued (string: the id of the task whose message holds the key)
+-- ARGV: 1 task id
+-- Returns '1' released (or nobody held it), or '0 holder' if another id holds the key.
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return '1'
+end
+if not cur then
+  return '1'
+end
+return '0 ' .. cur

@@ -1,0 +1,207 @@
+"""The ``unique=`` task option: which copies of a call may be queued or run at once, and the
+Redis claim a queued copy holds on its key."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from ..errors import LockConfigError
+from ..keys import LockKeys
+from ..lock import RedisClient, backend_errors
+from ..scripts import run
+from .options import ConflictAction, LockOptions, parse_key, parse_scope
+
+__all__ = [
+    "LIFECYCLES",
+    "Claim",
+    "Lifecycle",
+    "OnDuplicate",
+    "UniqueOptions",
+    "claim",
+    "parse_unique_option",
+    "release_claim",
+]
+
+Lifecycle = Literal["until_started", "until_finished", "while_running", "until_and_while_running"]
+OnDuplicate = Literal["existing", "raise", "replace"]
+
+LIFECYCLES: tuple[Lifecycle, ...] = (
+    "until_started",
+    "until_finished",
+    "while_running",
+    "until_and_while_running",
+)
+ON_DUPLICATE: tuple[OnDuplicate, ...] = ("existing", "raise", "replace")
+_RUNS_LOCKED = ("until_finished", "while_running", "until_and_while_running")
+_ALLOWED = ("lifecycle", "key", "scope", "on_duplicate", "allowance")
+
+
+@dataclass(frozen=True, slots=True)
+class UniqueOptions:
+    """A task's ``unique=`` option, parsed (``None`` fields take the app's settings)."""
+
+    lifecycle: Lifecycle
+    keying: LockOptions
+    """Where the key comes from (``key`` and ``scope``): the same derivation as ``lock=``."""
+    on_duplicate: OnDuplicate | None = None
+    allowance: float | None = None
+    """Seconds a queued claim lasts beyond the message's countdown/ETA."""
+
+    @property
+    def queued(self) -> bool:
+        """Whether a copy claims the key while its message is queued (all but while_running)."""
+        return self.lifecycle != "while_running"
+
+    @property
+    def running_counts(self) -> bool:
+        """Whether a running copy makes a new call a duplicate (until_finished)."""
+        return self.lifecycle == "until_finished"
+
+
+def _error(task: str, option: str, message: str) -> LockConfigError:
+    return LockConfigError(f"task {task!r}: unique option {option!r}: {message}")
+
+
+def parse_unique_option(
+    task: str, signature: inspect.Signature | None, value: object, lock: LockOptions | None
+) -> tuple[UniqueOptions | None, LockOptions | None]:
+    """Checks a task's ``unique=`` option and returns it parsed, with the task's execution lock.
+
+    ``value`` is ``None``/``False``, a lifecycle name, or a mapping of ``lifecycle``, ``key``,
+    ``scope``, ``on_duplicate`` and ``allowance``. The lifecycles that hold the key while the task
+    runs use the task's ``lock=`` as that run lock (it must then be exclusive, and gives the key),
+    or imply one with the unique key.
+
+    >>> u, lock = parse_unique_option("report", None, "until_finished", None)
+    >>> u.lifecycle, lock is not None
+    ('until_finished', True)
+    """
+    if value is None or value is False:
+        return None, lock
+    if isinstance(value, str):
+        value = {"lifecycle": value}
+    if not isinstance(value, Mapping):
+        raise LockConfigError(
+            f"task {task!r}: unique must be a lifecycle ({', '.join(LIFECYCLES)}) or a dict of "
+            f"options ({', '.join(_ALLOWED)}), got {type(value).__name__}"
+        )
+    unknown = sorted(str(k) for k in value if k not in _ALLOWED)
+    if unknown:
+        raise LockConfigError(
+            f"task {task!r}: unknown unique option(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(_ALLOWED)}"
+        )
+    opts: dict[str, Any] = dict(value)
+    lifecycle = opts.get("lifecycle", "until_finished")
+    if lifecycle not in LIFECYCLES:
+        allowed = ", ".join(map(repr, LIFECYCLES))
+        raise _error(task, "lifecycle", f"must be one of {allowed}, got {lifecycle!r}")
+    on_duplicate = opts.get("on_duplicate")
+    if on_duplicate is not None and on_duplicate not in ON_DUPLICATE:
+        raise _error(
+            task,
+            "on_duplicate",
+            f"must be one of {', '.join(map(repr, ON_DUPLICATE))}, got {on_duplicate!r}",
+        )
+    allowance = opts.get("allowance")
+    if allowance is not None and (
+        isinstance(allowance, bool) or not isinstance(allowance, int | float) or not allowance > 0
+    ):
+        raise _error(task, "allowance", f"must be a positive number of seconds, got {allowance!r}")
+    keying = _keying(task, signature, opts, lock, lifecycle)
+    unique = UniqueOptions(
+        lifecycle=lifecycle,
+        keying=keying,
+        on_duplicate=on_duplicate,
+        allowance=None if allowance is None else float(allowance),
+    )
+    if lifecycle in _RUNS_LOCKED and lock is None:
+        # The run lock is implied, on the same key. A copy queued while another runs
+        # (until_and_while_running) waits its turn by default instead of being skipped.
+        on_conflict: ConflictAction | None = (
+            "retry" if lifecycle == "until_and_while_running" else None
+        )
+        lock = replace(keying, on_conflict=on_conflict)
+    return unique, lock
+
+
+def _keying(
+    task: str,
+    signature: inspect.Signature | None,
+    opts: dict[str, Any],
+    lock: LockOptions | None,
+    lifecycle: str,
+) -> LockOptions:
+    own = {k: opts[k] for k in ("key", "scope") if k in opts}
+    if lock is not None and lifecycle in _RUNS_LOCKED:
+        if own:
+            raise _error(
+                task,
+                next(iter(own)),
+                f"lifecycle {lifecycle!r} holds the task's lock= while it runs, so the key comes "
+                "from lock=; set key and scope there",
+            )
+        if lock.mode != "write" or (lock.limit or 1) > 1:
+            raise LockConfigError(
+                f"task {task!r}: unique lifecycle {lifecycle!r} needs an exclusive lock= "
+                f"(mode 'write', no limit), got mode {lock.mode!r}, limit {lock.limit!r}"
+            )
+        return lock
+    if not own and lock is not None:
+        return LockOptions(key=lock.key, scope=lock.scope, fields=lock.fields)
+    key, fields = parse_key(task, signature, own.get("key"), "unique")
+    scope = parse_scope(task, own.get("scope", "global"), "unique")
+    return LockOptions(key=key, scope=scope, fields=fields)
+
+
+# -- the claim in Redis ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What :func:`claim` found: ``status`` as in ``unique_claim.lua``."""
+
+    status: int
+    holder: str
+    ms_left: int
+    running: bool
+
+    @property
+    def duplicate(self) -> bool:
+        return self.status == 0
+
+
+def _keys(namespace: str, name: str) -> tuple[str, LockKeys]:
+    keys = LockKeys.of(namespace, name)
+    return keys.queued, keys
+
+
+def claim(
+    client: RedisClient,
+    namespace: str,
+    name: str,
+    task_id: str,
+    lifetime: float,
+    kind: Literal["n", "x", "r"],
+    running_counts: bool,
+) -> Claim:
+    """Claims the key ``name`` for ``task_id`` as its message is published (one round trip)."""
+    queued, keys = _keys(namespace, name)
+    args = [task_id, str(max(1, int(lifetime * 1000))), kind, "1" if running_counts else "0"]
+    with backend_errors(name):
+        reply = run("unique_claim", client, [queued, keys.leases, keys.meta], args)
+    status, holder, ms, state = (reply.decode() if isinstance(reply, bytes) else reply).split()
+    return Claim(int(status), holder, int(ms), state == "r")
+
+
+def release_claim(client: RedisClient, namespace: str, name: str, task_id: str) -> str | None:
+    """Gives up ``task_id``'s claim on the key ``name``; returns the id of another task holding
+    it, if one does (``None``: released, or nobody held it)."""
+    queued, _ = _keys(namespace, name)
+    with backend_errors(name):
+        reply = run("unique_release", client, [queued], [task_id])
+    parts = (reply.decode() if isinstance(reply, bytes) else reply).split()
+    return parts[1] if parts[0] == "0" else None
