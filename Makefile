@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 LOWEST ?= .venv-lowest
 # The Celery tests, again on the lowest supported Celery, kombu, billiard and redis-py.
 CELERY_TESTS := tests/test_celery_release.py tests/test_celery_pools.py \
-	tests/test_celery_exclusion.py tests/test_celery_options.py
+	tests/test_celery_exclusion.py tests/test_celery_options.py \
+	tests/test_celery_unique.py tests/test_celery_unique_options.py
 
 .PHONY: demo test test-lowest lint bench bench-celery clean
 

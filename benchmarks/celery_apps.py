@@ -1,4 +1,5 @@
-"""Celery apps for ``benchmarks/celery_overhead.py``: one app per variant, same settings.
+"""Celery apps for ``benchmarks/celery_overhead.py`` and ``benchmarks/celery_enqueue.py``: one app
+per variant, same settings.
 
 A worker runs exactly one variant, chosen by environment variables that the benchmark sets::
 
@@ -13,11 +14,13 @@ A worker runs exactly one variant, chosen by environment variables that the benc
 The benchmark process builds the same apps with :func:`make_app` to publish: celery-singleton
 and celery-once lock when a task is *published*, so the publishing side must be theirs too.
 
-Every variant has the same two tasks, with the same signatures and bodies:
+Every variant has the same three tasks, with the same signatures and bodies:
 
 * ``noop(run, i)``: INCR of a per-variant counter, which the benchmark polls to see completions.
 * ``hold(run, key, tag, seconds)``: RPUSH of ``{"tag", "pid", "t"}`` to an events list, then
   sleeps. Exclusive on ``(run, key)``; ``tag`` and ``seconds`` are not part of the lock.
+* ``unique(run, n)``: does nothing. Unique at enqueue time on ``(run, n)`` until it finishes: a
+  call while a copy is queued is not published (plain: no such notion, always published).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> 
     base: type[Task] | None = None
     noop_opts: dict[str, Any] = {}
     hold_opts: dict[str, Any] = {}
+    unique_opts: dict[str, Any] = {}
     if variant == "celery_redislock":
         import celery_redislock
 
@@ -94,6 +98,7 @@ def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> 
         celery_redislock.install(app)
         noop_opts = {"lock": {"key": "bench:{run}:{i}"}}
         hold_opts = {"lock": {"key": "bench:{run}:hold:{key}"}}
+        unique_opts = {"unique": {"lifecycle": "until_finished", "key": "bench:{run}:{n}"}}
     elif variant == "celery_singleton":
         from celery_singleton import Singleton
 
@@ -113,9 +118,11 @@ def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> 
         }
         base = QueueOnce
         hold_opts = {"once": {"keys": ["run", "key"]}}
+        unique_opts = {"once": {"graceful": True}}  # a duplicate returns instead of raising
     if base is not None:
         noop_opts["base"] = base
         hold_opts["base"] = base
+        unique_opts["base"] = base  # celery-singleton, celery-once: unique on all arguments
 
     # shared=False: a shared task would be added to every app this process creates.
     @app.task(name="celerybench.noop", shared=False, **noop_opts)  # type: ignore[untyped-decorator]
@@ -127,6 +134,10 @@ def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> 
         event = {"tag": tag, "pid": os.getpid(), "t": time.time()}
         _client(url).rpush(keys.events, json.dumps(event))
         time.sleep(seconds)
+
+    @app.task(name="celerybench.unique", shared=False, **unique_opts)  # type: ignore[untyped-decorator]
+    def unique(run: str, n: int) -> None:
+        pass
 
     return app
 

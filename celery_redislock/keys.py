@@ -52,6 +52,11 @@ class LockKeys:
         return f"{self.prefix}:queued"
 
     @property
+    def replaced(self) -> str:
+        """Ids of queued copies a newer call replaced: they must not run when delivered."""
+        return f"{self.prefix}:replaced"
+
+    @property
     def all(self) -> list[str]:
         return [f"{self.prefix}:{suffix}" for suffix in _SUFFIXES]
 

@@ -61,7 +61,7 @@ def test_bad_option_is_refused_when_the_task_is_declared(
 def test_without_install_the_task_class_checks_when_celery_creates_the_task() -> None:
     plain = Celery("opts", broker="memory://", set_as_current=False, task_cls=LockedTask)
 
-    @plain.task(name="opts.g", lock={"mode": "shared"})
+    @plain.task(shared=False, name="opts.g", lock={"mode": "shared"})
     def g() -> None: ...
 
     with pytest.raises(LockConfigError, match="'mode': must be 'read' or 'write'"):
@@ -71,16 +71,18 @@ def test_without_install_the_task_class_checks_when_celery_creates_the_task() ->
 def test_lock_on_a_task_that_is_not_locked_is_refused() -> None:
     plain = Celery("opts", broker="memory://", set_as_current=False)
 
-    @plain.task(name="opts.h", lock=True)
+    @plain.task(shared=False, name="opts.h", lock=True)
     def h() -> None: ...
 
     plain.finalize()
-    with pytest.raises(LockConfigError, match=r"opts\.h declare lock= but do not derive"):
+    with pytest.raises(
+        LockConfigError, match=r"opts\.h declare lock= or unique= but do not derive"
+    ):
         install(plain)
 
 
 def test_lock_with_a_base_that_is_not_locked_is_refused(app: Celery) -> None:
-    with pytest.raises(LockConfigError, match="lock= needs a base class derived from"):
+    with pytest.raises(LockConfigError, match="lock= and unique= need a base class derived from"):
 
         @app.task(name="opts.i", base=Task, lock=True)
         def i() -> None: ...

@@ -258,3 +258,20 @@ def free_port() -> Iterator[int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         yield s.getsockname()[1]
+
+
+def test_revoke_of_a_message_still_in_the_broker_frees_the_key_when_discarded(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    worker = workers(concurrency=1)  # prefetches one message beyond the one it runs
+    lockapp.hold.delay("busy", 60)
+    wait_for(lambda: started(lockapp, "busy"), "the worker is busy")
+    reserved = lockapp.unique_finished.delay("reserved")
+    wait_for(lambda: reserved.id in worker.log(), "the next message is prefetched")
+    in_broker = lockapp.unique_finished.delay("in-broker")
+    assert lockapp.app.control.revoke(in_broker.id, reply=True, timeout=5)
+    assert lockapp.r.exists(claim_key("fin:in-broker")), "no worker holds it yet"
+    stop(lockapp, "busy")
+    wait_for(lambda: not lockapp.r.exists(claim_key("fin:in-broker")), "discarded and freed")
+    assert reserved.get(timeout=20) == "ran"
+    assert started(lockapp, "in-broker") == []

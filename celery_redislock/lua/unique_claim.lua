@@ -1,6 +1,7 @@
 -- unique_claim.lua: claim a unique task's key as its message is published.
 -- KEYS: 1 queued (string: the id of the task whose message holds the key),
---       2 leases, 3 meta (the run lock's keys, read only: a live run lease means the job runs)
+--       2 leases, 3 meta (the run lock's keys, read only: a live run lease means the job runs),
+--       4 replaced (set: ids of queued copies replaced, which must not run when delivered)
 -- ARGV: 1 task id, 2 lifetime ms,
 --       3 kind: 'n' a new call, 'x' a new call that replaces a queued holder,
 --               'r' a re-publish of the same job (its retry),
@@ -39,6 +40,8 @@ if kind == 'r' then
 end
 if kind == 'x' then
   redis.call('SET', KEYS[1], id, 'PX', ttl)
+  redis.call('SADD', KEYS[4], cur)
+  redis.call('PEXPIRE', KEYS[4], math.max(ttl, left, redis.call('PTTL', KEYS[4])))
   return string.format('2 %s 0 q', cur)
 end
 return string.format('0 %s %d q', cur, left)

@@ -190,7 +190,14 @@ def spec_for(app: Celery, name: str) -> Spec | None:
         return task.unique_spec()
     if task is not None:
         return None
-    return _registry.lookup(app, name, settings_for(app))
+    settings = settings_for(app)
+    try:
+        return _registry.lookup(app, name, settings)
+    except LockBackendError as exc:
+        if settings.on_backend_error != "run":
+            raise
+        log.error("task %s published WITHOUT checking whether it is unique: %s", name, exc)
+        return None
 
 
 # -- publishing ---------------------------------------------------------------------------------

@@ -183,11 +183,15 @@ def _start_claim(task: LockedTask, task_id: str, name: str, settings: Settings) 
         return
     if holder is None or _republished(task.request):
         return  # a retry runs even though a newer copy was queued after it started
-    # Another copy claims the key: this one was replaced (its revoke may still be on its way)
-    # or outlived its claim and a newer copy was queued. One of them runs: the newer.
+    # This copy was replaced (its revoke may still be on its way, or was lost), or it outlived
+    # its claim and a newer copy was queued. One of them runs: the newer.
     release_held(task)
     log.info(
-        "task %s[%s] skipped: %s is queued under unique key %r", task.name, task_id, holder, name
+        "task %s[%s] skipped: superseded by %s under unique key %r",
+        task.name,
+        task_id,
+        holder,
+        name,
     )
     lock_conflict.send(
         sender=task, task_id=task_id, lock=name, action="superseded", holders=[holder]

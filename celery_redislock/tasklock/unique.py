@@ -174,9 +174,9 @@ class Claim:
         return self.status == 0
 
 
-def _keys(namespace: str, name: str) -> tuple[str, LockKeys]:
+def _keys(namespace: str, name: str) -> tuple[list[str], LockKeys]:
     keys = LockKeys.of(namespace, name)
-    return keys.queued, keys
+    return [keys.queued, keys.replaced], keys
 
 
 def claim(
@@ -189,19 +189,20 @@ def claim(
     running_counts: bool,
 ) -> Claim:
     """Claims the key ``name`` for ``task_id`` as its message is published (one round trip)."""
-    queued, keys = _keys(namespace, name)
+    (queued, replaced), keys = _keys(namespace, name)
     args = [task_id, str(max(1, int(lifetime * 1000))), kind, "1" if running_counts else "0"]
     with backend_errors(name):
-        reply = run("unique_claim", client, [queued, keys.leases, keys.meta], args)
+        reply = run("unique_claim", client, [queued, keys.leases, keys.meta, replaced], args)
     status, holder, ms, state = (reply.decode() if isinstance(reply, bytes) else reply).split()
     return Claim(int(status), holder, int(ms), state == "r")
 
 
 def release_claim(client: RedisClient, namespace: str, name: str, task_id: str) -> str | None:
-    """Gives up ``task_id``'s claim on the key ``name``; returns the id of another task holding
-    it, if one does (``None``: released, or nobody held it)."""
-    queued, _ = _keys(namespace, name)
+    """Gives up ``task_id``'s claim on the key ``name``. Returns the id of the task that
+    superseded it (``"-"`` if that one has gone already): another holds the key, or this one was
+    replaced. ``None``: released, or nobody held it."""
+    own, _ = _keys(namespace, name)
     with backend_errors(name):
-        reply = run("unique_release", client, [queued], [task_id])
+        reply = run("unique_release", client, own, [task_id])
     parts = (reply.decode() if isinstance(reply, bytes) else reply).split()
     return parts[1] if parts[0] == "0" else None

@@ -1,0 +1,222 @@
+"""The unique= option and the producer's side, in process, on a real Redis (no worker needed:
+what is or is not published is visible in the broker's queue)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_redislock import DuplicateTask, LockBackendError, LockConfigError, install
+from celery_redislock.server import RedisServer
+from celery_redislock.tasklock.enqueue import Spec, publish_specs, registry_key
+
+
+@pytest.fixture
+def app(celery_server: RedisServer) -> Iterator[Celery]:
+    application = install(
+        Celery("uq", broker=celery_server.url, backend=celery_server.url, set_as_current=False)
+    )
+    application.conf.redislock_url = celery_server.url
+    redis.Redis.from_url(celery_server.url).flushall()
+    yield application
+    redis.Redis.from_url(celery_server.url).flushall()
+
+
+def queued(app: Celery) -> int:
+    return int(redis.Redis.from_url(app.conf.broker_url).llen("celery"))
+
+
+@pytest.mark.parametrize(
+    ("unique", "lock", "message"),
+    [
+        ("until_done", None, "unique option 'lifecycle': must be one of 'until_started', "),
+        ({"lifecycle": "until_started", "on_dup": "x"}, None, "unknown unique option(s) 'on_dup'"),
+        ({"on_duplicate": "skip"}, None, "'on_duplicate': must be one of 'existing', 'raise'"),
+        ({"allowance": 0}, None, "unique option 'allowance': must be a positive number"),
+        ({"key": "x:{nope}"}, None, "unique option 'key': template names argument(s) 'nope'"),
+        ({"scope": "rack"}, None, "unique option 'scope': must be one of 'global', 'host'"),
+        (
+            {"lifecycle": "until_finished", "key": "other:{n}"},
+            "k:{n}",
+            "lifecycle 'until_finished' holds the task's lock= while it runs, so the key comes "
+            "from lock=",
+        ),
+        (
+            "until_and_while_running",
+            {"key": "k:{n}", "limit": 3},
+            "needs an exclusive lock= (mode 'write', no limit), got mode 'write', limit 3",
+        ),
+        (["until_started"], None, "unique must be a lifecycle (until_started, until_finished"),
+    ],
+)
+def test_bad_unique_option_is_refused_when_declared(
+    app: Celery, unique: Any, lock: Any, message: str
+) -> None:
+    with pytest.raises(LockConfigError) as raised:
+
+        @app.task(shared=False, name="uq.f", unique=unique, lock=lock)
+        def f(n: int) -> None: ...
+
+    assert message in str(raised.value)
+
+
+def test_unique_on_a_task_that_is_not_locked_is_refused() -> None:
+    plain = Celery("plain", broker="memory://", set_as_current=False)
+
+    @plain.task(shared=False, name="plain.f", unique="until_started")
+    def f() -> None: ...
+
+    plain.finalize()
+    with pytest.raises(LockConfigError, match="declare lock= or unique= but do not derive"):
+        install(plain)
+
+
+def test_lifecycles_imply_the_run_lock_on_the_same_key(app: Celery) -> None:
+    @app.task(shared=False, name="uq.a", unique={"lifecycle": "until_finished", "key": "a:{n}"})
+    def a(n: int) -> None: ...
+
+    @app.task(
+        shared=False, name="uq.b", unique={"lifecycle": "until_and_while_running", "key": "b:{n}"}
+    )
+    def b(n: int) -> None: ...
+
+    @app.task(shared=False, name="uq.c", unique="until_started", lock={"key": "api", "limit": 5})
+    def c(n: int) -> None: ...
+
+    assert a.lock_options.key == "a:{n}" and a.lock_options.on_conflict is None
+    assert b.lock_options.on_conflict == "retry"  # a queued copy waits for the running one
+    assert c.lock_options.limit == 5 and c.unique_options.keying.key == "api"
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("redislock_on_duplicate", "drop", "setting redislock_on_duplicate must be one of"),
+        ("redislock_queue_allowance", -5, "setting redislock_queue_allowance must be a positive"),
+    ],
+)
+def test_bad_setting_is_named_at_the_first_publish(
+    app: Celery, setting: str, value: Any, message: str
+) -> None:
+    @app.task(shared=False, name="uq.s", unique="until_started")
+    def s() -> None: ...
+
+    app.conf[setting] = value
+    with pytest.raises(LockConfigError, match=message):
+        s.delay()
+    assert queued(app) == 0
+
+
+def test_raise_carries_the_queued_id_and_time_left(app: Celery) -> None:
+    @app.task(
+        shared=False, name="uq.r", unique={"lifecycle": "until_started", "on_duplicate": "raise"}
+    )
+    def r(n: int) -> None: ...
+
+    first = r.apply_async((1,), countdown=30)
+    with pytest.raises(DuplicateTask) as raised:
+        r.delay(n=1)  # the same call, however it is spelled
+    err = raised.value
+    assert err.task_id == first.id and err.state == "queued"
+    assert 600 < err.expires_in <= 630  # countdown + the default allowance of 600 s
+    assert err.name == "uq.r:" + err.name.split(":", 1)[1] and first.id in str(err)
+    assert queued(app) == 1
+
+
+def test_the_app_default_and_an_explicit_task_id(app: Celery) -> None:
+    @app.task(shared=False, name="uq.d", unique="until_started")
+    def d() -> None: ...
+
+    app.conf.redislock_on_duplicate = "raise"
+    first = d.apply_async(task_id="fixed-id")
+    assert d.apply_async(task_id="fixed-id").id == "fixed-id"  # the same job, published again
+    with pytest.raises(DuplicateTask):
+        d.delay()
+    assert first.id == "fixed-id"
+
+
+def test_an_expired_message_claims_nothing(app: Celery) -> None:
+    import datetime
+
+    @app.task(shared=False, name="uq.e", unique="until_started")
+    def e() -> None: ...
+
+    past = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=5)
+    ids = {e.apply_async(expires=past).id for _ in range(2)}
+    assert len(ids) == 2  # the worker discards both; nothing to be unique about
+
+
+def test_redis_down_at_enqueue_follows_the_backend_policy(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.task(shared=False, name="uq.down", unique="until_started")
+    def down() -> None: ...
+
+    app.conf.redislock_url = "redis://127.0.0.1:1/0"
+    with pytest.raises(LockBackendError) as raised:
+        down.delay()
+    assert raised.value.name == "uq.down:" + raised.value.name.split(":", 1)[1]
+    assert queued(app) == 0
+    app.conf.redislock_on_backend_error = "run"
+    with caplog.at_level(logging.ERROR, "celery_redislock"):
+        down.delay()
+    assert queued(app) == 1
+    assert "published WITHOUT unique key" in caplog.text
+
+
+def test_a_producer_that_cannot_import_the_task_reads_its_spec(
+    app: Celery, celery_server: RedisServer
+) -> None:
+    @app.task(
+        shared=False, name="uq.remote", unique={"lifecycle": "until_finished", "key": "rep:{day}"}
+    )
+    def remote(day: str, full: bool = False) -> None: ...
+
+    publish_specs(app)  # what a worker does as it starts
+    other = install(Celery("other", broker=celery_server.url, set_as_current=False))
+    other.conf.redislock_url = celery_server.url
+    first = other.send_task("uq.remote", ("mon",))
+    assert other.send_task("uq.remote", kwargs={"day": "mon", "full": True}).id == first.id
+    assert remote.delay("mon").id == first.id
+    assert other.send_task("uq.remote", ("tue",)).id != first.id
+    assert queued(app) == 2
+
+
+def test_spec_round_trip_and_callable_keys(app: Celery, caplog: pytest.LogCaptureFixture) -> None:
+    @app.task(
+        shared=False,
+        name="uq.cb",
+        unique={"lifecycle": "until_started", "key": lambda n, scale: f"cb:{n}"},
+    )
+    def cb(n: int, scale: float = 1.5) -> None: ...
+
+    spec = Spec.of(cb)
+    assert spec is not None
+    back = Spec.from_json("uq.cb", spec.to_json())
+    assert back is not None and not back.derivable
+    params = [(p.name, p.kind, p.default) for p in cb.call_signature.parameters.values()]
+    assert back.signature is not None
+    assert [(p.name, p.kind, p.default) for p in back.signature.parameters.values()] == params
+    assert Spec.from_json("uq.cb", '{"lifecycle": "until_lunch"}') is None
+    publish_specs(app)
+    raw = redis.Redis.from_url(app.conf.broker_url).hget(registry_key("redislock"), "uq.cb")
+    assert raw is not None
+    other = install(Celery("other", broker=app.conf.broker_url, set_as_current=False))
+    other.conf.redislock_url = app.conf.broker_url
+    with caplog.at_level(logging.WARNING, "celery_redislock"):
+        other.send_task("uq.cb", (1,))
+    assert "its unique key is a callable this process cannot import" in caplog.text
+
+
+def test_eager_calls_are_not_unique(app: Celery) -> None:
+    @app.task(shared=False, name="uq.eager", unique="until_finished")
+    def eager() -> int:
+        return 1
+
+    app.conf.task_always_eager = True
+    assert eager.delay().get() == 1 and eager.delay().get() == 1
