@@ -43,8 +43,11 @@ RETRY = {"on_conflict": "retry", "countdown": 0.05}
 
 
 def started(key: str, task_id: str) -> None:
-    r.rpush(f"started:{key}", task_id)
-    r.hset("pid", task_id, os.getpid())
+    # One transaction: a test that sees the start also finds the pid.
+    with r.pipeline() as notes:
+        notes.hset("pid", task_id, os.getpid())
+        notes.rpush(f"started:{key}", task_id)
+        notes.execute()
 
 
 class Active:

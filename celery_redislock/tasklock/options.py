@@ -17,6 +17,7 @@ __all__ = [
     "Scope",
     "call_signature",
     "check_fields",
+    "known_options",
     "parse_key",
     "parse_lock_option",
     "parse_scope",
@@ -131,13 +132,7 @@ def parse_lock_option(
             f"task {task!r}: lock must be True, a key template string or a dict of options "
             f"({', '.join(_ALLOWED)}), got {type(value).__name__}"
         )
-    unknown = sorted(str(k) for k in value if k not in _ALLOWED)
-    if unknown:
-        raise LockConfigError(
-            f"task {task!r}: unknown lock option(s) {', '.join(map(repr, unknown))}; "
-            f"allowed: {', '.join(_ALLOWED)}"
-        )
-    opts: dict[str, Any] = dict(value)
+    opts = known_options(task, "lock", value, _ALLOWED)
     key, fields = parse_key(task, signature, opts.get("key"))
     mode = opts.get("mode", "write")
     if mode not in ("read", "write"):
@@ -179,6 +174,19 @@ def parse_lock_option(
         max_hold=_seconds(task, "max_hold", opts.get("max_hold"), optional=True),
         fields=fields,
     )
+
+
+def known_options(
+    task: str, what: str, value: Mapping[Any, Any], allowed: tuple[str, ...]
+) -> dict[str, Any]:
+    """The options of a dict-valued task option, refusing names it does not know."""
+    unknown = sorted(str(k) for k in value if k not in allowed)
+    if unknown:
+        raise LockConfigError(
+            f"task {task!r}: unknown {what} option(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(allowed)}"
+        )
+    return dict(value)
 
 
 def parse_key(

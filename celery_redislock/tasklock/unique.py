@@ -12,7 +12,7 @@ from ..errors import LockConfigError
 from ..keys import LockKeys
 from ..lock import RedisClient, backend_errors
 from ..scripts import run
-from .options import ConflictAction, LockOptions, parse_key, parse_scope
+from .options import ConflictAction, LockOptions, known_options, parse_key, parse_scope
 
 __all__ = [
     "LIFECYCLES",
@@ -88,13 +88,7 @@ def parse_unique_option(
             f"task {task!r}: unique must be a lifecycle ({', '.join(LIFECYCLES)}) or a dict of "
             f"options ({', '.join(_ALLOWED)}), got {type(value).__name__}"
         )
-    unknown = sorted(str(k) for k in value if k not in _ALLOWED)
-    if unknown:
-        raise LockConfigError(
-            f"task {task!r}: unknown unique option(s) {', '.join(map(repr, unknown))}; "
-            f"allowed: {', '.join(_ALLOWED)}"
-        )
-    opts: dict[str, Any] = dict(value)
+    opts = known_options(task, "unique", value, _ALLOWED)
     lifecycle = opts.get("lifecycle", "until_finished")
     if lifecycle not in LIFECYCLES:
         allowed = ", ".join(map(repr, LIFECYCLES))
