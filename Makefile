@@ -54,6 +54,7 @@ bench: $(VENV)/.dev
 
 bench-celery: $(VENV)/.dev
 	$(BIN)/python benchmarks/celery_overhead.py $(ARGS)
+	$(BIN)/python benchmarks/celery_enqueue.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(LOWEST) .coverage .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -70,8 +70,7 @@ import celery_redislock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmark modules
 from celery_apps import VARIANTS, Keys, make_app
-from celery_overhead import _version, delete_keys, redis_cpu_s
-from common import base_parser, redis_target, section
+from common import base_parser, delete_keys, redis_cpu_s, redis_target, section, version_of
 
 OURS = "celery_redislock"
 UNIQUE = tuple(v for v in VARIANTS if v != "plain")  # the variants with enqueue uniqueness
@@ -272,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(
                 f"celery_redislock {celery_redislock.__version__}, celery-singleton "
-                f"{_version('celery-singleton')}, celery-once {_version('celery_once')}; "
+                f"{version_of('celery-singleton')}, celery-once {version_of('celery_once')}; "
                 "no worker: producer cost only",
                 flush=True,
             )

@@ -87,7 +87,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the app module lives next to this script
 import celery_apps  # noqa: E402
 from celery_apps import VARIANTS, Keys, make_app  # noqa: E402
-from common import Target, base_parser, print_targets, redis_target, section  # noqa: E402
+from common import (  # noqa: E402
+    Target,
+    base_parser,
+    delete_keys,
+    print_targets,
+    redis_cpu_s,
+    redis_target,
+    section,
+    version_of,
+)
 
 OURS = "celery_redislock"
 TTL_S = 3.0  # app.conf.redislock_ttl for this benchmark (the default is 15 s)
@@ -313,11 +322,6 @@ def process_cpu_s(pid: int) -> float:
 
 def worker_cpu_s(worker: Worker) -> float:
     return sum(process_cpu_s(pid) for pid in [worker.process.pid, *worker.children()])
-
-
-def redis_cpu_s(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
 def measure_throughput(bench: Bench, fleet: Fleet, variant: str, count: int) -> Round:
@@ -701,14 +705,6 @@ FULL = Settings(tasks=2000, rounds=3, hold_s=TTL_S + 1, expiry=10, child_trials=
 QUICK = Settings(tasks=400, rounds=1, hold_s=TTL_S + 1, expiry=6, child_trials=1, worker_trials=1)
 
 
-def delete_keys(client: redis.Redis, run: str) -> int:
-    """Deletes every key whose name contains the run id; returns how many."""
-    keys = list(client.scan_iter(match=f"*{run}*", count=1000))
-    for start in range(0, len(keys), 1000):
-        client.unlink(*keys[start : start + 1000])
-    return len(keys)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = base_parser(__doc__ or "", "fewer tasks and rounds (< 60 s)")
     parser.add_argument("--tasks", type=int, help="tasks per throughput round (2000, quick 400)")
@@ -744,7 +740,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(
                 f"celery_redislock {celery_redislock.__version__}, celery-singleton "
-                f"{_version('celery-singleton')}, celery-once {_version('celery_once')}; "
+                f"{version_of('celery-singleton')}, celery-once {version_of('celery_once')}; "
                 f"worker: python {' '.join(WORKER_CMD)}",
                 flush=True,
             )
@@ -795,15 +791,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps(to_json(rates, recovery, settings.expiry), indent=2))
         print(f"wrote {args.json}")
     return 0
-
-
-def _version(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "?"
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
+
 from celery_redislock.server import RedisServer
 
 
@@ -66,3 +68,25 @@ def base_parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
         "--url", help="benchmark this Redis (default: $REDIS_URL, else a fresh redis-server)"
     )
     return parser
+
+
+def redis_cpu_s(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def delete_keys(client: redis.Redis, run: str) -> int:
+    """Deletes every key whose name contains the run id; returns how many."""
+    keys = list(client.scan_iter(match=f"*{run}*", count=1000))
+    for start in range(0, len(keys), 1000):
+        client.unlink(*keys[start : start + 1000])
+    return len(keys)
+
+
+def version_of(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "?"
