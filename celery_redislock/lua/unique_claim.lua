@@ -13,10 +13,10 @@
 --     state 'q' (queued) or 'r' (running)
 --   3 a re-publish that found another id holding the key: published without it
 local id, ttl, kind, count_running = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-if count_running and kind ~= 'r' then
+-- A live run lease: the job runs (its leases key exists only while a lease may be live).
+if count_running and kind ~= 'r' and redis.call('EXISTS', KEYS[2]) == 1 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local live = redis.call('ZRANGEBYSCORE', KEYS[2], string.format('(%d', now), '+inf',
     'WITHSCORES', 'LIMIT', 0, 1)
   if live[1] then
@@ -26,6 +26,11 @@ if count_running and kind ~= 'r' then
       return string.format('0 %s %d r', holder, tonumber(live[2]) - now)
     end
   end
+end
+
+-- The common case, a new call and nobody holds the key: one command.
+if kind ~= 'r' and redis.call('SET', KEYS[1], id, 'NX', 'PX', ttl) then
+  return string.format('1 %s 0 q', id)
 end
 
 local cur = redis.call('GET', KEYS[1])
