@@ -213,10 +213,27 @@ def test_spec_round_trip_and_callable_keys(app: Celery, caplog: pytest.LogCaptur
     assert "its unique key is a callable this process cannot import" in caplog.text
 
 
+def test_task_cls_alone_is_enough(celery_server: RedisServer) -> None:
+    from celery_redislock import LockedTask
+
+    bare = Celery("bare", broker=celery_server.url, set_as_current=False, task_cls=LockedTask)
+    bare.conf.redislock_url = celery_server.url
+
+    @bare.task(shared=False, name="bare.t", unique="until_started")
+    def t(n: int) -> None: ...
+
+    assert t.delay(1).id == t.delay(n=1).id  # binding the task wrapped the app's send_task
+    assert bare.send_task("bare.t", (1,)).id == t.delay(1).id
+
+
 def test_eager_calls_are_not_unique(app: Celery) -> None:
     @app.task(shared=False, name="uq.eager", unique="until_finished")
     def eager() -> int:
         return 1
 
+    queued_copy = eager.delay()
     app.conf.task_always_eager = True
-    assert eager.delay().get() == 1 and eager.delay().get() == 1
+    assert eager.delay().get() == 1 and eager.delay().get() == 1  # not checked, not skipped
+    assert eager.apply().get() == 1
+    app.conf.task_always_eager = False
+    assert eager.delay().id == queued_copy.id

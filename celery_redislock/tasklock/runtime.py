@@ -117,7 +117,8 @@ def acquire_for(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
     if options is not None:
         name = lock_name(task.name, options, task.call_signature, args, kwargs)
         _take_lease(task, task_id, args, kwargs, name, options, settings)
-    if unique is not None and unique.queued:
+    if unique is not None and unique.queued and not task.request.is_eager:
+        # (an eager call was never checked at publish, so it is not checked here either)
         keying = unique.keying
         same_key = options is not None and (keying.key, keying.scope) == (
             options.key,
