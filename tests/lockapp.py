@@ -17,7 +17,7 @@ from celery import Celery
 from celery.exceptions import Ignore, Reject
 from celery.worker.control import inspect_command
 
-from celery_redislock import LockLost, install, lock_conflict, lock_lost
+from celery_redislock import LockedTask, LockLost, install, lock_conflict, lock_lost
 
 URL = os.environ["LOCKAPP_REDIS_URL"]
 # The broker may be another (LOCKAPP_BROKER_URL, e.g. RabbitMQ); results and locks stay on URL.
@@ -304,3 +304,23 @@ if os.environ.get("LOCKAPP_BEAT"):
             "args": ("beat", 60),
         }
     }
+
+
+class PausesBeforeRetrying(LockedTask):
+    """Stops between giving up its run lease and publishing its retry, until the test says."""
+
+    def signature_from_request(self, *args: Any, **kwargs: Any) -> Any:
+        r.rpush("retry-gap", self.request.id)
+        deadline = time.monotonic() + 10
+        while not r.exists("retry-gap:go") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return super().signature_from_request(*args, **kwargs)
+
+
+@app.task(
+    bind=True,
+    base=PausesBeforeRetrying,
+    unique={"lifecycle": "until_finished", "key": "gap:{name}"},
+)
+def retried_after_a_pause(self: Any, name: str) -> str:
+    return _unique_run(self, name, 0, 0.1)

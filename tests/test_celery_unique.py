@@ -275,3 +275,17 @@ def test_revoke_of_a_message_still_in_the_broker_frees_the_key_when_discarded(
     wait_for(lambda: not lockapp.r.exists(claim_key("fin:in-broker")), "discarded and freed")
     assert reserved.get(timeout=20) == "ran"
     assert started(lockapp, "in-broker") == []
+
+
+def test_no_copy_slips_in_while_a_retry_is_being_published(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """Between the end of the run (its lease given back) and the retry's publish, the job is
+    still claimed: a call then gets the retrying job back."""
+    workers()
+    job = lockapp.retried_after_a_pause.delay("gap")
+    wait_for(lambda: lockapp.r.llen("retry-gap") == 1, "the run ended and its retry is pending")
+    assert lockapp.retried_after_a_pause.delay("gap").id == job.id
+    lockapp.r.set("retry-gap:go", 1)
+    assert job.get(timeout=20) == "ran"
+    assert started(lockapp, "gap") == [job.id, job.id]
