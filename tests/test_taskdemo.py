@@ -1,0 +1,88 @@
+"""The Celery demo, run as a user runs it: ``python -m celery_redislock.taskdemo --quick``.
+
+Assertions are on its JSON summary and on processes, never on the printed wording.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for
+
+from celery_redislock.server import RedisServer
+
+DEMO = [sys.executable, "-m", "celery_redislock.taskdemo", "--quick"]
+
+
+@pytest.fixture
+def demo_redis() -> Iterator[RedisServer]:
+    """One Redis version is enough here: the lock core runs on each elsewhere."""
+    with RedisServer() as server:
+        yield server
+
+
+def _demo_processes() -> list[int]:
+    """Pids of live demo workers (their command line names the demo's app)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            cmdline = stat.read_bytes()
+        except OSError:
+            continue
+        if b"celery_redislock.taskdemo.app" in cmdline:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
+    summary_path, png = tmp_path / "summary.json", tmp_path / "timeline.png"
+    done = subprocess.run(
+        [*DEMO, "--json", str(summary_path), "--png", str(png)],
+        env={**os.environ, "REDIS_URL": demo_redis.url},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    summary: dict[str, Any] = json.loads(summary_path.read_text())
+    cases = summary["cases"]
+    assert set(cases) == {"singleton", "per-customer", "cap", "read-write", "recovery"}
+    assert all(case["passed"] for case in cases.values())
+    singleton = cases["singleton"]
+    assert singleton["queued"] == 1 and singleton["ran"] == 1 and singleton["sent"] > 1
+    assert cases["per-customer"]["max_together"] == 1
+    assert cases["per-customer"]["notes"]["customers in progress at once (max)"] > 1
+    assert cases["cap"]["max_together"] == cases["cap"]["allowed"] == 3
+    assert cases["read-write"]["notes"]["reader beside a writer"] == 0
+    assert cases["read-write"]["notes"]["readers at once (max)"] > 1
+    assert 0 < cases["recovery"]["notes"]["recovery seconds"] < 5
+    for case in cases.values():
+        assert case["fences"] == case["ran"]
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert _demo_processes() == []
+
+
+def test_ctrl_c_stops_every_worker(demo_redis: RedisServer, tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    with open(log, "wb") as out:
+        demo = subprocess.Popen(
+            DEMO, env={**os.environ, "REDIS_URL": demo_redis.url}, stdout=out, stderr=out,
+            cwd=tmp_path,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: "- per-customer" in log.read_text(), "the workers run tasks", 90)
+        assert _demo_processes(), "the workers are running"
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(timeout=30) == 130
+    finally:
+        demo.kill()
+    wait_for(lambda: _demo_processes() == [], "every worker process is gone", 10)
