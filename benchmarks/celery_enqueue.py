@@ -54,7 +54,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import sys
 import time
 from collections.abc import Sequence
@@ -66,11 +65,16 @@ import celery
 import redis
 from celery import Celery
 
-import celery_redislock
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmark modules
 from celery_apps import VARIANTS, Keys, make_app
-from common import base_parser, delete_keys, redis_cpu_s, redis_target, section, version_of
+from common import (
+    base_parser,
+    delete_keys,
+    print_header,
+    redis_cpu_s,
+    redis_target,
+    section,
+)
 
 OURS = "celery_redislock"
 UNIQUE = tuple(v for v in VARIANTS if v != "plain")  # the variants with enqueue uniqueness
@@ -261,19 +265,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with redis_target(given) as (url, origin):
         bench = Bench(url, run, redis.Redis.from_url(url))
         try:
-            version = bench.client.info("server")["redis_version"]
-            print(
-                f"Celery enqueue benchmark: Redis {version} at {url} ({origin}); Python "
-                f"{platform.python_version()}, Celery {celery.__version__}, {os.cpu_count()} "
-                f"CPU(s), load average {os.getloadavg()[0]:.2f}"
-                + ("; --quick" if args.quick else ""),
-                flush=True,
-            )
-            print(
-                f"celery_redislock {celery_redislock.__version__}, celery-singleton "
-                f"{version_of('celery-singleton')}, celery-once {version_of('celery_once')}; "
+            print_header(
+                "Celery enqueue benchmark",
+                url,
+                origin,
+                bench.client,
+                args.quick,
                 "no worker: producer cost only",
-                flush=True,
             )
             results = run_rounds(bench, rounds, count)
             for scenario in SCENARIOS:

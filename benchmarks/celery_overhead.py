@@ -62,7 +62,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -81,8 +80,6 @@ from celery import Celery
 from celery.result import AsyncResult
 from celery_once import AlreadyQueued
 
-import celery_redislock
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the app module lives next to this script
 import celery_apps  # noqa: E402
@@ -91,11 +88,11 @@ from common import (  # noqa: E402
     Target,
     base_parser,
     delete_keys,
+    print_header,
     print_targets,
     redis_cpu_s,
     redis_target,
     section,
-    version_of,
 )
 
 OURS = "celery_redislock"
@@ -730,19 +727,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         bench = Bench(url, run, settings.expiry, redis.Redis.from_url(url))
         try:
-            version = bench.client.info("server")["redis_version"]
-            print(
-                f"Celery overhead benchmark: Redis {version} at {url} ({origin}); Python "
-                f"{platform.python_version()}, Celery {celery.__version__}, {os.cpu_count()} "
-                f"CPU(s), load average {os.getloadavg()[0]:.2f}"
-                + ("; --quick" if args.quick else ""),
-                flush=True,
-            )
-            print(
-                f"celery_redislock {celery_redislock.__version__}, celery-singleton "
-                f"{version_of('celery-singleton')}, celery-once {version_of('celery_once')}; "
+            print_header(
+                "Celery overhead benchmark",
+                url,
+                origin,
+                bench.client,
+                args.quick,
                 f"worker: python {' '.join(WORKER_CMD)}",
-                flush=True,
             )
             rates = run_throughput(bench, fleet, settings.rounds, count)
             print_throughput(rates, count)

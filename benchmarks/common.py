@@ -90,3 +90,28 @@ def version_of(dist: str) -> str:
         return version(dist)
     except PackageNotFoundError:
         return "?"
+
+
+def print_header(
+    title: str, url: str, origin: str, client: redis.Redis, quick: bool, tail: str
+) -> None:
+    """The first lines of a Celery benchmark's output: where it ran, and on what versions."""
+    import os
+    import platform
+
+    import celery
+
+    import celery_redislock
+
+    version = client.info("server")["redis_version"]
+    print(
+        f"{title}: Redis {version} at {url} ({origin}); Python "
+        f"{platform.python_version()}, Celery {celery.__version__}, {os.cpu_count()} "
+        f"CPU(s), load average {os.getloadavg()[0]:.2f}" + ("; --quick" if quick else ""),
+        flush=True,
+    )
+    print(
+        f"celery_redislock {celery_redislock.__version__}, celery-singleton "
+        f"{version_of('celery-singleton')}, celery-once {version_of('celery_once')}; {tail}",
+        flush=True,
+    )

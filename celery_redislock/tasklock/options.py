@@ -16,6 +16,7 @@ __all__ = [
     "LockOptions",
     "Scope",
     "call_signature",
+    "check_choice",
     "check_fields",
     "known_options",
     "parse_key",
@@ -142,12 +143,8 @@ def parse_lock_option(
         raise _error(task, "limit", f"must be an integer >= 1 or None, got {limit!r}")
     scope = parse_scope(task, opts.get("scope", "global"))
     on_conflict = opts.get("on_conflict")
-    if on_conflict is not None and on_conflict not in CONFLICT_ACTIONS:
-        raise _error(
-            task,
-            "on_conflict",
-            f"must be one of {', '.join(map(repr, CONFLICT_ACTIONS))}, got {on_conflict!r}",
-        )
+    if on_conflict is not None:
+        check_choice(task, "on_conflict", on_conflict, CONFLICT_ACTIONS)
     max_retries = opts.get("max_retries")
     if max_retries is not None and (
         isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0
@@ -209,12 +206,19 @@ def parse_key(
     return key, ()
 
 
-def parse_scope(task: str, scope: object, what: str = "lock") -> Scope:
-    if scope not in SCOPES:
+def check_choice(
+    task: str, option: str, value: object, allowed: tuple[str, ...], what: str = "lock"
+) -> None:
+    """Refuses a value that is not one of ``allowed``, naming them."""
+    if value not in allowed:
         raise _error(
-            task, "scope", f"must be one of {', '.join(map(repr, SCOPES))}, got {scope!r}", what
+            task, option, f"must be one of {', '.join(map(repr, allowed))}, got {value!r}", what
         )
-    return scope
+
+
+def parse_scope(task: str, scope: object, what: str = "lock") -> Scope:
+    check_choice(task, "scope", scope, SCOPES, what)
+    return scope  # type: ignore[return-value]
 
 
 def call_signature(fun: Callable[..., Any], bound: bool) -> inspect.Signature | None:

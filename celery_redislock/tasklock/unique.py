@@ -12,7 +12,14 @@ from ..errors import LockConfigError
 from ..keys import LockKeys
 from ..lock import RedisClient, backend_errors
 from ..scripts import run
-from .options import ConflictAction, LockOptions, known_options, parse_key, parse_scope
+from .options import (
+    ConflictAction,
+    LockOptions,
+    check_choice,
+    known_options,
+    parse_key,
+    parse_scope,
+)
 
 __all__ = [
     "LIFECYCLES",
@@ -90,16 +97,10 @@ def parse_unique_option(
         )
     opts = known_options(task, "unique", value, _ALLOWED)
     lifecycle = opts.get("lifecycle", "until_finished")
-    if lifecycle not in LIFECYCLES:
-        allowed = ", ".join(map(repr, LIFECYCLES))
-        raise _error(task, "lifecycle", f"must be one of {allowed}, got {lifecycle!r}")
+    check_choice(task, "lifecycle", lifecycle, LIFECYCLES, "unique")
     on_duplicate = opts.get("on_duplicate")
-    if on_duplicate is not None and on_duplicate not in ON_DUPLICATE:
-        raise _error(
-            task,
-            "on_duplicate",
-            f"must be one of {', '.join(map(repr, ON_DUPLICATE))}, got {on_duplicate!r}",
-        )
+    if on_duplicate is not None:
+        check_choice(task, "on_duplicate", on_duplicate, ON_DUPLICATE, "unique")
     allowance = opts.get("allowance")
     if allowance is not None and (
         isinstance(allowance, bool) or not isinstance(allowance, int | float) or not allowance > 0
