@@ -86,3 +86,24 @@ def test_ctrl_c_stops_every_worker(demo_redis: RedisServer, tmp_path: Path) -> N
     finally:
         demo.kill()
     wait_for(lambda: _demo_processes() == [], "every worker process is gone", 10)
+
+
+def test_workers_hear_their_own_sigterm(demo_redis: RedisServer, tmp_path: Path) -> None:
+    """Signals held back while a worker starts must not stay blocked in the worker itself."""
+    import signal as signals
+
+    from celery_redislock.taskdemo.fleet import Fleet
+
+    fleet = Fleet(demo_redis.url, tmp_path, {})
+    try:
+        fleet.start(["solo"], concurrency=1)
+        proc = fleet.procs["solo"]
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        blocked = int(
+            next(ln for ln in status.splitlines() if ln.startswith("SigBlk:")).split()[1], 16
+        )
+        assert not blocked & (1 << (signals.SIGTERM - 1) | 1 << (signals.SIGINT - 1))
+        proc.send_signal(signals.SIGTERM)
+        assert proc.wait(timeout=30) == 0, "a warm shutdown, not a kill"
+    finally:
+        fleet.stop()
