@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,17 +59,6 @@ def noted(client: redis.Redis, key: str, what: str) -> Iterator[None]:
         yield
     finally:
         client.rpush(key, json.dumps([what, start, time.time()]))
-
-
-def most_at_once(spans: Iterable[tuple[float, float]]) -> int:
-    """The most intervals in progress at one instant (one ending as another starts: not both)."""
-    # At one instant an end (-1) sorts before a start (+1).
-    events = sorted(event for start, end in spans for event in ((start, 1), (end, -1)))
-    most = current = 0
-    for _, step in events:
-        current += step
-        most = max(most, current)
-    return most
 
 
 def worker_command(app: str, name: str, concurrency: int = 2) -> list[str]:

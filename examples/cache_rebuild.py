@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import time
 
-from _runner import example_app, main, most_at_once, noted, worker_command
+from _runner import example_app, main, noted, worker_command
+
+from celery_redislock.taskdemo.intervals import most_at_once
 
 NAME = "cache_rebuild"
 REGION = "eu"

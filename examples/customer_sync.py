@@ -19,9 +19,10 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from _runner import example_app, main, most_at_once, noted, worker_command
+from _runner import example_app, main, noted, worker_command
 
 from celery_redislock import lock_conflict
+from celery_redislock.taskdemo.intervals import most_at_once
 
 NAME = "customer_sync"
 CUSTOMERS = [101, 102, 103, 104, 105]

@@ -39,17 +39,20 @@ def actions(client: redis.Redis) -> dict[str, int]:
     return {(k.decode() if isinstance(k, bytes) else str(k)): int(v) for k, v in raw.items()}
 
 
-def max_together(runs: Iterable[Run], now: float) -> int:
-    """The most runs in progress at one instant (an end meets a start: not together)."""
-    events = sorted(
-        [(r.start, 1) for r in runs] + [(r.until(now), -1) for r in runs],
-        key=lambda e: (e[0], e[1]),
-    )
-    best = current = 0
+def most_at_once(spans: Iterable[tuple[float, float]]) -> int:
+    """The most intervals in progress at one instant (one ending as another starts: not both)."""
+    # At one instant an end (-1) sorts before a start (+1).
+    events = sorted(event for start, end in spans for event in ((start, 1), (end, -1)))
+    most = current = 0
     for _, step in events:
         current += step
-        best = max(best, current)
-    return best
+        most = max(most, current)
+    return most
+
+
+def max_together(runs: Iterable[Run], now: float) -> int:
+    """The most runs in progress at one instant (a killed run lasts until ``now``)."""
+    return most_at_once((r.start, r.until(now)) for r in runs)
 
 
 def overlaps(a: Iterable[Run], b: Iterable[Run], now: float) -> int:
