@@ -1,9 +1,11 @@
-"""Lease renewal: one call renews many leases, and one thread per process keeps them alive."""
+"""Lease renewal: one call renews many leases, and one thread per process keeps them alive
+(its calls to Redis made on helper threads, so that a Redis that hangs delays no loss notice)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -14,6 +16,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
+from .errors import LockBackendError
 from .lock import Lease, RedisClient, backend_errors
 from .scripts import run, script
 
@@ -40,25 +43,34 @@ def renew_leases(leases: Iterable[Lease], *, ttl: float | None = None) -> RenewR
     renewing thousands of leases costs one round trip per node. A lease that had lapsed or was
     removed is reported in ``lost`` and marked ``lease.lost``; it is never revived.
     """
-    by_client: dict[int, tuple[RedisClient, list[Lease]]] = {}
-    for lease in leases:
-        by_client.setdefault(id(lease.lock.client), (lease.lock.client, []))[1].append(lease)
     renewed: list[Lease] = []
     lost: list[Lease] = []
-    for client, group in by_client.values():
-        sent = time.monotonic()
-        name = group[0].name if len(group) == 1 else None
-        with backend_errors(name):
-            expiries = _run(client, group, ttl)
+    for client, group in _by_client(leases).values():
+        sent, expiries = _send(client, group, ttl)
         for lease, expiry in zip(group, expiries, strict=True):
-            if int(expiry) > 0:
-                lease.expires_at_ms = int(expiry)
+            if expiry > 0:
+                lease.expires_at_ms = expiry
                 lease.valid_until = sent + (ttl if ttl is not None else lease.lock.ttl)
                 renewed.append(lease)
             else:
                 lease.lost = True
                 lost.append(lease)
     return RenewReport(renewed, lost)
+
+
+def _by_client(leases: Iterable[Lease]) -> dict[int, tuple[RedisClient, list[Lease]]]:
+    by_client: dict[int, tuple[RedisClient, list[Lease]]] = {}
+    for lease in leases:
+        by_client.setdefault(id(lease.lock.client), (lease.lock.client, []))[1].append(lease)
+    return by_client
+
+
+def _send(client: RedisClient, group: list[Lease], ttl: float | None) -> tuple[float, list[int]]:
+    """One batch renewal on ``client``: when it was sent, and each lease's new expiry in server
+    ms (0: lost). Touches no lease, so it may run on any thread."""
+    sent = time.monotonic()
+    with backend_errors(group[0].name if len(group) == 1 else None):
+        return sent, _run(client, group, ttl)
 
 
 def _calls(group: list[Lease], ttl: float | None) -> list[tuple[list[int], list[bytes], list[str]]]:
@@ -126,13 +138,53 @@ class _Entry:
     on_lost: OnLost | None
     hold_until: float | None
     due: float = field(default=0.0)
+    busy: bool = False  # in a renewal call that has not answered yet
+    error: BaseException | None = None  # why the last renewal call failed, if it did
+
+
+@dataclass(eq=False)
+class _Call:
+    """One batch renewal call, made on a helper thread; the renewer's thread applies its answer."""
+
+    client: RedisClient
+    entries: list[_Entry]
+    sent: float = 0.0
+    expiries: list[int] | None = None
+    error: BaseException | None = None
+
+
+class _Helper:
+    """A daemon thread making the renewal calls handed to it, one at a time.
+
+    Not a ThreadPoolExecutor: its threads are joined at interpreter exit, and one stuck on a
+    frozen Redis (no socket timeout) would hang the process's exit.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._work, name="redislock-renewal-call", daemon=True).start()
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            job()
+
+
+def _no_answer(lease: Lease) -> LockBackendError:
+    return LockBackendError(
+        f"lock {lease.name!r}: lease {lease.token} lapsed before Redis answered its renewal",
+        name=lease.name,
+    )
 
 
 class Renewer:
     """The process's background renewer: one daemon thread renews every registered lease each
-    ttl/3, batched, and calls ``on_lost(lease, error)`` for a lease it finds lost (or cannot
-    renew before it would lapse). After ``fork`` the child starts with an empty renewer of its
-    own: it never renews what its parent registered.
+    ttl/3, batched, and calls ``on_lost(lease, error)`` for a lease it finds lost, or that
+    lapses before it could be renewed (``error`` then says why).
+
+    The calls to Redis run on helper threads, so a Redis that hangs delays no notice: a lease is
+    reported lost the moment it may have lapsed, whatever the client's socket timeout. After
+    ``fork`` the child starts with an empty renewer of its own: it never renews what its parent
+    registered.
 
     >>> lease = lock.acquire()                                          # doctest: +SKIP
     >>> Renewer.current().register(lease, on_lost=lambda l, e: alarm())  # doctest: +SKIP
@@ -150,6 +202,10 @@ class Renewer:
         # When the thread next wakes by itself (monotonic). A lease registered as due later
         # needs no wake-up: each task start would otherwise cost the thread a wake-up.
         self._wake_at = 0.0
+        # Calls answered (or failed) and not yet applied; helpers waiting for a call. Neither
+        # outlives a fork: the child makes a Renewer of its own (_forget_after_fork).
+        self._answered: list[_Call] = []
+        self._idle: list[_Helper] = []
 
     @classmethod
     def current(cls) -> Renewer:
@@ -162,7 +218,7 @@ class Renewer:
 
     @classmethod
     def _forget_after_fork(cls) -> None:
-        # The parent's thread does not exist here and its locks may be held mid-operation.
+        # The parent's threads do not exist here and its locks may be held mid-operation.
         cls._instance = None
         cls._instance_pid = 0
         cls._create = threading.Lock()
@@ -197,6 +253,9 @@ class Renewer:
         """Stops the thread; registered leases are then left to expire."""
         with self._cond:
             self._stopped = True
+            for helper in self._idle:
+                helper.jobs.put(None)
+            self._idle.clear()
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -206,60 +265,130 @@ class Renewer:
             with self._cond:
                 while not self._stopped:
                     now = time.monotonic()
-                    # Idle, it still wakes each second: most registrations then fall due after
-                    # that and need not wake it.
-                    next_due = min((e.due for e in self._entries.values()), default=now + 1.0)
-                    if next_due <= now:
+                    answered, self._answered = self._answered, []
+                    # Answers first: a renewal that came back in time is no loss.
+                    gone, late = self._apply(answered, now)
+                    lost = gone + self._lapsed(now)
+                    expired_hold, calls = self._take_due(now)
+                    if answered or lost or expired_hold or calls:
                         break
-                    self._wake_at = next_due
-                    self._cond.wait(next_due - now)
+                    self._wake_at = self._next_wake(now)
+                    self._cond.wait(self._wake_at - now)
                     self._wake_at = 0.0
                 if self._stopped:
                     return
-                now = time.monotonic()
-                # Renew everything due within the next little while together: fewer round trips.
-                due = [e for e in self._entries.values() if e.due <= now + 0.05]
-                expired_hold = [e for e in due if e.hold_until is not None and now >= e.hold_until]
-                for e in expired_hold:
-                    del self._entries[e.lease.token]
-                due = [e for e in due if e not in expired_hold]
+            for call in answered:
+                if call.error is not None:
+                    log.warning("lease renewal failed, retrying: %s", call.error)
+            for e in late:
+                # Its holder was told it is lost: it lapses in Redis within its ttl.
+                log.warning(
+                    "lock %r: lease %s was renewed after it had been reported lost; it stays lost",
+                    e.lease.name,
+                    e.lease.token,
+                )
             for e in expired_hold:
                 log.warning(
                     "lock %r: lease %s reached its maximum hold; no longer renewed",
                     e.lease.name,
                     e.lease.token,
                 )
-            if due:
-                self._renew(due)
+            for call in calls:
+                self._start(call)
+            for e, error in lost:
+                self._report(e, error)
 
-    def _renew(self, due: list[_Entry]) -> None:
-        lost: list[tuple[_Entry, BaseException | None]] = []
-        failure: BaseException | None = None
-        try:
-            report = renew_leases([e.lease for e in due])
-            gone = {id(lease) for lease in report.lost}
-            lost = [(e, None) for e in due if id(e.lease) in gone]
-        except Exception as exc:
-            # Redis unreachable: keep trying; report the lease lost once it may have lapsed.
-            log.warning("lease renewal failed, retrying: %s", exc)
-            failure = exc
-            now = time.monotonic()
-            lost = [(e, failure) for e in due if now >= e.lease.valid_until]
-        with self._cond:
-            now = time.monotonic()
-            for e in due:
+    def _apply(
+        self, answered: list[_Call], now: float
+    ) -> tuple[list[tuple[_Entry, None]], list[_Entry]]:
+        """Applies answered calls (holding the lock); returns the entries Redis said were lost,
+        and those renewed too late: already reported lost, they stay lost."""
+        lost: list[tuple[_Entry, None]] = []
+        late: list[_Entry] = []
+        for call in answered:
+            for i, e in enumerate(call.entries):
+                e.busy = False
+                if self._entries.get(e.lease.token) is not e:  # unregistered or reported lost
+                    if e.lease.lost and call.expiries is not None and call.expiries[i] > 0:
+                        late.append(e)
+                    continue
                 interval = e.lease.lock.ttl / 3
-                e.due = now + (min(interval, 0.5) if failure is not None else interval)
-            for e, _ in lost:
-                self._entries.pop(e.lease.token, None)
-        for e, error in lost:
+                if call.expiries is None:  # Redis unreachable: retry soon, report it if it lapses
+                    e.error, e.due = call.error, now + min(interval, 0.5)
+                elif call.expiries[i] > 0:
+                    e.lease.expires_at_ms = call.expiries[i]
+                    e.lease.valid_until = call.sent + e.lease.lock.ttl
+                    e.error, e.due = None, now + interval
+                else:
+                    del self._entries[e.lease.token]
+                    e.lease.lost = True
+                    lost.append((e, None))
+        return lost, late
+
+    def _lapsed(self, now: float) -> list[tuple[_Entry, BaseException | None]]:
+        """Takes out (holding the lock) the leases that may have lapsed by now: not renewed in
+        time, whether their call failed or has not answered yet."""
+        lapsed = [e for e in self._entries.values() if now >= e.lease.valid_until]
+        for e in lapsed:
+            del self._entries[e.lease.token]
             e.lease.lost = True
-            log.error("lock %r: lease %s lost", e.lease.name, e.lease.token)
-            if e.on_lost is not None:
-                try:
-                    e.on_lost(e.lease, error)
-                except Exception:
-                    log.exception("on_lost callback failed for lock %r", e.lease.name)
+        return [(e, e.error or _no_answer(e.lease)) for e in lapsed]
+
+    def _take_due(self, now: float) -> tuple[list[_Entry], list[_Call]]:
+        """The entries past their maximum hold (taken out), and one call per Redis client for
+        the others due (holding the lock)."""
+        # Renew everything due within the next little while together: fewer round trips. A
+        # lease in a call still out waits for its answer: never two calls for one lease.
+        due = [e for e in self._entries.values() if not e.busy and e.due <= now + 0.05]
+        expired_hold = [e for e in due if e.hold_until is not None and now >= e.hold_until]
+        for e in expired_hold:
+            del self._entries[e.lease.token]
+        calls: dict[int, _Call] = {}
+        for e in due:
+            if e.hold_until is None or now < e.hold_until:
+                e.busy = True
+                client = e.lease.lock.client
+                calls.setdefault(id(client), _Call(client, [])).entries.append(e)
+        return expired_hold, list(calls.values())
+
+    def _next_wake(self, now: float) -> float:
+        # Idle, it still wakes each second: most registrations then fall due after that and
+        # need not wake it. A lease in a call still out is looked at again when it would lapse.
+        wake = now + 1.0
+        for e in self._entries.values():
+            wake = min(wake, e.lease.valid_until if e.busy else min(e.due, e.lease.valid_until))
+        return wake
+
+    def _start(self, call: _Call) -> None:
+        with self._cond:
+            helper = self._idle.pop() if self._idle else None
+        if helper is None:
+            helper = _Helper()  # one per call out at once: a frozen Redis holds up no other
+        helper.jobs.put(lambda: self._call(helper, call))
+
+    def _call(self, helper: _Helper, call: _Call) -> None:
+        try:
+            call.sent, call.expiries = _send(call.client, [e.lease for e in call.entries], None)
+        except Exception as exc:
+            call.error = exc
+        finally:
+            with self._cond:
+                self._answered.append(call)
+                if self._stopped:
+                    helper.jobs.put(None)
+                else:
+                    self._idle.append(helper)
+                self._cond.notify()
+
+    def _report(self, e: _Entry, error: BaseException | None) -> None:
+        log.error(
+            "lock %r: lease %s lost%s", e.lease.name, e.lease.token, f" ({error})" if error else ""
+        )
+        if e.on_lost is not None:
+            try:
+                e.on_lost(e.lease, error)
+            except Exception:
+                log.exception("on_lost callback failed for lock %r", e.lease.name)
 
 
 os.register_at_fork(after_in_child=Renewer._forget_after_fork)

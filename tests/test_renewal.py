@@ -9,8 +9,18 @@ import time
 import pytest
 import redis
 from conftest import wait_for
+from faultproxy import FaultProxy
 
-from celery_redislock import Lease, Lock, LockLost, LockNotAcquired, Renewer, renew_leases
+from celery_redislock import (
+    Lease,
+    Lock,
+    LockBackendError,
+    LockLost,
+    LockNotAcquired,
+    Renewer,
+    renew_leases,
+)
+from celery_redislock.server import RedisServer
 
 
 def _evalsha_calls(client: redis.Redis) -> int:
@@ -108,3 +118,84 @@ def test_child_process_gets_its_own_renewer(client: redis.Redis, redis_server: o
     # The parent's renewer kept running across the fork.
     assert [h.token for h in Lock(client, "parent", ttl=1).holders()] == [parent_lease.token]
     parent_renewer.unregister(parent_lease)
+
+
+def test_loss_is_reported_on_time_while_redis_hangs(own_server: RedisServer) -> None:
+    """A renewal call stuck on a frozen Redis (5 s socket timeout) must not hold back the
+    notice: it comes within one renewal interval of the lease's lapse, and not before."""
+    ttl = 1.5
+    client = redis.Redis.from_url(own_server.url, socket_timeout=5)
+    lease = Lock(client, "frozen", ttl=ttl).acquire()
+    notices: list[tuple[float, float, BaseException | None]] = []
+    called = threading.Event()
+
+    def on_lost(lost: Lease, error: BaseException | None) -> None:
+        notices.append((time.monotonic(), lost.valid_until, error))
+        called.set()
+
+    renewer = Renewer.current()
+    renewer.register(lease, on_lost=on_lost)
+    own_server.pause()
+    try:
+        assert called.wait(ttl + 10), "loss not reported"
+        with pytest.raises(LockLost):
+            lease.check()
+    finally:
+        own_server.resume()
+        renewer.unregister(lease)
+    noticed_at, valid_until, error = notices[0]
+    late = noticed_at - valid_until
+    assert late >= 0, f"reported lost {-late:.3f} s before the lease could have lapsed"
+    assert late <= ttl / 3 + 0.5, f"reported lost {late:.3f} s after the lease lapsed"
+    assert isinstance(error, LockBackendError) and "frozen" in str(error)
+    assert lease not in renewer.leases()
+
+
+def test_a_short_freeze_is_not_reported(own_server: RedisServer) -> None:
+    ttl = 1.5
+    client = redis.Redis.from_url(own_server.url, socket_timeout=5)
+    lock = Lock(client, "thawed", ttl=ttl)
+    lease = lock.acquire()
+    lost = threading.Event()
+    renewer = Renewer.current()
+    renewer.register(lease, on_lost=lambda _lease, _e: lost.set())
+    try:
+        own_server.pause()
+        try:
+            time.sleep(0.6)  # the freeze: longer than a renewal interval, shorter than the ttl
+        finally:
+            own_server.resume()
+        resumed = time.monotonic()
+        wait_for(lambda: lease.valid_until > resumed + ttl, "a renewal sent after the freeze")
+        assert not lost.is_set() and not lease.lost
+        lease.check()
+        assert [h.token for h in lock.holders()] == [lease.token]
+    finally:
+        renewer.unregister(lease)
+    lease.release()
+
+
+def test_a_late_answer_does_not_revive_a_lost_lease(
+    redis_server: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A renewal answered only after its lease was reported lost leaves it lost, and no second
+    call goes out for that lease meanwhile."""
+    with FaultProxy("127.0.0.1", redis_server.port) as proxy:
+        lease = Lock(redis.Redis.from_url(proxy.url), "late", ttl=1.5).acquire()
+        lease.renew()  # the renew script is loaded: one renewal is one EVALSHA
+        sent = proxy.seen("EVALSHA")
+        notices: list[BaseException | None] = []
+        renewer = Renewer.current()
+        renewer.register(lease, on_lost=lambda _lease, error: notices.append(error))
+        proxy.delay(replies=2.0)  # the answer comes after the lease lapsed (1.5 s)
+        wait_for(lambda: notices, "the lease was reported lost")
+        valid_until = lease.valid_until
+        wait_for(
+            lambda: any("renewed after it had been reported lost" in m for m in caplog.messages),
+            "the late answer came",
+        )
+        assert lease.lost and lease.valid_until == valid_until and lease not in renewer.leases()
+        with pytest.raises(LockLost):
+            lease.check()
+        assert len(notices) == 1 and isinstance(notices[0], LockBackendError)
+        assert proxy.seen("EVALSHA") == sent + 1
