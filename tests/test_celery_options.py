@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import datetime
+import importlib
+import logging
+import os
 import socket
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery, Task
+from workers import TESTS, Worker
 
 import celery_redislock
 from celery_redislock import LockConfigError, LockedTask, install, lock_for
+from celery_redislock.server import RedisServer
 
 
 @pytest.fixture
@@ -38,9 +45,16 @@ def app() -> Iterator[Celery]:
         ({"key": 42}, "lock option 'key': must be a template string, a callable or None"),
         ({"on_conflict": "ignore"}, "'on_conflict': must be one of 'skip', 'retry', 'wait'"),
         ({"scope": "machine"}, "lock option 'scope': must be one of 'global', 'host'"),
-        ({"ttl": 0}, "lock option 'ttl': must be a positive number of seconds or None, got 0"),
-        ({"timeout": -1}, "lock option 'timeout': must be a positive number of seconds, got -1"),
-        ({"countdown": "2"}, "lock option 'countdown': must be a positive number of seconds"),
+        (
+            {"ttl": 0},
+            "lock option 'ttl': must be a number of seconds from 0.1 to 604800 (7 days) or None, "
+            "got 0",
+        ),
+        (
+            {"timeout": -1},
+            "lock option 'timeout': must be a number of seconds from 0 to 86400 (1 day), got -1",
+        ),
+        ({"countdown": "2"}, "lock option 'countdown': must be a number of seconds from 0.01"),
         ({"max_retries": -1}, "lock option 'max_retries': must be an integer >= 0 or None"),
         ({"count_retries": 1}, "lock option 'count_retries': must be True or False, got 1"),
         (["key"], "task 'opts.f': lock must be True, a key template string or a dict of options"),
@@ -170,7 +184,8 @@ def test_ttl_and_namespace_come_from_settings_unless_given(app: Celery) -> None:
 @pytest.mark.parametrize(
     ("setting", "value", "message"),
     [
-        ("redislock_ttl", -1, "setting redislock_ttl must be a positive number of seconds"),
+        ("redislock_ttl", -1, "setting redislock_ttl must be a number of seconds from 0.1"),
+        ("redislock_namespace", "a{b", "setting redislock_namespace: namespace must be"),
         ("redislock_on_conflict", "drop", "setting redislock_on_conflict must be one of"),
         ("redislock_on_backend_error", "ignore", "redislock_on_backend_error must be one of"),
         ("redislock_client", "redis://x", "setting redislock_client must be a callable"),
@@ -199,3 +214,113 @@ def test_no_redis_for_locks_is_a_clear_error() -> None:
 def test_public_names_are_exported() -> None:
     for name in ("LockedTask", "install", "lock_for", "client_for", "lock_conflict", "lock_lost"):
         assert name in celery_redislock.__all__
+
+
+# -- a worker refuses to start with a configuration mistake ------------------------------------
+
+PLAIN_APP = """
+import os
+import celery_redislock  # the package is there, but this app's tasks do not derive from it
+from celery import Celery
+
+app = Celery("plainapp", broker=os.environ["LOCKAPP_REDIS_URL"])
+
+@app.task(lock=True)
+def forgotten() -> None: ...
+"""
+
+TASK_CLS_APP = """
+import os
+from celery import Celery
+
+app = Celery(
+    "clsapp", broker=os.environ["LOCKAPP_REDIS_URL"], task_cls="celery_redislock:LockedTask"
+)
+app.conf.redislock_url = os.environ["LOCKAPP_REDIS_URL"]
+app.conf.redislock_ttl = float(os.environ["CLSAPP_TTL"])
+
+@app.task(lock="k")
+def k() -> None: ...
+"""
+
+
+def refused_to_start(worker: Worker) -> str:
+    """Starts ``worker``, which must exit with status 1 before it is ready; returns its log."""
+    began = time.monotonic()
+    try:
+        with pytest.raises(AssertionError, match="did not start"):
+            worker.start(timeout=30)
+    finally:
+        worker.kill()
+    assert worker.proc is not None and worker.proc.returncode == 1, worker.log()
+    assert time.monotonic() - began < 20
+    return worker.log()
+
+
+def test_a_worker_with_a_malformed_redislock_url_refuses_to_start(
+    celery_server: RedisServer, tmp_path: Path
+) -> None:
+    log = refused_to_start(
+        Worker(celery_server.url, tmp_path, env={"LOCKAPP_LOCK_URL": "notaurl://x"})
+    )
+    assert "the worker refuses to start: setting redislock_url 'notaurl://x'" in log
+
+
+def test_a_worker_of_a_task_cls_app_with_a_bad_setting_refuses_to_start(
+    celery_server: RedisServer, tmp_path: Path
+) -> None:
+    (tmp_path / "clsapp.py").write_text(TASK_CLS_APP)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS)]), "CLSAPP_TTL": "inf"}
+    log = refused_to_start(Worker(celery_server.url, tmp_path, app="clsapp", env=env))
+    assert "setting redislock_ttl must be a number of seconds from 0.1" in log
+
+
+def test_a_worker_with_a_lock_on_a_plain_task_refuses_to_start(
+    celery_server: RedisServer, tmp_path: Path
+) -> None:
+    (tmp_path / "plainapp.py").write_text(PLAIN_APP)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS)])}
+    log = refused_to_start(Worker(celery_server.url, tmp_path, app="plainapp", env=env))
+    assert "plainapp.forgotten declare lock= or unique= but do not derive" in log
+
+
+def test_a_worker_with_good_settings_starts(celery_server: RedisServer, tmp_path: Path) -> None:
+    (tmp_path / "clsapp.py").write_text(TASK_CLS_APP)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS)]), "CLSAPP_TTL": "15"}
+    worker = Worker(celery_server.url, tmp_path, app="clsapp", env=env)
+    try:
+        worker.start(timeout=60)
+    finally:
+        worker.kill()
+
+
+def test_worker_start_checks_in_process(app: Celery, caplog: pytest.LogCaptureFixture) -> None:
+    from celery_redislock.tasklock.install import check_worker_app
+
+    @app.task(shared=False, name="opts.w", lock="w")
+    def w() -> None: ...
+
+    app.conf.redislock_tll = 60  # a typo: named, not fatal
+    with caplog.at_level(logging.WARNING, "celery_redislock"):
+        check_worker_app(app)  # the client is made; nothing connects
+    assert "setting redislock_tll is not one of celery_redislock's" in caplog.text
+    app.conf.redislock_client = lambda: "redis://localhost"
+    with pytest.raises(LockConfigError, match=r"redislock_client must return a redis\.Redis"):
+        check_worker_app(app)
+    app.conf.redislock_client = None
+    app.conf.redislock_url = "redis://localhost:notaport"
+    with pytest.raises(LockConfigError, match="setting redislock_url 'redis://localhost:notaport'"):
+        check_worker_app(app)
+
+
+def test_worker_start_leaves_apps_without_locks_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    installing = importlib.import_module("celery_redislock.tasklock.install")
+    # (shared tasks other tests declared with lock= would be flagged in any plain app)
+    monkeypatch.setattr(installing, "_check_tasks", lambda app: None)
+    other = Celery("other", broker="memory://", set_as_current=False)
+    other.conf.redislock_url = "notaurl://x"  # not this package's app: not its business
+
+    @other.task(shared=False, name="other.t")
+    def t() -> None: ...
+
+    installing.check_worker_app(other)

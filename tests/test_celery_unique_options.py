@@ -37,7 +37,7 @@ def queued(app: Celery) -> int:
         ("until_done", None, "unique option 'lifecycle': must be one of 'until_started', "),
         ({"lifecycle": "until_started", "on_dup": "x"}, None, "unknown unique option(s) 'on_dup'"),
         ({"on_duplicate": "skip"}, None, "'on_duplicate': must be one of 'existing', 'raise'"),
-        ({"allowance": 0}, None, "unique option 'allowance': must be a positive number"),
+        ({"allowance": 0}, None, "unique option 'allowance': must be a number of seconds from"),
         ({"key": "x:{nope}"}, None, "unique option 'key': template names argument(s) 'nope'"),
         ({"scope": "rack"}, None, "unique option 'scope': must be one of 'global', 'host'"),
         (
@@ -97,7 +97,7 @@ def test_lifecycles_imply_the_run_lock_on_the_same_key(app: Celery) -> None:
     ("setting", "value", "message"),
     [
         ("redislock_on_duplicate", "drop", "setting redislock_on_duplicate must be one of"),
-        ("redislock_queue_allowance", -5, "setting redislock_queue_allowance must be a positive"),
+        ("redislock_queue_allowance", -5, "redislock_queue_allowance must be a number of seconds"),
     ],
 )
 def test_bad_setting_is_named_at_the_first_publish(
@@ -237,3 +237,25 @@ def test_eager_calls_are_not_unique(app: Celery) -> None:
     assert eager.apply().get() == 1
     app.conf.task_always_eager = False
     assert eager.delay().id == queued_copy.id
+
+
+def test_equal_dict_arguments_in_another_order_are_one_call(app: Celery) -> None:
+    @app.task(
+        shared=False, name="uq.dict", unique={"lifecycle": "until_started", "key": "q:{filters}"}
+    )
+    def search(filters: dict[str, Any]) -> None: ...
+
+    first = search.delay({"region": "eu", "tiers": [1, 2]})
+    assert search.delay({"tiers": [1, 2], "region": "eu"}).id == first.id
+    assert search.delay({"region": "us", "tiers": [1, 2]}).id != first.id
+    assert queued(app) == 2
+
+
+def test_a_string_argument_starting_with_a_brace_can_be_published(app: Celery) -> None:
+    @app.task(shared=False, name="uq.brace", unique={"lifecycle": "until_started", "key": "{n}"})
+    def brace(n: str) -> None: ...
+
+    first = brace.delay("}x")
+    assert brace.delay("}x").id == first.id
+    assert brace.delay("%7Dx").id != first.id
+    assert queued(app) == 2

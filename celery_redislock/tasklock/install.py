@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from celery import Celery
@@ -12,10 +13,13 @@ from celery.utils.imports import gen_task_name
 from ..errors import LockConfigError
 from .enqueue import publish_specs, wrap_send_task
 from .options import call_signature, parse_lock_option
+from .settings import check_app
 from .task import LockedTask
 from .unique import parse_unique_option
 
-__all__ = ["install"]
+__all__ = ["check_worker_app", "install"]
+
+log = logging.getLogger("celery_redislock")
 
 
 def install(app: Celery) -> Celery:
@@ -94,14 +98,48 @@ def _check_tasks(app: Celery) -> None:
         )
 
 
-def _refuse_ignored_locks(sender: Any = None, **_: Any) -> None:
-    # A lock= option on a task that is not a LockedTask would silently do nothing: refuse to start.
+def _uses_locks(app: Celery) -> bool:
+    """Whether ``app`` is one of ours: installed, or its task base (or a task) is a LockedTask."""
+    task_cls = getattr(app, "task_cls", None)
+    return (
+        getattr(app, "_redislock_installed", False)
+        or (isinstance(task_cls, type) and issubclass(task_cls, LockedTask))
+        or (isinstance(task_cls, str) and task_cls.endswith(":LockedTask"))
+        or any(isinstance(task, LockedTask) for task in app.tasks.values())
+    )
+
+
+def check_worker_app(app: Celery) -> None:
+    """What a worker checks as it starts: no ``lock=``/``unique=`` that would be ignored, every
+    ``redislock_*`` setting, and a Redis client for locks if any task needs one. Raises
+    :class:`LockConfigError` naming the task or the setting."""
+    _check_tasks(app)
+    if not _uses_locks(app):
+        return
+    needs_redis = any(
+        isinstance(task, LockedTask)
+        and (task.lock_options is not None or task.unique_options is not None)
+        for task in app.tasks.values()
+    )
+    for warning in check_app(app, needs_redis=needs_redis):
+        log.warning("%s", warning)
+
+
+def _check_at_worker_start(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    if isinstance(app, Celery):
-        _check_tasks(app)
-        # Producers that cannot import a unique task (beat, services sending by name) read
-        # its options from Redis: publish them.
-        publish_specs(app)
+    if not isinstance(app, Celery):
+        return
+    try:
+        check_worker_app(app)
+    except LockConfigError as exc:
+        # Signal.send catches and only logs an Exception a receiver raises, so raising it would
+        # let the worker start and fail (or run unlocked) at every task. SystemExit is not an
+        # Exception: it ends the worker before it consumes anything.
+        log.critical("celery_redislock: the worker refuses to start: %s", exc)
+        raise SystemExit(1) from exc
+    # Producers that cannot import a unique task (beat, services sending by name) read its
+    # options from Redis: publish them.
+    publish_specs(app)
 
 
 def _beat_publishes_unique(sender: Any = None, **_: Any) -> None:
@@ -115,5 +153,5 @@ def _beat_publishes_unique(sender: Any = None, **_: Any) -> None:
         wrap_send_task(app)
 
 
-worker_init.connect(_refuse_ignored_locks, weak=False)
+worker_init.connect(_check_at_worker_start, weak=False)
 beat_init.connect(_beat_publishes_unique, weak=False)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..durations import COUNTDOWN, MAX_HOLD, TIMEOUT, TTL, Duration, seconds, seconds_or_none
 from ..errors import LockConfigError
 from ..lock import Mode
 
@@ -19,6 +20,7 @@ __all__ = [
     "check_choice",
     "check_fields",
     "known_options",
+    "option_seconds",
     "parse_key",
     "parse_lock_option",
     "parse_scope",
@@ -75,18 +77,23 @@ def _error(task: str, option: str, message: str, what: str = "lock") -> LockConf
     return LockConfigError(f"task {task!r}: {what} option {option!r}: {message}")
 
 
-def _seconds(task: str, option: str, value: object, *, optional: bool) -> float | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        allowed = "a positive number of seconds" + (" or None" if optional else "")
-        raise _error(task, option, f"must be {allowed}, got {value!r}")
-    return float(value)
+def option_seconds(
+    task: str, option: str, value: object, duration: Duration, what: str = "lock"
+) -> float:
+    """A duration option, checked against its range (see :mod:`celery_redislock.durations`)."""
+    return seconds(value, duration, f"task {task!r}: {what} option {option!r}:")
+
+
+def _optional_seconds(
+    task: str, option: str, value: object, duration: Duration, what: str = "lock"
+) -> float | None:
+    return seconds_or_none(value, duration, f"task {task!r}: {what} option {option!r}:")
 
 
 def template_fields(task: str, template: str, what: str = "lock") -> tuple[str, ...]:
     """The argument names a key template refers to (``{a}``, ``{a.b}``, ``{a[0]}``); ``what``
-    names the option in errors."""
+    names the option in errors. Refuses what would make names that are not canonical (see
+    :mod:`.keyname`): conversions (``{a!r}``) and fields nested in a format spec."""
     names = []
     try:
         parsed = list(string.Formatter().parse(template))
@@ -94,7 +101,10 @@ def template_fields(task: str, template: str, what: str = "lock") -> tuple[str, 
         raise _error(
             task, "key", f"is not a valid format string ({exc}): {template!r}", what
         ) from exc
-    for _, field, _, _ in parsed:
+    if parsed and parsed[0][0].startswith("}"):
+        # "{}...}" would be an empty Redis Cluster hash tag in the lock's keys.
+        raise _error(task, "key", f"a lock name must not start with '}}': {template!r}", what)
+    for _, field, spec, conversion in parsed:
         if field is None:
             continue
         root = field.split(".", 1)[0].split("[", 1)[0]
@@ -103,6 +113,22 @@ def template_fields(task: str, template: str, what: str = "lock") -> tuple[str, 
                 task,
                 "key",
                 f"template fields must name arguments, got {{{field}}} in {template!r}",
+                what,
+            )
+        if conversion is not None:
+            raise _error(
+                task,
+                "key",
+                f"template field {{{field}!{conversion}}} in {template!r}: conversions are not "
+                "allowed (a field is written from a canonical form of its value)",
+                what,
+            )
+        if spec and "{" in spec:
+            raise _error(
+                task,
+                "key",
+                f"template field {{{field}:{spec}}} in {template!r}: a format spec must not "
+                "hold fields",
                 what,
             )
         names.append(root)
@@ -158,17 +184,15 @@ def parse_lock_option(
         mode=mode,
         limit=limit,
         scope=scope,
-        ttl=_seconds(task, "ttl", opts.get("ttl"), optional=True),
+        ttl=_optional_seconds(task, "ttl", opts.get("ttl"), TTL),
         on_conflict=on_conflict,
-        countdown=_seconds(
-            task, "countdown", opts.get("countdown", DEFAULT_COUNTDOWN), optional=False
-        )
-        or DEFAULT_COUNTDOWN,
+        countdown=option_seconds(
+            task, "countdown", opts.get("countdown", DEFAULT_COUNTDOWN), COUNTDOWN
+        ),
         max_retries=max_retries,
         count_retries=count_retries,
-        timeout=_seconds(task, "timeout", opts.get("timeout", DEFAULT_WAIT_TIMEOUT), optional=False)
-        or DEFAULT_WAIT_TIMEOUT,
-        max_hold=_seconds(task, "max_hold", opts.get("max_hold"), optional=True),
+        timeout=option_seconds(task, "timeout", opts.get("timeout", DEFAULT_WAIT_TIMEOUT), TIMEOUT),
+        max_hold=_optional_seconds(task, "max_hold", opts.get("max_hold"), MAX_HOLD),
         fields=fields,
     )
 

@@ -10,14 +10,17 @@ from typing import Any, Literal
 
 import redis
 from celery import Celery
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
+from ..durations import ALLOWANCE, TTL, Duration, seconds
 from ..errors import LockConfigError
 from ..keys import DEFAULT_NAMESPACE, check_namespace
 from ..lock import RedisClient
 from .options import CONFLICT_ACTIONS, ConflictAction
 from .unique import ON_DUPLICATE, OnDuplicate
 
-__all__ = ["BackendPolicy", "Settings", "client_for", "settings_for"]
+__all__ = ["BackendPolicy", "Settings", "check_app", "client_for", "settings_for"]
 
 BackendPolicy = Literal["fail", "retry", "run"]
 BACKEND_POLICIES: tuple[BackendPolicy, ...] = ("fail", "retry", "run")
@@ -49,11 +52,15 @@ def _setting(app: Celery, name: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def _seconds(app: Celery, name: str, default: float) -> float:
-    value = _setting(app, name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise LockConfigError(f"setting {name} must be a positive number of seconds, got {value!r}")
-    return float(value)
+def _seconds(app: Celery, name: str, default: float, duration: Duration) -> float:
+    return seconds(_setting(app, name, default), duration, f"setting {name}")
+
+
+def _namespace(app: Celery) -> str:
+    try:
+        return check_namespace(_setting(app, "redislock_namespace", DEFAULT_NAMESPACE))
+    except LockConfigError as exc:
+        raise LockConfigError(f"setting redislock_namespace: {exc}") from exc
 
 
 def _read(app: Celery) -> Settings:
@@ -70,8 +77,8 @@ def _read(app: Celery) -> Settings:
             url = broker.split(";", 1)[0]  # the first of a failover list
     if url is not None and not isinstance(url, str):
         raise LockConfigError(f"setting redislock_url must be a string, got {url!r}")
-    ttl = _seconds(app, "redislock_ttl", DEFAULT_TTL)
-    allowance = _seconds(app, "redislock_queue_allowance", DEFAULT_QUEUE_ALLOWANCE)
+    ttl = _seconds(app, "redislock_ttl", DEFAULT_TTL, TTL)
+    allowance = _seconds(app, "redislock_queue_allowance", DEFAULT_QUEUE_ALLOWANCE, ALLOWANCE)
     on_conflict = _setting(app, "redislock_on_conflict", "skip")
     if on_conflict not in CONFLICT_ACTIONS:
         raise LockConfigError(
@@ -93,7 +100,7 @@ def _read(app: Celery) -> Settings:
     return Settings(
         url=url,
         client_factory=factory,
-        namespace=check_namespace(_setting(app, "redislock_namespace", DEFAULT_NAMESPACE)),
+        namespace=_namespace(app),
         ttl=ttl,
         on_conflict=on_conflict,
         on_backend_error=policy,
@@ -173,6 +180,8 @@ def settings_for(app: Celery) -> Settings:
 
 def client_for(app: Celery, settings: Settings | None = None) -> RedisClient:
     """The Redis client the app's locks use (one per app; redis-py reconnects after fork).
+    Making it does not connect. A URL redis-py cannot parse, or a ``redislock_client`` that
+    does not make a client, raises :class:`LockConfigError` naming the setting.
 
     >>> client_for(app).ping()   # doctest: +SKIP
     True
@@ -185,12 +194,13 @@ def client_for(app: Celery, settings: Settings | None = None) -> RedisClient:
             return cached[1]
         if settings.client_factory is not None:
             client = settings.client_factory()
+            if not isinstance(client, redis.Redis | RedisCluster):
+                raise LockConfigError(
+                    "setting redislock_client must return a redis.Redis or RedisCluster, got "
+                    f"{type(client).__name__}"
+                )
         elif settings.url is not None:
-            # Bounded socket waits: a hung Redis must surface as an error (and a lost lease),
-            # not block a task or the heartbeat forever. Options in the URL take precedence.
-            client = redis.Redis.from_url(
-                settings.url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT
-            )
+            client = _from_url(app, settings.url)
         else:
             raise LockConfigError(
                 "no Redis for locks: set app.conf.redislock_url (or redislock_client); "
@@ -198,3 +208,54 @@ def client_for(app: Celery, settings: Settings | None = None) -> RedisClient:
             )
         _clients[app] = (identity, client)
         return client
+
+
+def _from_url(app: Celery, url: str) -> redis.Redis:
+    try:
+        # Bounded socket waits: a hung Redis must surface as an error (and a lost lease),
+        # not block a task or the heartbeat forever. Options in the URL take precedence.
+        return redis.Redis.from_url(
+            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT
+        )
+    except ValueError as exc:
+        source = (
+            "setting redislock_url"
+            if _setting(app, "redislock_url", None) is not None
+            else "setting broker_url (used for locks: redislock_url is not set)"
+        )
+        raise LockConfigError(f"{source} {url!r} is not a Redis URL redis-py takes: {exc}") from exc
+
+
+# Every setting this package reads: another name with the prefix is most likely a typo.
+KNOWN_SETTINGS = frozenset(name for name in _READ_KEYS if name.startswith("redislock_"))
+
+
+def check_app(app: Celery, *, needs_redis: bool) -> list[str]:
+    """Checks every ``redislock_*`` setting of ``app`` and makes its Redis client (without
+    connecting), as a worker starts; raises :class:`LockConfigError` naming the setting.
+    ``needs_redis``: the app has locked tasks, so having no Redis for locks is an error too.
+    Returns warnings to log (names with the prefix that no setting has)."""
+    settings = _read(app)
+    warnings = []
+    if needs_redis or settings.url is not None or settings.client_factory is not None:
+        try:
+            client_for(app, settings)
+        except LockConfigError:
+            raise
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
+            # A factory that connects (RedisCluster does) with Redis down: not a mistake in
+            # the configuration, and on_backend_error says what tasks do meanwhile.
+            warnings.append(f"setting redislock_client: could not make a client now: {exc!r}")
+        except Exception as exc:
+            raise LockConfigError(f"setting redislock_client: calling it raised {exc!r}") from exc
+    unknown = sorted(
+        str(key)
+        for key in app.conf
+        if isinstance(key, str) and key.startswith("redislock_") and key not in KNOWN_SETTINGS
+    )
+    warnings.extend(
+        f"setting {key} is not one of celery_redislock's ({', '.join(sorted(KNOWN_SETTINGS))}); "
+        "it is ignored"
+        for key in unknown
+    )
+    return warnings

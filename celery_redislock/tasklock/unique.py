@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from ..durations import ALLOWANCE, seconds_or_none
 from ..errors import LockConfigError
 from ..keys import LockKeys
 from ..lock import RedisClient, backend_errors
@@ -101,17 +102,15 @@ def parse_unique_option(
     on_duplicate = opts.get("on_duplicate")
     if on_duplicate is not None:
         check_choice(task, "on_duplicate", on_duplicate, ON_DUPLICATE, "unique")
-    allowance = opts.get("allowance")
-    if allowance is not None and (
-        isinstance(allowance, bool) or not isinstance(allowance, int | float) or not allowance > 0
-    ):
-        raise _error(task, "allowance", f"must be a positive number of seconds, got {allowance!r}")
+    allowance = seconds_or_none(
+        opts.get("allowance"), ALLOWANCE, f"task {task!r}: unique option 'allowance':"
+    )
     keying = _keying(task, signature, opts, lock, lifecycle)
     unique = UniqueOptions(
         lifecycle=lifecycle,
         keying=keying,
         on_duplicate=on_duplicate,
-        allowance=None if allowance is None else float(allowance),
+        allowance=allowance,
     )
     if lifecycle in _RUNS_LOCKED and lock is None:
         # The run lock is implied, on the same key. A copy queued while another runs
