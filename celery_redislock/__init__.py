@@ -9,6 +9,7 @@ kept alive by a per-process renewer and released however a task ends.
 
 from .errors import (
     DuplicateTask,
+    JobFinished,
     LockBackendError,
     LockConfigError,
     LockLost,
@@ -37,6 +38,7 @@ __all__ = [
     "SKIPPED",
     "DuplicateTask",
     "Holder",
+    "JobFinished",
     "Lease",
     "Lock",
     "LockBackendError",

@@ -7,6 +7,7 @@ RedisLockError                  base; ``.name`` is the lock's name (or None)
 │   └── LockLost                a lease held earlier expired or was removed
 ├── LockUpgradeError            an owner holding a read lease asked for write
 ├── LockBackendError            Redis could not be reached or answered with an error
+├── JobFinished                 acquire(job=...): that job is recorded as finished already
 └── DuplicateTask               a unique task is already queued or running (not published)
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 __all__ = [
     "DuplicateTask",
+    "JobFinished",
     "LockBackendError",
     "LockConfigError",
     "LockLost",
@@ -62,6 +64,15 @@ class LockUpgradeError(RedisLockError):
 
 class LockBackendError(RedisLockError):
     """Redis was unreachable or failed; the original redis-py error is the ``__cause__``."""
+
+
+class JobFinished(RedisLockError):
+    """``acquire(job=...)`` was refused: that job was recorded as finished under this lock
+    (:meth:`Lock.finish_job`), so another delivery of it must not run again."""
+
+    def __init__(self, message: str, *, name: str, job: str) -> None:
+        super().__init__(message, name=name)
+        self.job = job
 
 
 class DuplicateTask(RedisLockError):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .errors import LockConfigError
 
 DEFAULT_NAMESPACE = "redislock"
-_SUFFIXES = ("leases", "meta", "queue", "qdl", "wake")
+_SUFFIXES = ("leases", "meta", "queue", "qdl", "wake", "done")
 
 
 def check_name(name: object, *, what: str = "name") -> str:
@@ -55,6 +55,11 @@ class LockKeys:
     def replaced(self) -> str:
         """Ids of queued copies a newer call replaced: they must not run when delivered."""
         return f"{self.prefix}:replaced"
+
+    @property
+    def done(self) -> str:
+        """Jobs finished under this lock (sorted set: job id -> server ms it is kept until)."""
+        return f"{self.prefix}:done"
 
     @property
     def all(self) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -17,17 +18,21 @@ import redis
 from redis.cluster import RedisCluster
 
 from .errors import (
+    JobFinished,
     LockBackendError,
     LockConfigError,
     LockLost,
     LockNotAcquired,
     LockNotOwned,
     LockUpgradeError,
+    RedisLockError,
 )
 from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
 from .scripts import run
 
-__all__ = ["Holder", "Lease", "Lock", "Mode", "RedisClient"]
+__all__ = ["DEFAULT_FENCE_KEEP", "Holder", "Lease", "Lock", "Mode", "RedisClient"]
+
+log = logging.getLogger("celery_redislock")
 
 Mode = Literal["read", "write"]
 RedisClient = redis.Redis | RedisCluster
@@ -39,6 +44,9 @@ _WAIT_SLICE_S = 1.0
 _QUEUE_ENTRY_MS = int(_WAIT_SLICE_S * 1000) + 2000
 # A fair-mode wake-up list lives this long if its waiter never pops it.
 _WAKE_LIST_MS = _QUEUE_ENTRY_MS
+DEFAULT_FENCE_KEEP = 86400.0
+"""Seconds the fence mark outlives a lock's last use: fences stay strictly increasing through a
+Redis server clock stepping back by less than this (an NTP step, a VM resume, a failover)."""
 
 
 def _text(value: Any) -> str:
@@ -46,11 +54,10 @@ def _text(value: Any) -> str:
 
 
 def _positive_seconds(value: object, what: str, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise LockConfigError(
-            f"{what} must be a positive number of seconds, got {value!r}", name=name
-        )
-    return float(value)
+    """``value`` in seconds, in the range :mod:`celery_redislock.durations` gives ``what``."""
+    from .durations import by_name, seconds
+
+    return seconds(value, by_name(what), what, name=name)
 
 
 def _backend_error(name: str | None, exc: redis.RedisError) -> LockBackendError:
@@ -130,7 +137,14 @@ class Lease:
             )
 
     def check(self) -> None:
-        """Raises :class:`LockLost` if the lease is known lost or may have lapsed."""
+        """Raises :class:`LockLost` if the lease is known lost or may have lapsed, and
+        :class:`LockNotOwned` if it was released."""
+        if self.released:
+            raise LockNotOwned(
+                f"lease {self.token} of lock {self.name!r} was released",
+                name=self.name,
+                token=self.token,
+            )
         if self.lost or time.monotonic() >= self.valid_until:
             raise LockLost(
                 f"lease {self.token} of lock {self.name!r} was lost",
@@ -148,7 +162,19 @@ class Lease:
         tb: TracebackType | None,
     ) -> None:
         if not self.released:
-            self.release()
+            _release_on_exit(self, exc)
+
+
+def _release_on_exit(lease: Lease, exc: BaseException | None) -> None:
+    """Leaving a ``with`` block: a failed release raises on a clean exit, but never hides the
+    exception the body raised (it is logged instead, as redis-py's Lock does)."""
+    if exc is None:
+        lease.release()
+        return
+    try:
+        lease.release()
+    except RedisLockError as error:
+        log.warning("lock %r: release after the block raised %r failed: %s", lease.name, exc, error)
 
 
 class Lock:
@@ -175,6 +201,7 @@ class Lock:
         limit: int | None = None,
         fair: bool = False,
         namespace: str = DEFAULT_NAMESPACE,
+        fence_keep: float = DEFAULT_FENCE_KEEP,
     ) -> None:
         self.name = check_name(name)
         if not isinstance(client, redis.Redis | RedisCluster):
@@ -204,8 +231,11 @@ class Lock:
         # Readers are unbounded unless a limit is given; writers default to one at a time.
         limit_arg = limit if limit is not None else (0 if mode == "read" else 1)
         self._fair_arg = "1" if fair else "0"
-        self._spec = f"{mode[0]} {limit_arg} {self._ttl_ms} {self._fair_arg} {_QUEUE_ENTRY_MS}"
-        self._release_flags = self._fair_arg + "0"
+        self.fence_keep = _positive_seconds(fence_keep, "fence_keep", self.name)
+        keep_ms = max(1, round(self.fence_keep * 1000))
+        self._spec = (
+            f"{mode[0]} {limit_arg} {self._ttl_ms} {self._fair_arg} {_QUEUE_ENTRY_MS} {keep_ms}"
+        )
         self.encoded_keys = [
             key.encode() for key in self.keys.all
         ]  # KEYS of every lock script, encoded once (the hot path)
@@ -230,6 +260,7 @@ class Lock:
         owner: str | None = None,
         info: Mapping[str, object] | None = None,
         reentrant: bool = True,
+        job: str | None = None,
     ) -> Lease:
         """Takes a lease and returns it; raises :class:`LockNotAcquired` when it cannot.
 
@@ -240,16 +271,37 @@ class Lock:
         :meth:`holders` and :meth:`release_where`); host and pid are always recorded.
         ``reentrant=False`` makes ``owner`` an identity that holds at most one lease at a time:
         while it holds one, acquiring again is a conflict (as if the lock were held by another).
+        ``job`` names the unit of work this lease is for: if :meth:`finish_job` recorded it as
+        finished, :class:`JobFinished` is raised instead (a redelivered message that already ran).
+
+        Lost replies: the token is chosen here, so a call redis-py sends again returns the lease
+        the first run made. If the call fails with :class:`LockBackendError`, the lease it may
+        have made is dropped before the error reaches the caller (or, with Redis unreachable,
+        lapses within ``ttl``).
         """
         self._check_acquire_args(blocking, timeout, owner)
         if not isinstance(reentrant, bool):
             raise LockConfigError(
                 f"reentrant must be True or False, got {reentrant!r}", name=self.name
             )
+        if job is not None and (not isinstance(job, str) or not job or " " in job):
+            raise LockConfigError(
+                f"job must be None or a non-empty string without spaces, got {job!r}",
+                name=self.name,
+            )
         token = os.urandom(16).hex()
         wait = blocking and timeout != 0
         flags = ("1" if wait else "0") + ("00" if reentrant else "01")
-        args = [token, self._spec, flags, owner or "", _info_json(info)]
+        args = [token, self._spec, flags, owner or "", _info_json(info), job or ""]
+        try:
+            return self._acquire(args, owner, wait, timeout, job)
+        except LockBackendError:
+            self._abandon(token)
+            raise
+
+    def _acquire(
+        self, args: list[str], owner: str | None, wait: bool, timeout: float | None, job: str | None
+    ) -> Lease:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             sent = time.monotonic()
@@ -260,6 +312,12 @@ class Lock:
             except redis.RedisError as exc:
                 raise _backend_error(self.name, exc) from exc
             status = int(reply[0])
+            if status == 2:
+                raise JobFinished(
+                    f"lock {self.name!r}: job {job!r} is recorded as finished",
+                    name=self.name,
+                    job=job or "",
+                )
             if status == 1:
                 mode: Mode = "read" if reply[6] in (b"r", "r") else "write"
                 return self._lease(_text(reply[1]), int(reply[2]), int(reply[3]), mode, owner, sent)
@@ -287,13 +345,25 @@ class Lock:
             if lease is not None:
                 return lease
 
+    def _abandon(self, token: str) -> None:
+        """After a failed call that may have run: drop the lease it may have made for ``token``
+        (best effort; if Redis is still unreachable the lease lapses within its ttl)."""
+        try:
+            run("release", self.client, self.encoded_keys, [token, self._spec, "1", token])
+        except redis.RedisError as exc:
+            log.warning(
+                "lock %r: could not drop the lease a failed acquire may have made (it lapses "
+                "within %ss): %s",
+                self.name,
+                self.ttl,
+                exc,
+            )
+
     def _check_acquire_args(self, blocking: bool, timeout: float | None, owner: str | None) -> None:
         if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
-                raise LockConfigError(
-                    f"timeout must be None or a number of seconds >= 0, got {timeout!r}",
-                    name=self.name,
-                )
+            from .durations import TIMEOUT, seconds_or_none
+
+            seconds_or_none(timeout, TIMEOUT, "timeout", name=self.name)  # no inf, NaN, > 1 day
             if not blocking:
                 raise LockConfigError("timeout makes no sense with blocking=False", name=self.name)
         if owner is not None and (not isinstance(owner, str) or not owner):
@@ -355,13 +425,22 @@ class Lock:
         """Releases ``lease`` (one re-entry level). Raises :class:`LockNotOwned` if not held."""
         if lease.lock is not self and lease.lock.keys != self.keys:
             raise LockNotOwned(
-                f"lease {lease.token} belongs to lock {lease.name!r}, not {self.name!r}",
+                f"lease {lease.token} belongs to lock {lease.name!r} in namespace "
+                f"{lease.lock.namespace!r}, not to lock {self.name!r} in namespace "
+                f"{self.namespace!r}",
                 name=self.name,
                 token=lease.token,
             )
+        if lease.released:
+            raise LockNotOwned(
+                f"lease {lease.token} of lock {self.name!r} is not held (released already)",
+                name=self.name,
+                token=lease.token,
+            )
+        request = os.urandom(8).hex()
         try:
             reply = run(
-                "release", self.client, self.encoded_keys, [lease.token, self._release_flags]
+                "release", self.client, self.encoded_keys, [lease.token, self._spec, "0", request]
             ).split()
             if len(reply) > 2:
                 self._notify(reply[2:])
@@ -390,10 +469,22 @@ class Lock:
             )
         payload = json.dumps({k: str(v) for k, v in match.items()})
         with backend_errors(self.name):
-            reply = run("release_where", self.client, self.encoded_keys, [self._fair_arg, payload])
+            reply = run("release_where", self.client, self.encoded_keys, [self._spec, payload])
             count = int(reply[0])
             self._notify(reply[1 + count :])
         return [_text(t) for t in reply[1 : 1 + count]]
+
+    def finish_job(self, job: str, keep: float) -> None:
+        """Records that ``job`` finished under this lock, for ``keep`` seconds: meanwhile an
+        ``acquire(job=job)`` raises :class:`JobFinished` instead of taking a lease. This is how
+        a second delivery of a message whose first delivery ran (its ack was lost) is told
+        apart from one that must still run.
+
+        >>> lock.finish_job("task-id.0", keep=3600)   # doctest: +SKIP
+        """
+        keep_ms = round(_positive_seconds(keep, "keep", self.name) * 1000)
+        with backend_errors(self.name):
+            run("finish", self.client, [self.keys.done], [job, str(keep_ms)])
 
     # -- inspecting --------------------------------------------------------------------------
 
@@ -405,7 +496,7 @@ class Lock:
         out = []
         fields = [iter(reply[1:])] * 4
         for token, expiry, record, info in zip(*fields, strict=True):
-            mode, count, fence, owner = _text(record).split("|", 3)
+            mode, count, fence, _, owner = _text(record).split("|", 4)
             out.append(
                 Holder(
                     token=_text(token),
@@ -439,7 +530,7 @@ class Lock:
     ) -> None:
         lease: Lease = self._entered.stack.pop()
         if not lease.released:
-            lease.release()
+            _release_on_exit(lease, exc)
 
 
 _HOST = socket.gethostname()

@@ -29,6 +29,7 @@ def _load_all() -> dict[str, Script]:
         "holders",
         "unique_claim",
         "unique_release",
+        "finish",
     ):
         body = _source(name)
         if name in ("acquire", "release", "release_where"):

@@ -167,4 +167,4 @@ def test_random_waiters_keep_every_rule(
     assert left - {"redislock:{stress}:wake"} <= {"redislock:{stress}:meta"} | {
         k for k in left if k.startswith("redislock:{stress}:w:")
     }
-    assert client.hkeys("redislock:{stress}:meta") in ([], [b"fence"])
+    assert set(client.hkeys("redislock:{stress}:meta")) <= {b"fence", b"g"}

@@ -1,20 +1,21 @@
 -- acquire.lua: take a lease, re-enter one, or wait in line for one.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake (see common.lua)
--- ARGV: 1 token,
---       2 the lock's spec 'mode limit ttl fair entry': mode 'r' | 'w', limit (0 = unbounded),
---         ttl ms, fair 0 | 1, queue entry lifetime ms,
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see common.lua)
+-- ARGV: 1 token (chosen by the client: run again with the same token, this call returns the
+--         lease it made, never a second one nor a second re-entry),
+--       2 the lock's spec 'mode limit ttl fair entry keep' (see parse_spec in common.lua),
 --       3 this call's flags 'wait woke once': wait 1 = stay queued on failure, woke 1 = the caller
 --         was woken by a signal, once 1 = an owner holding a live lease is refused instead of
 --         re-entering (all 0 | 1, e.g. '100'),
---       4 owner ('' = none), 5 info (JSON object, stored as given)
+--       4 owner ('' = none), 5 info (JSON object, stored as given),
+--       6 job ('' = none): refuse with status 2 if this job is recorded as finished (finish.lua)
 -- Returns 'status token fence expiry count next mode granted...' (one string, space-separated):
 --   expiry in server ms, count the reentry count, next the ms until the earliest lease expires,
 --   mode the held lease's mode;
---   status 1 held, 0 not held (queued when wait = 1), -1 read-to-write upgrade refused;
+--   status 1 held, 0 not held (queued when wait = 1), -1 read-to-write upgrade refused,
+--   2 the job is finished already;
 --   granted is token, fence, expiry of other waiters this call handed the lock to (fair mode).
-local tok, owner, info = ARGV[1], ARGV[4], ARGV[5]
-local mode, limit, ttl, fair, entry_ms = string.match(ARGV[2], '^(%a) (%d+) (%d+) (%d) (%d+)$')
-limit, ttl, entry_ms, fair = tonumber(limit), tonumber(ttl), tonumber(entry_ms), fair == '1'
+local tok, owner, info, job = ARGV[1], ARGV[4], ARGV[5], ARGV[6]
+local mode, limit, ttl, fair, entry_ms, keep_ms = parse_spec(ARGV[2])
 local wait, woke = string.sub(ARGV[3], 1, 1) == '1', string.sub(ARGV[3], 2, 2) == '1'
 local once = string.sub(ARGV[3], 3, 3) == '1'
 local now, now_us = server_now()
@@ -32,7 +33,7 @@ local function not_held(granted)
   if redis.call('EXISTS', K.queue) == 1 then
     keep_waiters(entry_ms)
   else
-    tidy()
+    tidy(keep_ms)
   end
   local out = {0, '-', 0, 0, 0, next_expiry(now), mode}
   for _, v in ipairs(granted) do
@@ -41,17 +42,43 @@ local function not_held(granted)
   return reply(out)
 end
 
+-- This very call ran before (its reply was lost and the client sent it again), or, in fair mode,
+-- the lock was handed to us while we waited (our wake-up is late, or its sender died): the lease
+-- is ours. A lease handed over in fair mode is claimed for the full ttl.
+local mine_at = redis.call('ZSCORE', K.leases, tok)
+if mine_at then
+  local expiry = tonumber(mine_at)
+  if fair and expiry < now + ttl then
+    expiry = now + ttl
+    redis.call('ZADD', K.leases, int(expiry), tok)
+    keep({K.leases, K.meta}, expiry - now + GRACE_MS, ttl)
+  end
+  local rec = read_lease(tok)
+  return held(tok, rec.f, expiry, rec.c, {}, rec.m)
+end
+
+if job ~= '' then
+  local until_ms = redis.call('ZSCORE', K.done, job)
+  if until_ms and tonumber(until_ms) > now then
+    return reply({2, '-', 0, 0, 0, 0, mode})
+  end
+end
+
 if owner ~= '' then
   local mine = redis.call('HGET', K.meta, 'o:' .. owner)
   if mine and redis.call('ZSCORE', K.leases, mine) then
+    local rec = read_lease(mine)
+    if applied(rec, tok) then -- this re-entry ran before: it counts once
+      return held(mine, rec.f, tonumber(redis.call('ZSCORE', K.leases, mine)), rec.c, {}, rec.m)
+    end
     if once then
       return not_held({})
     end
-    local rec = read_lease(mine)
     if rec.m == 'r' and mode == 'w' then
       return reply({-1, mine, rec.f, 0, rec.c, 0, rec.m})
     end
     rec.c = rec.c + 1
+    note_request(rec, tok)
     write_lease(mine, rec)
     local expiry = math.max(tonumber(redis.call('ZSCORE', K.leases, mine)), now + ttl)
     redis.call('ZADD', K.leases, int(expiry), mine)
@@ -61,27 +88,19 @@ if owner ~= '' then
 end
 
 if fair then
-  -- Handed the lock already (our wake-up is late, or its sender died): take it, do not requeue.
-  local granted_at = redis.call('ZSCORE', K.leases, tok)
-  if granted_at then
-    local expiry = math.max(tonumber(granted_at), now + ttl) -- claimed: the full ttl
-    redis.call('ZADD', K.leases, int(expiry), tok)
-    keep({K.leases, K.meta}, expiry - now + GRACE_MS, ttl)
-    return held(tok, read_lease(tok).f, expiry, 1, {})
-  end
   -- Join the line (or refresh our place), let the line advance, and see whether we got it.
   if not redis.call('ZSCORE', K.queue, tok) then
     enqueue(tok, mode, limit, ttl, owner, info, entry_ms)
   end
   redis.call('ZADD', K.qdl, int(now + entry_ms), tok)
-  local granted = grant(now, now_us, tok)
+  local granted = grant(now, now_us, tok, keep_ms)
   local expiry = redis.call('ZSCORE', K.leases, tok)
   if expiry then
     return held(tok, read_lease(tok).f, tonumber(expiry), 1, granted)
   end
   if not wait then
     dequeue(tok)
-    for _, v in ipairs(grant(now, now_us, tok)) do
+    for _, v in ipairs(grant(now, now_us, tok, keep_ms)) do
       granted[#granted + 1] = v
     end
   end
@@ -96,7 +115,8 @@ if room and (tonumber(writer_waits) or 0) == 0 then
   if queued then
     dequeue(tok)
   end
-  local fence, expiry = new_lease(tok, mode, ttl, owner, info, now, now_us, empty or false)
+  local fence, expiry = new_lease(tok, mode, ttl, owner, info, now, now_us, empty or false,
+    keep_ms)
   -- Readers may share: pass the wake-up on so queued readers follow.
   if waiters and redis.call('EXISTS', K.queue) == 1 and fits(mode, limit) then
     wake_one()

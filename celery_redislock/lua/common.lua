@@ -1,21 +1,43 @@
 -- common.lua: helpers prepended to every lock script at load time; not a script of its own.
 --
--- Every lock script takes the same five keys, all sharing the lock's hash tag:
+-- Every lock script takes the same six keys, all sharing the lock's hash tag:
 --   KEYS[1] leases  sorted set: lease token -> expiry (server ms)
 --   KEYS[2] meta    hash: 'fence' high-water mark, 'm' mode of the live leases,
---                   'l:<token>' lease record 'mode|count|fence|owner', 'i:<token>' its info (JSON),
+--                   'l:<token>' lease record 'mode|count|fence|requests|owner' (requests: the
+--                   space-separated ids of re-entries and partial releases applied to it, so a
+--                   call run twice counts once), 'i:<token>' its info (JSON),
 --                   'o:<owner>' owner -> token, 'q:<token>' waiter record (JSON),
---                   'qseq' arrival counter, 'qw' number of queued writers
+--                   'qseq' arrival counter, 'qw' number of queued writers,
+--                   'g' ids of the last releases that dropped a lease (run twice, such a
+--                   release still says released)
 --   KEYS[3] queue   sorted set: waiter token -> arrival number
 --   KEYS[4] qdl     sorted set: waiter token -> deadline (server ms) of its queue entry
 --   KEYS[5] wake    list: wake-up signals for waiters of a non-fair lock
+--   KEYS[6] done    sorted set: job id -> server ms until which it is known finished
+-- and the lock's spec 'mode limit ttl fair entry keep' (see parse_spec).
 -- A lease is live while its expiry is greater than the server's TIME in ms.
+--
+-- redis-py retries a command whose reply was lost, so every script may run twice with the same
+-- arguments: each gives the same answer the second time (tokens and request ids are chosen by
+-- the client before the call).
 
--- How long the fence high-water mark outlives the lock's last lease or waiter. Fences are
--- max(last + 1, server us), so after this long server time alone is ahead of any fence issued.
+-- How long the lock's keys outlive its last lease or waiter (the fence mark: far longer, `keep`).
 local GRACE_MS = 1000
+-- How many release ids 'g' remembers: enough for a retry that follows its lost reply.
+local RELEASED_KEPT = 16
 
-local K = {leases = KEYS[1], meta = KEYS[2], queue = KEYS[3], qdl = KEYS[4], wake = KEYS[5]}
+local K = {
+  leases = KEYS[1], meta = KEYS[2], queue = KEYS[3], qdl = KEYS[4], wake = KEYS[5], done = KEYS[6],
+}
+
+-- The lock's spec: mode 'r' | 'w', limit (0 = unbounded), ttl ms, fair '0' | '1', queue entry
+-- lifetime ms, keep ms (how long the fence mark outlives the lock's last use: fences stay
+-- strictly increasing through a server clock step back shorter than that).
+local function parse_spec(spec)
+  local mode, limit, ttl, fair, entry, keep =
+    string.match(spec, '^(%a) (%d+) (%d+) (%d) (%d+) (%d+)$')
+  return mode, tonumber(limit), tonumber(ttl), fair == '1', tonumber(entry), tonumber(keep)
+end
 -- Whether anyone waited when the script started (set by start()). While nobody waits, the
 -- meta key holds nothing that must outlive the leases, so it need not be checked first.
 local waiters_seen = true
@@ -41,18 +63,52 @@ local function reply(items)
   return table.concat(items, ' ')
 end
 
--- A lease record is a plain string (cheaper than JSON on the hot path): mode|count|fence|owner.
+-- A lease record is a plain string (cheaper than JSON on the hot path):
+-- mode|count|fence|requests|owner.
 local function read_lease(tok)
   local raw = redis.call('HGET', K.meta, 'l:' .. tok)
   if not raw then
     return nil
   end
-  local m, c, f, o = string.match(raw, '^(%a)|(%d+)|(%d+)|(.*)$')
-  return {m = m, c = tonumber(c), f = f, o = o}
+  local m, c, f, r, o = string.match(raw, '^(%a)|(%d+)|(%d+)|([^|]*)|(.*)$')
+  return {m = m, c = tonumber(c), f = f, r = r, o = o}
 end
 
 local function write_lease(tok, rec)
-  redis.call('HSET', K.meta, 'l:' .. tok, rec.m .. '|' .. rec.c .. '|' .. rec.f .. '|' .. rec.o)
+  redis.call('HSET', K.meta, 'l:' .. tok,
+    rec.m .. '|' .. rec.c .. '|' .. rec.f .. '|' .. rec.r .. '|' .. rec.o)
+end
+
+-- Whether request `id` was already applied to the lease `rec` (then it must not count again).
+local function applied(rec, id)
+  return string.find(' ' .. rec.r .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
+end
+
+-- Notes request `id` as applied to `rec` (written with the record).
+local function note_request(rec, id)
+  rec.r = rec.r == '' and id or (rec.r .. ' ' .. id)
+end
+
+-- Remembers that release `id` dropped a lease, so that the same release run again says so.
+local function note_released(id)
+  local prev = redis.call('HGET', K.meta, 'g')
+  local kept = id
+  if prev then
+    local n = 1
+    for t in string.gmatch(prev, '%S+') do
+      if n >= RELEASED_KEPT then
+        break
+      end
+      kept = kept .. ' ' .. t
+      n = n + 1
+    end
+  end
+  redis.call('HSET', K.meta, 'g', kept)
+end
+
+local function was_released(id)
+  local prev = redis.call('HGET', K.meta, 'g')
+  return prev ~= false and string.find(' ' .. prev .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
 end
 
 local function drop_lease(tok)
@@ -113,7 +169,7 @@ end
 
 -- Creates a lease. `info` is the holder's JSON record, stored as given. Keeps the lock's keys
 -- alive at least as long as the new lease.
-local function new_lease(tok, mode, ttl, owner, info, now, now_us, first)
+local function new_lease(tok, mode, ttl, owner, info, now, now_us, first, keep_ms)
   local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
   local fence = int(math.max(last + 1, now_us))
   local expiry = now + ttl
@@ -122,15 +178,16 @@ local function new_lease(tok, mode, ttl, owner, info, now, now_us, first)
   end
   redis.call('ZADD', K.leases, int(expiry), tok)
   redis.call('HSET', K.meta, 'fence', fence, 'm', mode,
-    'l:' .. tok, mode .. '|1|' .. fence .. '|' .. owner, 'i:' .. tok, info)
+    'l:' .. tok, mode .. '|1|' .. fence .. '||' .. owner, 'i:' .. tok, info)
   if owner ~= '' then
     redis.call('HSET', K.meta, 'o:' .. owner, tok)
   end
-  -- Only ever extend: waiters may need the keys for longer than this lease does. Keys get a
-  -- ttl of slack beyond the lease, so that renewals seldom need to touch them (renew.lua).
+  -- Only ever extend: waiters may need the keys for longer than this lease does. The meta key
+  -- (the fence mark) lives at least `keep_ms`, so it outlives a holder that died; the leases key
+  -- gets a ttl of slack beyond the lease, so that renewals seldom need to touch it (renew.lua).
   local need = ttl + GRACE_MS
-  if (first and not waiters_seen) or redis.call('PTTL', K.meta) < need then
-    redis.call('PEXPIRE', K.meta, need + ttl)
+  if redis.call('PTTL', K.meta) < need then
+    redis.call('PEXPIRE', K.meta, int(math.max(need + ttl, keep_ms)))
   end
   if first or redis.call('PTTL', K.leases) < need then
     redis.call('PEXPIRE', K.leases, need + ttl)
@@ -153,7 +210,7 @@ end
 -- handed to a waiter lasts no longer than its place in line would have: a waiter that died in
 -- line holds the lock for seconds, not a whole ttl; a live one claims the full ttl on waking.
 -- The waiter `skip` is the caller itself, alive by definition: it gets its full ttl.
-local function grant(now, now_us, skip)
+local function grant(now, now_us, skip, keep_ms)
   local out = {}
   while true do
     local head = redis.call('ZRANGE', K.queue, 0, 0)[1]
@@ -168,7 +225,7 @@ local function grant(now, now_us, skip)
     dequeue(head)
     if q then
       local ttl = head == skip and q.t or math.min(q.t, q.e)
-      local fence, expiry = new_lease(head, q.m, ttl, q.o, q.i, now, now_us)
+      local fence, expiry = new_lease(head, q.m, ttl, q.o, q.i, now, now_us, nil, keep_ms)
       if head ~= skip then
         out[#out + 1] = head
         out[#out + 1] = fence
@@ -201,12 +258,12 @@ local function keep_waiters(entry_ms)
   keep({K.meta, K.queue, K.qdl}, entry_ms + GRACE_MS, entry_ms)
 end
 
--- After a release: once nothing is held or queued, only the fence mark is left, briefly
--- (Redis drops the emptied sorted sets by itself).
-local function tidy()
+-- After a release: once nothing is held or queued, only the fence mark (and the tokens last
+-- released) is left, for `keep_ms` (Redis drops the emptied sorted sets by itself).
+local function tidy(keep_ms)
   if redis.call('EXISTS', K.leases) == 0 then
     redis.call('HDEL', K.meta, 'm', 'qseq', 'qw')
-    redis.call('PEXPIRE', K.meta, GRACE_MS)
+    redis.call('PEXPIRE', K.meta, keep_ms)
   end
 end
 
@@ -223,17 +280,17 @@ end
 -- After leases were dropped: hands the lock on to waiters (fair: granted in order, appended to
 -- `out` as token, fence, expiry; else one wake-up if anything was freed), or, when nobody
 -- waits, lets the keys go once nothing is held.
-local function hand_on(out, now, now_us, fair, freed)
+local function hand_on(out, now, now_us, fair, freed, keep_ms)
   if redis.call('EXISTS', K.queue) == 1 then
     if fair then
-      for _, v in ipairs(grant(now, now_us, '')) do
+      for _, v in ipairs(grant(now, now_us, '', keep_ms)) do
         out[#out + 1] = v
       end
     elseif freed then
       wake_one()
     end
   else
-    tidy()
+    tidy(keep_ms)
   end
   return out
 end

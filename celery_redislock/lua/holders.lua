@@ -1,7 +1,7 @@
 -- holders.lua: the live leases of one lock, read atomically with the server's clock.
 -- KEYS: 1 leases, 2 meta
 -- ARGV: none
--- Returns {now ms, then for each live lease: token, expiry ms, record 'mode|count|fence|owner',
+-- Returns {now ms, then for each live lease: token, expiry ms, record 'mode|count|fence|requests|owner',
 --   info (JSON)}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -1,9 +1,12 @@
 -- release_where.lua: drop every lease whose owner record matches, e.g. the task id and pid of a
 -- worker child that was killed and cannot release for itself.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake (see common.lua)
--- ARGV: 1 fair (0 | 1), 2 match (JSON object: every field must equal the lease's info field)
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see common.lua)
+-- ARGV: 1 the lock's spec (see parse_spec in common.lua),
+--       2 match (JSON object: every field must equal the lease's info field)
 -- Returns {number released, released tokens..., granted...} (granted as in release.lua).
-local fair, match = ARGV[1] == '1', cjson.decode(ARGV[2])
+-- Run twice, the second run finds nothing left to release: it returns 0 and no tokens.
+local _, _, _, fair, _, keep_ms = parse_spec(ARGV[1])
+local match = cjson.decode(ARGV[2])
 local now, now_us = server_now()
 start(now)
 local released = {}
@@ -26,4 +29,4 @@ local out = {#released}
 for _, tok in ipairs(released) do
   out[#out + 1] = tok
 end
-return hand_on(out, now, now_us, fair, #released > 0)
+return hand_on(out, now, now_us, fair, #released > 0, keep_ms)
