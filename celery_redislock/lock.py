@@ -28,7 +28,7 @@ from .errors import (
     RedisLockError,
 )
 from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
-from .scripts import run
+from .scripts import explain_denial, run
 
 __all__ = ["DEFAULT_FENCE_KEEP", "Holder", "Lease", "Lock", "Mode", "RedisClient"]
 
@@ -61,7 +61,9 @@ def _positive_seconds(value: object, what: str, name: str) -> float:
 
 
 def _backend_error(name: str | None, exc: redis.RedisError) -> LockBackendError:
-    return LockBackendError(f"lock {name!r}: Redis failed: {exc}", name=name)
+    denied = explain_denial(exc)
+    hint = f" ({denied})" if denied else ""
+    return LockBackendError(f"lock {name!r}: Redis failed{hint}: {exc}", name=name)
 
 
 @contextmanager

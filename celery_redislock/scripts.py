@@ -6,6 +6,7 @@ NOSCRIPT, so the scripts survive ``SCRIPT FLUSH``, restarts and failover.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from importlib.resources import files
 from typing import Any
@@ -60,3 +61,31 @@ def run(name: str, client: Any, keys: Sequence[str | bytes], args: Sequence[str]
     except NoScriptError:
         registered.sha = client.script_load(registered.script)
         return client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
+
+
+_DENIED_AT = re.compile(r"([0-9a-f]{40}).*@user_script:\s*(\d+)", re.DOTALL)
+_CALL = re.compile(r"redis\.call\('([A-Z]+)'")
+
+
+def explain_denial(error: BaseException) -> str | None:
+    """For an ACL refusal inside one of our scripts (Redis names only the script's line), the
+    command that line runs and the permission it needs; ``None`` for any other error."""
+    text = str(error)
+    if "can't run this command" not in text and "o permissions" not in text:
+        return None
+    found = _DENIED_AT.search(text)
+    if found is None:
+        return None
+    sha, line = found.group(1), int(found.group(2))
+    for registered in _SCRIPTS.values():
+        if registered.sha == sha:
+            raw = registered.script
+            lines = (raw if isinstance(raw, str) else bytes(raw).decode()).splitlines()
+            call = _CALL.search(lines[line - 1]) if 0 < line <= len(lines) else None
+            if call is None:
+                return None
+            command = call.group(1)
+            if "key" in text:
+                return f"the Redis user may not touch this lock's keys (its {command} call)"
+            return f"the Redis user lacks the permission +{command.lower()} (ACL)"
+    return None

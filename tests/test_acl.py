@@ -1,0 +1,75 @@
+"""A restricted Redis user: the commands the README lists are enough, and a user without one of
+them gets an error naming the command it lacks."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+
+from celery_redislock import Lock, LockBackendError, iter_locks, renew_leases
+
+# The README's list ("Redis permissions"), as one ACL rule set.
+README_RULES = [
+    "~redislock:*",
+    "+evalsha",
+    "+script|load",
+    "+blpop",
+    "+scan",
+    "+hget",
+    "+hset",
+    "+ping",
+    # run inside the scripts
+    *[
+        "+time",
+        "+get",
+        "+set",
+        "+del",
+        "+exists",
+        "+pttl",
+        "+pexpire",
+        "+hdel",
+        "+hincrby",
+        "+rpush",
+        "+sadd",
+        "+sismember",
+    ],
+    *["+zadd", "+zcard", "+zrange", "+zrangebyscore", "+zrem", "+zremrangebyscore", "+zscore"],
+]
+
+
+def _user(client: redis.Redis, name: str, rules: list[str]) -> redis.Redis:
+    client.acl_setuser(name, enabled=True, passwords=["+pw"], reset_keys=True, reset_channels=True)
+    client.execute_command("ACL", "SETUSER", name, "-@all", *rules)
+    kwargs = client.connection_pool.connection_kwargs
+    return redis.Redis(host=kwargs["host"], port=kwargs["port"], username=name, password="pw")
+
+
+def test_the_listed_permissions_are_enough(client: redis.Redis) -> None:
+    restricted = _user(client, "locks", README_RULES)
+    client.script_flush()  # the restricted user loads the scripts itself
+    lock = Lock(restricted, "acl", ttl=5, fair=True)
+    lease = lock.acquire()
+    renew_leases([lease])
+    assert [h.token for h in lock.holders()] == [lease.token]
+    assert list(iter_locks(restricted)) == ["acl"]
+    waiter = threading.Thread(target=lambda: lock.acquire(timeout=5).release())
+    waiter.start()
+    lease.release()
+    waiter.join(5)
+    assert not waiter.is_alive()
+    lock.finish_job("job-1", keep=5)
+    assert lock.release_where(pid="0") == []
+    plain = Lock(restricted, "acl-plain", ttl=5)
+    with plain.acquire(), pytest.raises(Exception, match="held"):
+        plain.acquire(blocking=False)
+
+
+def test_a_missing_permission_is_named(client: redis.Redis) -> None:
+    without_zadd = _user(client, "nozadd", [r for r in README_RULES if r != "+zadd"])
+    with pytest.raises(LockBackendError, match=r"lock 'acl'.*lacks the permission \+zadd"):
+        Lock(without_zadd, "acl", ttl=5).acquire(blocking=False)
+    without_keys = _user(client, "nokeys", [r for r in README_RULES if not r.startswith("~")])
+    with pytest.raises(LockBackendError, match=r"lock 'acl'.*no permissions to access one of"):
+        Lock(without_keys, "acl", ttl=5).acquire(blocking=False)
