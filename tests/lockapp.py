@@ -36,6 +36,8 @@ app.conf.update(
     },
 )
 app.conf.redislock_url = URL
+if os.environ.get("LOCKAPP_BACKEND_POLICY"):
+    app.conf.redislock_on_backend_error = os.environ["LOCKAPP_BACKEND_POLICY"]
 if os.environ.get("LOCKAPP_LOCK_URL"):
     app.conf.redislock_url = os.environ["LOCKAPP_LOCK_URL"]
 r = redis.Redis.from_url(URL)
@@ -47,6 +49,7 @@ def started(key: str, task_id: str) -> None:
     with r.pipeline() as notes:
         notes.hset("pid", task_id, os.getpid())
         notes.rpush(f"started:{key}", task_id)
+        notes.rpush(f"started-at:{key}", repr(time.time()))
         notes.execute()
 
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 from celery import group
-from conftest import wait_for
 from workers import Worker
 
 from celery_redislock import lock_for
@@ -62,46 +60,3 @@ def test_readers_share_and_a_writer_runs_alone(lockapp: ModuleType) -> None:
         assert entry == b"read:db=0", entry
     for entry in lockapp.r.lrange("beside:read:db", 0, -1):
         assert entry == b"write:db=0", entry
-
-
-def test_redelivered_copy_of_a_running_task_does_not_run(
-    lockapp: ModuleType, workers: Callable[..., Worker]
-) -> None:
-    """A second delivery of a running task (same task id, as after a visibility timeout) is
-    dropped, whichever worker gets it; the running one finishes and owns the result."""
-    workers(name="w1")
-    workers(name="w2")
-    first = lockapp.hold.apply_async(("r", 2.0))
-    wait_for(lambda: lockapp.r.llen("started:r") == 1, "first delivery running", 30)
-    lockapp.hold.apply_async(("r", 2.0), task_id=first.id)  # the redelivery
-    assert first.get(timeout=30) == "return"
-    assert lockapp.r.llen("started:r") == 1  # the copy never ran its body
-    assert first.state == "SUCCESS"
-
-
-def test_visibility_timeout_redelivery_is_dropped_not_run(
-    lockapp: ModuleType, workers: Callable[..., Worker]
-) -> None:
-    """The real thing: acks_late and a 1 s Redis visibility timeout, so the broker hands the
-    message of a task running for longer to a worker again (kombu restores overdue messages
-    when a worker starts, and newer kombu also every so often)."""
-    env = {"LOCKAPP_ACKS_LATE": "1", "LOCKAPP_VT": "1"}
-    workers(name="w1", env=env)
-    first = lockapp.hold.apply_async(("v", 30.0))
-    wait_for(lambda: lockapp.r.llen("started:v") == 1, "first delivery running", 30)
-    # The fault: the task outlives the visibility timeout (its unacked message is overdue).
-    wait_for(
-        lambda: lockapp.r.zcount("unacked_index", "-inf", time.time() - 1.0) > 0,
-        "the running task's message overdue",
-        10,
-    )
-    workers(name="w2", env=env)
-    wait_for(
-        lambda: f"{first.id}:drop".encode() in lockapp.r.lrange("signal:lock_conflict", 0, -1),
-        "the broker redelivered the running task and the copy was dropped",
-        60,
-    )
-    assert lockapp.r.llen("started:v") == 1
-    lockapp.r.set("stop:v", 1)
-    assert first.get(timeout=30) == "return"
-    assert lockapp.r.llen("started:v") == 1

@@ -323,4 +323,7 @@ def test_worker_start_leaves_apps_without_locks_alone(monkeypatch: pytest.Monkey
     @other.task(shared=False, name="other.t")
     def t() -> None: ...
 
+    other.finalize()
+    for name in [n for n, task in other.tasks.items() if isinstance(task, LockedTask)]:
+        del other.tasks[name]  # shared tasks other test modules declared with LockedTask
     installing.check_worker_app(other)

@@ -36,6 +36,9 @@ log = logging.getLogger("celery_redislock")
 # Message header counting conflict retries (kept apart from the task's own ``retries``); such a
 # re-publish is the same job.
 CONFLICTS_HEADER = "redislock_conflicts"
+# Message header counting re-publishes of a delivery that found another delivery of the same
+# task holding its lease (it waits to learn whether that one finished); the same job too.
+REDELIVERY_HEADER = "redislock_redelivered"
 # How long a producer trusts what it read of a task it cannot import.
 _REGISTRY_CACHE_S = 30.0
 
@@ -225,7 +228,11 @@ def wrap_send_task(app: Celery) -> None:
 def _is_republish(options: Mapping[str, Any]) -> bool:
     # Task.retry() and our conflict retry re-publish the same task id: the same job.
     headers = options.get("headers") or {}
-    return int(options.get("retries") or 0) > 0 or CONFLICTS_HEADER in headers
+    return (
+        int(options.get("retries") or 0) > 0
+        or CONFLICTS_HEADER in headers
+        or REDELIVERY_HEADER in headers
+    )
 
 
 def _seconds_until(app: Celery, value: Any) -> float | None:
@@ -288,7 +295,11 @@ def publish(
         )
     except LockBackendError as exc:
         if settings.on_backend_error != "run":
+            # The claim may have been written before its reply was lost: give it up, or every
+            # later call would be handed the result of a task that was never published.
+            _give_up_claim(client, settings.namespace, name, task_id, "its claim failed")
             raise
+        # Published under this id: a claim the call may have written names this very message.
         log.error("task %s[%s] published WITHOUT unique key %r: %s", spec.task, task_id, name, exc)
         return send(spec.task, args, kwargs, **options)
     if found.duplicate:
@@ -297,10 +308,7 @@ def publish(
         result = send(spec.task, args, kwargs, **options)
     except BaseException:
         # Not published: the key must not stay claimed by a message that does not exist.
-        try:
-            release_claim(client, settings.namespace, name, task_id)
-        except LockBackendError as exc:
-            log.warning("unique key %r: could not release after a failed publish: %s", name, exc)
+        _give_up_claim(client, settings.namespace, name, task_id, "a failed publish")
         raise
     if found.status == 2:
         log.info(
@@ -309,6 +317,20 @@ def publish(
         _signal(app, spec, task_id, name, "replace", found)
         app.control.revoke(found.holder)
     return result
+
+
+def _give_up_claim(client: Any, namespace: str, name: str, task_id: str, after: str) -> None:
+    try:
+        release_claim(client, namespace, name, task_id)
+    except LockBackendError as exc:
+        log.warning(
+            "unique key %r: could not give up the claim of %s after %s (it lapses with its "
+            "lifetime): %s",
+            name,
+            task_id,
+            after,
+            exc,
+        )
 
 
 def _signal(app: Celery, spec: Spec, task_id: str, name: str, action: str, found: Claim) -> None:

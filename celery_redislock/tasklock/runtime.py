@@ -12,10 +12,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Retry
 
-from ..errors import LockBackendError, LockConfigError, LockNotAcquired, LockNotOwned
-from ..lock import Lease, Lock, RedisClient
+from ..errors import (
+    JobFinished,
+    LockBackendError,
+    LockConfigError,
+    LockNotAcquired,
+    LockNotOwned,
+)
+from ..lock import Holder, Lease, Lock, RedisClient
 from ..renewal import Renewer
-from .enqueue import CONFLICTS_HEADER
+from .enqueue import CONFLICTS_HEADER, REDELIVERY_HEADER
 from .keyname import lock_name
 from .options import ConflictAction, LockOptions
 from .settings import Settings, client_for, settings_for
@@ -33,6 +39,8 @@ SKIPPED = "SKIPPED"
 """The result state of a task run that was skipped because its lock was held."""
 
 _REQUEST_ATTR = "_redislock_lease"
+# (lock, job) of a run that took its lease: recorded as finished when the run ends for good.
+_FINISH_ATTR = "_redislock_finish"
 _MAX_BACKOFF_DOUBLINGS = 5
 
 
@@ -79,6 +87,7 @@ def make_lock(task: LockedTask, settings: Settings, client: RedisClient, name: s
         mode=options.mode,
         limit=options.limit,
         namespace=settings.namespace,
+        fence_keep=settings.fence_keep,
     )
 
 
@@ -129,6 +138,17 @@ def acquire_for(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
         _start_claim(task, task_id, name, settings)
 
 
+def _job(task: LockedTask, task_id: str) -> str | None:
+    """This delivery's job: the task id, its retry and its conflict re-publish. Only an
+    ``acks_late`` message can be delivered again after it ran (its ack lost with its worker),
+    so only such a job is recorded as finished."""
+    request = task.request
+    if not task.acks_late or request.is_eager:
+        return None
+    conflicts = int((request.headers or {}).get(CONFLICTS_HEADER, 0) or 0)
+    return f"{task_id}.{int(request.retries or 0)}.{conflicts}"
+
+
 def _take_lease(
     task: LockedTask,
     task_id: str,
@@ -139,6 +159,7 @@ def _take_lease(
     settings: Settings,
 ) -> None:
     action: ConflictAction = options.on_conflict or settings.on_conflict
+    job = _job(task, task_id)
     try:
         lock = make_lock(task, settings, client_for(task.app, settings), name)
         # owner = task id, not re-entrant: a second delivery of a running task is a conflict.
@@ -148,7 +169,10 @@ def _take_lease(
             owner=task_id,
             reentrant=False,
             info={"task_id": task_id, "task": task.name},
+            job=job,
         )
+    except JobFinished:
+        _drop_finished(task, task_id, lock)
     except LockNotAcquired:
         _conflict(task, task_id, lock, action, options, (args, kwargs))
     except LockBackendError as exc:
@@ -156,6 +180,8 @@ def _take_lease(
         return
     HELD.add(lease)
     setattr(task.request, _REQUEST_ATTR, lease)
+    if job is not None:
+        setattr(task.request, _FINISH_ATTR, (lock, job))
 
     def on_lost(lost: Lease, error: BaseException | None) -> None:
         log.error(
@@ -171,7 +197,8 @@ def _take_lease(
 
 
 def _republished(request: Any) -> bool:
-    return bool(request.retries) or CONFLICTS_HEADER in (request.headers or {})
+    headers = request.headers or {}
+    return bool(request.retries) or CONFLICTS_HEADER in headers or REDELIVERY_HEADER in headers
 
 
 def _start_claim(task: LockedTask, task_id: str, name: str, settings: Settings) -> None:
@@ -238,6 +265,29 @@ def keep_claim_for_retry(task: LockedTask) -> None:
         log.warning("unique key %r: could not keep it across a retry: %s", lease.name, exc)
 
 
+def finish_job(task: LockedTask, state: str | None) -> None:
+    """Records the run's job as finished under its lock once the run has ended for good (its
+    result stored), so that a redelivery of its message is dropped, not run again; never
+    raises. A retry (a new message carries the job on) or a requeued rejection is not an end."""
+    done = getattr(task.request, _FINISH_ATTR, None)
+    if done is None:
+        return
+    setattr(task.request, _FINISH_ATTR, None)
+    if state not in ("SUCCESS", "FAILURE", "IGNORED"):
+        return
+    lock, job = done
+    try:
+        lock.finish_job(job, keep=settings_for(task.app).completion_ttl)
+    except LockBackendError as exc:
+        log.warning(
+            "task %s[%s]: could not record that it finished (a redelivery of its message "
+            "would run it again): %s",
+            task.name,
+            task.request.id,
+            exc,
+        )
+
+
 def held_lease(task: LockedTask) -> Lease | None:
     lease = getattr(task.request, _REQUEST_ATTR, None)
     return lease if isinstance(lease, Lease) else None
@@ -276,11 +326,60 @@ def release_all_held() -> None:
 # -- conflicts ---------------------------------------------------------------------------------
 
 
-def _holder_ids(lock: Lock) -> list[str]:
+def _holders(lock: Lock) -> list[Holder]:
     try:
-        return [h.info.get("task_id", "?") for h in lock.holders()]
+        return lock.holders()
     except LockBackendError:
         return []
+
+
+def _drop_finished(task: LockedTask, task_id: str, lock: Lock) -> NoReturn:
+    """This delivery's job is recorded as finished: its message was delivered again after it
+    ran (the ack was lost with a worker). It is not run twice; the first run's result stands."""
+    log.info(
+        "task %s[%s]: this delivery already ran to its end under lock %r; dropped",
+        task.name,
+        task_id,
+        lock.name,
+    )
+    lock_conflict.send(sender=task, task_id=task_id, lock=lock.name, action="drop", holders=[])
+    raise Ignore()
+
+
+def _await_first_delivery(
+    task: LockedTask, task_id: str, lock: Lock, expires_in: float, holders: list[str]
+) -> NoReturn:
+    """Another delivery of this very task holds the lease: it still runs (visibility timeout,
+    RabbitMQ requeue), or its worker died and the lease has yet to lapse. Which, nobody can tell
+    yet, so this copy is neither run beside it nor dropped: it comes back once that lease may
+    have lapsed. Then it is dropped if the first delivery finished, and run if it did not."""
+    request = task.request
+    if request.is_eager:
+        raise LockNotAcquired(
+            f"task {task.name}[{task_id}] (eager): another delivery holds lock {lock.name!r}",
+            name=lock.name,
+        )
+    waits = int((request.headers or {}).get(REDELIVERY_HEADER, 0) or 0)
+    # Look again when the lease would lapse if its holder is dead, or sooner, as a live holder
+    # may finish any moment: after a third of the ttl, doubling while it keeps running.
+    backoff = lock.ttl / 3 * 2 ** min(waits, _MAX_BACKOFF_DOUBLINGS)
+    countdown = min(max(expires_in, 0.0), backoff) + random.uniform(0.1, 0.5)
+    log.info(
+        "task %s[%s]: another delivery of this task holds lock %r (running, or its worker "
+        "died); this one looks again in %.1fs",
+        task.name,
+        task_id,
+        lock.name,
+        countdown,
+    )
+    lock_conflict.send(
+        sender=task, task_id=task_id, lock=lock.name, action="await", holders=holders
+    )
+    # The same job (retries and conflict count unchanged), so its finish record applies.
+    headers = {**(request.headers or {}), REDELIVERY_HEADER: waits + 1}
+    task.signature_from_request(request, countdown=countdown, headers=headers).apply_async()
+    # Ignore, not Retry: a RETRY state stored now could land after the first delivery's result.
+    raise Ignore()
 
 
 def _conflict(
@@ -291,27 +390,13 @@ def _conflict(
     options: LockOptions,
     call: tuple[Any, Any],
 ) -> NoReturn:
-    holders = _holder_ids(lock)
+    found = _holders(lock)
+    holders = [h.info.get("task_id", "?") for h in found]
     held_by = ", ".join(holders) or "a task that just finished"
-    redelivered = task_id in holders
-    lock_conflict.send(
-        sender=task,
-        task_id=task_id,
-        lock=lock.name,
-        action="drop" if redelivered else action,
-        holders=holders,
-    )
-    if redelivered:
-        # A second delivery of a run still going (visibility timeout, acks_late): never run it
-        # beside the first, and leave the result state to the first.
-        log.info(
-            "task %s[%s]: a copy of this task is already running under lock %r; "
-            "this delivery is dropped",
-            task.name,
-            task_id,
-            lock.name,
-        )
-        raise Ignore()
+    own = [h.expires_in for h in found if h.info.get("task_id") == task_id]
+    if own:
+        _await_first_delivery(task, task_id, lock, max(own), holders)
+    lock_conflict.send(sender=task, task_id=task_id, lock=lock.name, action=action, holders=holders)
     if action == "skip":
         log.info(
             "task %s[%s] skipped: lock %r is held by %s", task.name, task_id, lock.name, held_by

@@ -13,10 +13,10 @@ from celery import Celery
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
-from ..durations import ALLOWANCE, TTL, Duration, seconds
+from ..durations import ALLOWANCE, OTHER, TTL, Duration, seconds
 from ..errors import LockConfigError
 from ..keys import DEFAULT_NAMESPACE, check_namespace
-from ..lock import RedisClient
+from ..lock import DEFAULT_FENCE_KEEP, RedisClient
 from .options import CONFLICT_ACTIONS, ConflictAction
 from .unique import ON_DUPLICATE, OnDuplicate
 
@@ -27,6 +27,9 @@ BACKEND_POLICIES: tuple[BackendPolicy, ...] = ("fail", "retry", "run")
 
 DEFAULT_TTL = 15.0
 DEFAULT_QUEUE_ALLOWANCE = 600.0
+# How long a finished acks_late delivery is remembered: a redelivery of it within this time is
+# dropped instead of run again (a Redis broker redelivers after its visibility timeout, 1 h).
+DEFAULT_COMPLETION_TTL = 3600.0
 SOCKET_TIMEOUT = 5.0
 
 
@@ -45,6 +48,10 @@ class Settings:
     """Seconds a unique task's queued claim lasts beyond its countdown/ETA."""
     task_time_limit: float | None
     """Celery's own ``task_time_limit``: the default maximum hold of a lease."""
+    completion_ttl: float = DEFAULT_COMPLETION_TTL
+    """Seconds a finished ``acks_late`` delivery is remembered, so a redelivery is dropped."""
+    fence_keep: float = DEFAULT_FENCE_KEEP
+    """Seconds a lock's fence mark outlives its last use (server clock steps back safely)."""
 
 
 def _setting(app: Celery, name: str, default: Any) -> Any:
@@ -107,6 +114,8 @@ def _read(app: Celery) -> Settings:
         on_duplicate=on_duplicate,
         queue_allowance=allowance,
         task_time_limit=app.conf.task_time_limit,
+        completion_ttl=_seconds(app, "redislock_completion_ttl", DEFAULT_COMPLETION_TTL, ALLOWANCE),
+        fence_keep=_seconds(app, "redislock_fence_keep", DEFAULT_FENCE_KEEP, OTHER),
     )
 
 
@@ -138,6 +147,8 @@ _READ_KEYS = (
     "redislock_namespace",
     "redislock_ttl",
     "redislock_queue_allowance",
+    "redislock_completion_ttl",
+    "redislock_fence_keep",
     "redislock_on_conflict",
     "redislock_on_duplicate",
     "redislock_on_backend_error",

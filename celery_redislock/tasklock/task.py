@@ -111,6 +111,7 @@ def _release_after_run(
     # does not), in the process that ran the task, while its request is still current.
     if isinstance(sender, LockedTask):
         runtime.release_held(sender)
+        runtime.finish_job(sender, info.get("state"))
         if info.get("state") in ("FAILURE", "REJECTED"):
             # The job is over (it may have failed before it started): its queued claim goes.
             runtime.end_claim(sender, task_id, args, kwargs or {})
