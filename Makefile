@@ -8,9 +8,10 @@ LOWEST ?= .venv-lowest
 # The Celery tests, again on the lowest supported Celery, kombu, billiard and redis-py.
 CELERY_TESTS := tests/test_celery_release.py tests/test_celery_pools.py \
 	tests/test_celery_exclusion.py tests/test_celery_options.py \
-	tests/test_celery_unique.py tests/test_celery_unique_options.py
+	tests/test_celery_unique.py tests/test_celery_unique_options.py \
+	tests/test_celery_redelivery.py
 
-.PHONY: demo demo-core test test-lowest lint bench bench-celery clean
+.PHONY: demo demo-core test test-lowest lint bench bench-celery soak clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -59,6 +60,11 @@ bench: $(VENV)/.dev
 bench-celery: $(VENV)/.dev
 	$(BIN)/python benchmarks/celery_overhead.py $(ARGS)
 	$(BIN)/python benchmarks/celery_enqueue.py $(ARGS)
+
+# Two workers under chaos (kills, lost replies) for 5 minutes: nothing lost, no two holders at
+# once. `make soak ARGS="--minutes 1 --json soak.json"` for a shorter one.
+soak: $(VENV)/.dev
+	$(BIN)/python benchmarks/soak.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(LOWEST) .coverage .pytest_cache .mypy_cache .ruff_cache .hypothesis
