@@ -16,6 +16,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
+from .durations import MAX_HOLD, TTL, seconds
 from .errors import LockBackendError
 from .lock import Lease, RedisClient, backend_errors
 from .scripts import run, script
@@ -43,6 +44,8 @@ def renew_leases(leases: Iterable[Lease], *, ttl: float | None = None) -> RenewR
     renewing thousands of leases costs one round trip per node. A lease that had lapsed or was
     removed is reported in ``lost`` and marked ``lease.lost``; it is never revived.
     """
+    if ttl is not None:
+        ttl = seconds(ttl, TTL, "ttl")
     renewed: list[Lease] = []
     lost: list[Lease] = []
     for client, group in _by_client(leases).values():
@@ -227,6 +230,8 @@ class Renewer:
         self, lease: Lease, *, on_lost: OnLost | None = None, max_hold: float | None = None
     ) -> None:
         """Keeps ``lease`` alive until :meth:`unregister`, loss, or ``max_hold`` seconds."""
+        if max_hold is not None:
+            max_hold = seconds(max_hold, MAX_HOLD, "max_hold", name=lease.name)
         hold_until = None if max_hold is None else time.monotonic() + max_hold
         entry = _Entry(lease, on_lost, hold_until, due=time.monotonic() + lease.lock.ttl / 3)
         with self._cond:

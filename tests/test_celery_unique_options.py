@@ -259,3 +259,17 @@ def test_a_string_argument_starting_with_a_brace_can_be_published(app: Celery) -
     assert brace.delay("}x").id == first.id
     assert brace.delay("%7Dx").id != first.id
     assert queued(app) == 2
+
+
+def test_an_absurd_countdown_is_not_blamed_on_redis(app: Celery) -> None:
+    """countdown=1e300 is Celery's to refuse; the claim must not reach Redis as a number it
+    cannot take (a LockBackendError blaming Redis), and nothing stays claimed."""
+
+    @app.task(shared=False, name="uq.far", unique="until_started")
+    def far() -> None: ...
+
+    with pytest.raises(Exception) as raised:
+        far.apply_async(countdown=1e300)
+    assert not isinstance(raised.value, LockBackendError), raised.value
+    assert queued(app) == 0
+    assert far.delay().id  # the key is free: a plain call publishes

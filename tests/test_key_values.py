@@ -19,7 +19,15 @@ from celery import Celery
 from hypothesis import given
 from hypothesis import strategies as st
 
-from celery_redislock import Lock, LockConfigError, client_for, install, lock_for
+from celery_redislock import (
+    Lock,
+    LockConfigError,
+    Renewer,
+    client_for,
+    install,
+    lock_for,
+    renew_leases,
+)
 from celery_redislock.tasklock.keyname import lock_name
 from celery_redislock.tasklock.options import LockOptions
 
@@ -371,3 +379,15 @@ def test_a_malformed_redis_url_is_a_config_error_naming_the_setting(app: Celery)
     with pytest.raises(LockConfigError, match=r"setting redislock_url .*'notaurl://x'") as raised:
         client_for(app)
     assert isinstance(raised.value.__cause__, ValueError)
+
+
+def test_renewal_durations_are_checked(client: redis.Redis) -> None:
+    lease = Lock(client, "renew-range", ttl=5).acquire()
+    with pytest.raises(LockConfigError, match=r"ttl must be a number of seconds from 0\.1"):
+        renew_leases([lease], ttl=float("inf"))
+    with pytest.raises(LockConfigError, match=r"ttl must be"):
+        lease.renew(1e300)
+    with pytest.raises(LockConfigError, match=r"max_hold must be"):
+        Renewer.current().register(lease, max_hold=1e-9)
+    assert lease.name not in [x.name for x in Renewer.current().leases()]
+    lease.release()

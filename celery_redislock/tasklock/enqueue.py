@@ -39,6 +39,7 @@ CONFLICTS_HEADER = "redislock_conflicts"
 # Message header counting re-publishes of a delivery that found another delivery of the same
 # task holding its lease (it waits to learn whether that one finished); the same job too.
 REDELIVERY_HEADER = "redislock_redelivered"
+_MAX_CLAIM_S = 365 * 86400.0
 # How long a producer trusts what it read of a task it cannot import.
 _REGISTRY_CACHE_S = 30.0
 
@@ -260,6 +261,9 @@ def lifetime(app: Celery, spec: Spec, settings: Settings, options: Mapping[str, 
         expires_in = _seconds_until(app, expires)
     else:  # not given (None, or Celery's marker for it): the task's own default
         expires_in = spec.expires
+    # Past a year it is no claim but a mistake (countdown=1e300): Celery's own publish refuses
+    # it, and the claim is given up then; it must not reach Redis as a number it cannot take.
+    life = min(life, _MAX_CLAIM_S)
     return life if expires_in is None else min(life, expires_in)
 
 
