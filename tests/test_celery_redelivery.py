@@ -46,16 +46,23 @@ def test_whole_worker_killed_redelivery_runs_after_the_dead_lease_lapses(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
     """Redis broker, the whole worker SIGKILLed mid-run: the broker redelivers after the
-    visibility timeout while the dead run's lease still lives (ttl 6 s > 2 s). The copy must
+    visibility timeout while the dead run's lease still lives (ttl 12 s > 2 s). The copy must
     neither run beside that lease nor be dropped: it runs once the lease lapsed, and the task
     ends SUCCESS. (On 2dbb8d2 the copy was acknowledged and dropped: PENDING for ever.)"""
-    env = {**ACKS_LATE, "LOCKAPP_VT": "2"}
+    env = {**ACKS_LATE, "LOCKAPP_VT": "2", "LOCKAPP_TTL": "12"}
     first_worker = workers(name="w1", env=env)
     result = lockapp.hold.apply_async(("k", 60.0))
     wait_for(lambda: lockapp.r.llen("started:k") == 1, "first delivery running", 30)
     token = lock_for(lockapp.hold, ("k",)).holders()[0].token
     first_worker.kill()  # main process and pool together: nobody releases the lease
     lockapp.r.set("stop:k", 1)  # the next run of the body ends at once
+    # Older kombu restores overdue unacked messages only as a worker starts: start w2 once the
+    # message is overdue.
+    wait_for(
+        lambda: lockapp.r.zcount("unacked_index", "-inf", time.time() - 2.0) > 0,
+        "the dead run's message overdue",
+        10,
+    )
     workers(name="w2", env=env)  # restores the overdue unacked message
     wait_for(lambda: "await" in _signals(lockapp, result.id), "the copy waited", 30)
     gone_at = _watch_lease_gone(lockapp, "k", token)
