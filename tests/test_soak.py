@@ -11,14 +11,12 @@ makes that a failure.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -26,17 +24,13 @@ import pytest
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"  # tests/rabbit.py's RabbitServer.binary
 
+sys.path.insert(0, str(SCRIPT.parent))  # the soak's modules live next to its script
+import soak_brokers  # noqa: E402
+import soak_judge  # noqa: E402
+import soak_logs  # noqa: E402
+import soak_lost  # noqa: E402
+import soak_records  # noqa: E402
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("soak", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _load()
 S = 1_000_000  # ledger times are µs
 VT = 10.0
 
@@ -52,7 +46,7 @@ def run(
     pid: int = 100,
     ppid: int = 10,
 ) -> Any:
-    return soak.Run(
+    return soak_records.Run(
         run_id=run_id,
         task_id=task_id,
         kind="read" if mode == "read" else "exclusive",
@@ -67,15 +61,15 @@ def run(
 
 
 def kill(at: float, pids: tuple[int, ...], kind: str = "child", group: int = 10) -> Any:
-    return soak.Kill(kind, "w1", group, pids, int(at * S), int(at * S) + 50)
+    return soak_records.Kill(kind, "w1", group, pids, int(at * S), int(at * S) + 50)
 
 
 def sent(*task_ids: str, lock: str = "k:0") -> list[Any]:
-    return [soak.Sent(t, "exclusive", lock) for t in task_ids]
+    return [soak_records.Sent(t, "exclusive", lock) for t in task_ids]
 
 
 def judge(sent_: list[Any], runs: list[Any], kills: Sequence[Any] = (), **states: str) -> Any:
-    return soak.judge(
+    return soak_judge.judge(
         sent_, runs, list(kills), states, stopped_at=1000 * S, visibility_timeout_s=VT
     )
 
@@ -164,7 +158,7 @@ def test_duplicate_runs_are_reported_with_their_cause() -> None:
 
 
 def publish(task_id: str, at: float, took: float = 0.001) -> Any:
-    return soak.Publish(task_id, int(at * S), int((at + took) * S), pid=1)
+    return soak_records.Publish(task_id, int(at * S), int((at + took) * S), pid=1)
 
 
 def judge_transit(
@@ -179,7 +173,7 @@ def judge_transit(
     **states: str,
 ) -> Any:
     """The verdict on task "a" (sent, never completed) from its publishes and receipts."""
-    return soak.judge(
+    return soak_judge.judge(
         sent("a"),
         list(runs),
         list(kills),
@@ -232,7 +226,7 @@ def test_a_loss_in_transit_by_the_redis_broker_is_counted_apart_only_when_proven
         "still queued in the broker": judge_transit(
             [publish("a", 5.0)], [], worker_killed, in_broker={"a"}
         ),
-        "the broker's queues not read": soak.judge(
+        "the broker's queues not read": soak_judge.judge(
             sent("a"),
             [],
             worker_killed,
@@ -261,7 +255,7 @@ def test_a_loss_in_transit_by_the_redis_broker_is_counted_apart_only_when_proven
 
     # A loss left in tasks_lost says what the proof lacks.
     verdict = not_proven["no whole-worker kill"]
-    [why] = soak.explain_lost(
+    [why] = soak_lost.explain_lost(
         verdict, sent("a"), [], [], {}, {}, {}, 1000 * S,
         publishes={"a": [publish("a", 5.0)]}, receives={}, in_broker=set(),
     )  # fmt: skip
@@ -270,10 +264,12 @@ def test_a_loss_in_transit_by_the_redis_broker_is_counted_apart_only_when_proven
     assert "no whole worker was killed within 1 s" in why["why"]
     # Published after a kill, while Redis still listed the dead worker's BRPOP: said, not
     # counted apart.
-    dead = soak.Kill("worker", "w2", 10, (10,), int(4.97 * S), int(4.971 * S), int(5.02 * S))
+    dead = soak_records.Kill(
+        "worker", "w2", 10, (10,), int(4.97 * S), int(4.971 * S), int(5.02 * S)
+    )
     verdict = judge_transit([publish("a", 5.0)], [], [dead])
     assert (verdict.tasks_lost, verdict.broker_lost) == (1, 0)
-    [why] = soak.explain_lost(
+    [why] = soak_lost.explain_lost(
         verdict, sent("a"), [], [dead], {}, {}, {}, 1000 * S,
         publishes={"a": [publish("a", 5.0)]}, receives={}, in_broker=set(),
     )  # fmt: skip
@@ -291,7 +287,7 @@ def test_receipts_are_read_from_the_worker_logs(tmp_path: Path) -> None:
     (tmp_path / "w2.0.log").write_text(  # Celery before 5.4
         f"[2026-11-22 15:37:17,250: INFO/MainProcess] Received task: soakapp.capped[{task_id}]\n"
     )
-    times = soak.receive_times(sorted(tmp_path.glob("*.log")))
+    times = soak_logs.receive_times(sorted(tmp_path.glob("*.log")))
     assert list(times) == [task_id] and len(times[task_id]) == 2
     assert times[task_id][1] - times[task_id][0] == 1_250_000
 
@@ -311,7 +307,7 @@ def test_the_soak_knows_where_rabbitmq_is() -> None:
     sys.path.insert(0, str(SCRIPT.parent.parent / "tests"))
     from rabbit import RabbitServer
 
-    assert RabbitServer.binary == RABBITMQ_SERVER == soak.rabbit_binary()
+    assert RabbitServer.binary == RABBITMQ_SERVER == soak_brokers.rabbit_binary()
 
 
 @pytest.mark.soak
