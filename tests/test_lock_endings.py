@@ -142,3 +142,18 @@ def test_fence_keep_is_configurable(client: redis.Redis) -> None:
     assert client.pttl(lock.keys.meta) <= 300
     time.sleep(0.35)  # fence_keep passing is the point
     assert not client.exists(lock.keys.meta), "the mark lapsed after fence_keep"
+
+
+def test_a_lease_re_entered_all_day_keeps_a_small_record(client: redis.Redis) -> None:
+    """Re-entries and partial releases note their request ids (so a retried call counts once),
+    but only the last few: the record of a lease re-entered thousands of times stays small."""
+    lock = Lock(client, "busy-owner", ttl=30)
+    leases = [lock.acquire(owner="o") for _ in range(200)]
+    record = client.hget(lock.keys.meta, f"l:{leases[0].token}")
+    assert record is not None and len(record.split(b"|")[3].split()) <= 16
+    assert lock.holders()[0].count == 200
+    for lease in leases[:-1]:
+        lease.release()
+    assert lock.holders()[0].count == 1
+    leases[-1].release()
+    assert not lock.locked()

@@ -23,8 +23,9 @@
 
 -- How long the lock's keys outlive its last lease or waiter (the fence mark: far longer, `keep`).
 local GRACE_MS = 1000
--- How many release ids 'g' remembers: enough for a retry that follows its lost reply.
-local RELEASED_KEPT = 16
+-- How many request ids a lease record, and release ids 'g', remember: enough for a call run
+-- again right after its reply was lost.
+local REQUESTS_KEPT = 16
 
 local K = {
   leases = KEYS[1], meta = KEYS[2], queue = KEYS[3], qdl = KEYS[4], wake = KEYS[5], done = KEYS[6],
@@ -84,26 +85,32 @@ local function applied(rec, id)
   return string.find(' ' .. rec.r .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
 end
 
--- Notes request `id` as applied to `rec` (written with the record).
+-- Keeps the `n` most recent of the space-separated ids in `list`, with `id` first.
+local function recent(id, list, n)
+  local kept, count = id, 1
+  if list then
+    for t in string.gmatch(list, '%S+') do
+      if count >= n then
+        break
+      end
+      kept = kept .. ' ' .. t
+      count = count + 1
+    end
+  end
+  return kept
+end
+
+-- Notes request `id` as applied to `rec` (written with the record). Only the last few are kept:
+-- a call is run again right after its reply was lost, and a lease re-entered all day must not
+-- carry a record that grows all day.
 local function note_request(rec, id)
-  rec.r = rec.r == '' and id or (rec.r .. ' ' .. id)
+  rec.r = recent(id, rec.r ~= '' and rec.r or nil, REQUESTS_KEPT)
 end
 
 -- Remembers that release `id` dropped a lease, so that the same release run again says so.
 local function note_released(id)
-  local prev = redis.call('HGET', K.meta, 'g')
-  local kept = id
-  if prev then
-    local n = 1
-    for t in string.gmatch(prev, '%S+') do
-      if n >= RELEASED_KEPT then
-        break
-      end
-      kept = kept .. ' ' .. t
-      n = n + 1
-    end
-  end
-  redis.call('HSET', K.meta, 'g', kept)
+  local prev = redis.call('HGET', K.meta, 'g') or nil
+  redis.call('HSET', K.meta, 'g', recent(id, prev, REQUESTS_KEPT))
 end
 
 local function was_released(id)
