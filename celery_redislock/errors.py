@@ -39,11 +39,23 @@ class LockConfigError(RedisLockError, ValueError):
 
 
 class LockNotAcquired(RedisLockError):
-    """The lock was not acquired: it was held and the call would not (or no longer) wait."""
+    """The lock was not acquired: it was held and the call would not (or no longer) wait.
 
-    def __init__(self, message: str, *, name: str, timeout: float | None = None) -> None:
+    ``owner_expires_in`` is set (seconds) when the lock was refused because the call's own
+    ``owner`` holds a live lease already (``reentrant=False``): that lease's time left.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str,
+        timeout: float | None = None,
+        owner_expires_in: float | None = None,
+    ) -> None:
         super().__init__(message, name=name)
         self.timeout = timeout
+        self.owner_expires_in = owner_expires_in
 
 
 class LockNotOwned(RedisLockError):

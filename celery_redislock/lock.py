@@ -330,11 +330,14 @@ class Lock:
                     name=self.name,
                 )
             if not wait:
+                own = int(reply[5]) / 1000 if status == 3 else None
                 raise LockNotAcquired(
                     f"lock {self.name!r} is held"
+                    + (f" by owner {owner!r} already" if own is not None else "")
                     + (f" (gave up after {timeout}s)" if timeout else ""),
                     name=self.name,
                     timeout=timeout,
+                    owner_expires_in=own,
                 )
             remaining = float("inf") if deadline is None else deadline - time.monotonic()
             if remaining <= 0:

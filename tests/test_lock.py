@@ -390,11 +390,15 @@ def test_non_reentrant_owner_holds_at_most_one_lease(
 ) -> None:
     lock = Lock(client, "once", ttl=5, mode=mode, limit=limit)
     first = lock.acquire(owner="task-1", reentrant=False)
-    # Even where another holder would fit (readers, a cap of 3), the same owner is refused.
-    with pytest.raises(LockNotAcquired):
+    # Even where another holder would fit (readers, a cap of 3), the same owner is refused, and
+    # told so (with the time its lease has left) in the same step that refused it.
+    with pytest.raises(LockNotAcquired, match="by owner 'task-1' already") as refused:
         lock.acquire(blocking=False, owner="task-1", reentrant=False)
-    with pytest.raises(LockNotAcquired):
+    assert refused.value.owner_expires_in is not None
+    assert 4 < refused.value.owner_expires_in <= 5
+    with pytest.raises(LockNotAcquired) as waited:
         lock.acquire(timeout=0.05, owner="task-1", reentrant=False)
+    assert waited.value.owner_expires_in is not None
     if mode == "read" or limit:
         other = lock.acquire(blocking=False, owner="task-2", reentrant=False)
         other.release()

@@ -12,7 +12,8 @@
 --   expiry in server ms, count the reentry count, next the ms until the earliest lease expires,
 --   mode the held lease's mode;
 --   status 1 held, 0 not held (queued when wait = 1), -1 read-to-write upgrade refused,
---   2 the job is finished already;
+--   2 the job is finished already, 3 not held: the owner holds a live lease (once = 1; next is
+--   then the ms that lease has left);
 --   granted is token, fence, expiry of other waiters this call handed the lock to (fair mode).
 local tok, owner, info, job = ARGV[1], ARGV[4], ARGV[5], ARGV[6]
 local mode, limit, ttl, fair, entry_ms, keep_ms = parse_spec(ARGV[2])
@@ -71,8 +72,9 @@ if owner ~= '' then
     if applied(rec, tok) then -- this re-entry ran before: it counts once
       return held(mine, rec.f, tonumber(redis.call('ZSCORE', K.leases, mine)), rec.c, {}, rec.m)
     end
-    if once then
-      return not_held({})
+    if once then -- the owner holds a lease already: say so, with the ms it has left
+      local left = tonumber(redis.call('ZSCORE', K.leases, mine)) - now
+      return reply({3, mine, rec.f, 0, rec.c, left, rec.m})
     end
     if rec.m == 'r' and mode == 'w' then
       return reply({-1, mine, rec.f, 0, rec.c, 0, rec.m})

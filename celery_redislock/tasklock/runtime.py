@@ -19,7 +19,7 @@ from ..errors import (
     LockNotAcquired,
     LockNotOwned,
 )
-from ..lock import Holder, Lease, Lock, RedisClient
+from ..lock import Lease, Lock, RedisClient
 from ..renewal import Renewer
 from .enqueue import CONFLICTS_HEADER, REDELIVERY_HEADER
 from .keyname import lock_name
@@ -173,7 +173,9 @@ def _take_lease(
         )
     except JobFinished:
         _drop_finished(task, task_id, lock)
-    except LockNotAcquired:
+    except LockNotAcquired as exc:
+        if exc.owner_expires_in is not None:  # another delivery of this very task holds it
+            _await_first_delivery(task, task_id, lock, exc.owner_expires_in)
         _conflict(task, task_id, lock, action, options, (args, kwargs))
     except LockBackendError as exc:
         _backend_down(task, task_id, name, settings, options, exc)
@@ -326,9 +328,9 @@ def release_all_held() -> None:
 # -- conflicts ---------------------------------------------------------------------------------
 
 
-def _holders(lock: Lock) -> list[Holder]:
+def _holder_ids(lock: Lock) -> list[str]:
     try:
-        return lock.holders()
+        return [h.info.get("task_id", "?") for h in lock.holders()]
     except LockBackendError:
         return []
 
@@ -347,12 +349,13 @@ def _drop_finished(task: LockedTask, task_id: str, lock: Lock) -> NoReturn:
 
 
 def _await_first_delivery(
-    task: LockedTask, task_id: str, lock: Lock, expires_in: float, holders: list[str]
+    task: LockedTask, task_id: str, lock: Lock, expires_in: float
 ) -> NoReturn:
-    """Another delivery of this very task holds the lease: it still runs (visibility timeout,
-    RabbitMQ requeue), or its worker died and the lease has yet to lapse. Which, nobody can tell
-    yet, so this copy is neither run beside it nor dropped: it comes back once that lease may
-    have lapsed. Then it is dropped if the first delivery finished, and run if it did not."""
+    """Another delivery of this very task holds the lease (the acquire script said so, in the
+    same step that refused it): it still runs (visibility timeout, RabbitMQ requeue), or its
+    worker died and the lease has yet to lapse. Which, nobody can tell yet, so this copy is
+    neither run beside it nor dropped: it comes back once that lease may have lapsed. Then it is
+    dropped if the first delivery finished, and run if it did not."""
     request = task.request
     if request.is_eager:
         raise LockNotAcquired(
@@ -373,7 +376,7 @@ def _await_first_delivery(
         countdown,
     )
     lock_conflict.send(
-        sender=task, task_id=task_id, lock=lock.name, action="await", holders=holders
+        sender=task, task_id=task_id, lock=lock.name, action="await", holders=[task_id]
     )
     # The same job (retries and conflict count unchanged), so its finish record applies.
     headers = {**(request.headers or {}), REDELIVERY_HEADER: waits + 1}
@@ -390,12 +393,8 @@ def _conflict(
     options: LockOptions,
     call: tuple[Any, Any],
 ) -> NoReturn:
-    found = _holders(lock)
-    holders = [h.info.get("task_id", "?") for h in found]
+    holders = _holder_ids(lock)
     held_by = ", ".join(holders) or "a task that just finished"
-    own = [h.expires_in for h in found if h.info.get("task_id") == task_id]
-    if own:
-        _await_first_delivery(task, task_id, lock, max(own), holders)
     lock_conflict.send(sender=task, task_id=task_id, lock=lock.name, action=action, holders=holders)
     if action == "skip":
         log.info(
