@@ -115,12 +115,14 @@ class Lease:
     def name(self) -> str:
         return self.lock.name
 
-    def release(self) -> None:
-        """Gives the lease back (one level of it, if the owner re-entered).
+    def release(self, *, finish_job: str | None = None, keep: float | None = None) -> None:
+        """Gives the lease back (one level of it, if the owner re-entered). With ``finish_job``,
+        records that job as finished for ``keep`` seconds in the same step (see
+        :meth:`Lock.finish_job`), even if the lease had lapsed.
 
         Raises :class:`LockNotOwned` if it was not held any more (expired, or released already).
         """
-        self.lock.release(self)
+        self.lock.release(self, finish_job=finish_job, keep=keep)
 
     def renew(self, ttl: float | None = None) -> None:
         """Extends the lease to ``ttl`` seconds from now (default: the lock's ttl); a lease that
@@ -426,8 +428,11 @@ class Lock:
 
     # -- releasing ---------------------------------------------------------------------------
 
-    def release(self, lease: Lease) -> None:
-        """Releases ``lease`` (one re-entry level). Raises :class:`LockNotOwned` if not held."""
+    def release(
+        self, lease: Lease, *, finish_job: str | None = None, keep: float | None = None
+    ) -> None:
+        """Releases ``lease`` (one re-entry level). Raises :class:`LockNotOwned` if not held.
+        ``finish_job``/``keep``: see :meth:`Lease.release`."""
         if lease.lock is not self and lease.lock.keys != self.keys:
             raise LockNotOwned(
                 f"lease {lease.token} belongs to lock {lease.name!r} in namespace "
@@ -443,10 +448,11 @@ class Lock:
                 token=lease.token,
             )
         request = os.urandom(8).hex()
+        args = [lease.token, self._spec, "0", request]
+        if finish_job is not None:
+            args += self._finish_args(finish_job, keep)
         try:
-            reply = run(
-                "release", self.client, self.encoded_keys, [lease.token, self._spec, "0", request]
-            ).split()
+            reply = run("release", self.client, self.encoded_keys, args).split()
             if len(reply) > 2:
                 self._notify(reply[2:])
         except redis.RedisError as exc:
@@ -487,9 +493,16 @@ class Lock:
 
         >>> lock.finish_job("task-id.0", keep=3600)   # doctest: +SKIP
         """
-        keep_ms = round(_positive_seconds(keep, "keep", self.name) * 1000)
         with backend_errors(self.name):
-            run("finish", self.client, [self.keys.done], [job, str(keep_ms)])
+            run("finish", self.client, self.encoded_keys, self._finish_args(job, keep))
+
+    def _finish_args(self, job: str, keep: float | None) -> list[str]:
+        if not isinstance(job, str) or not job or " " in job:
+            raise LockConfigError(
+                f"job must be a non-empty string without spaces, got {job!r}", name=self.name
+            )
+        keep_ms = round(_positive_seconds(keep, "keep", self.name) * 1000)
+        return [job, str(keep_ms)]
 
     # -- inspecting --------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ def _load_all() -> dict[str, Script]:
         "finish",
     ):
         body = _source(name)
-        if name in ("acquire", "release", "release_where"):
+        if name in ("acquire", "release", "release_where", "finish"):
             body = _source("common") + b"\n" + body
         # A Script made from bytes needs no client: each call names the client it runs on.
         scripts[name] = Script(None, body)  # type: ignore[arg-type]

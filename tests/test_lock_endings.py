@@ -16,7 +16,7 @@ import pytest
 import redis
 from conftest import wait_for
 
-from celery_redislock import Lease, Lock, LockNotOwned
+from celery_redislock import JobFinished, Lease, Lock, LockNotOwned
 
 Enter = Callable[[Lock], AbstractContextManager[Lease]]
 ENTERS: list[Enter] = [lambda lock: lock.acquire(), lambda lock: lock]
@@ -157,3 +157,23 @@ def test_a_lease_re_entered_all_day_keeps_a_small_record(client: redis.Redis) ->
     assert lock.holders()[0].count == 1
     leases[-1].release()
     assert not lock.locked()
+
+
+def test_release_records_the_job_finished_in_the_same_step(client: redis.Redis) -> None:
+    """A delivery that gives its lease back with finish_job leaves the next delivery of the
+    same job either the lease or the record, never neither; a lapsed lease still records it."""
+    lock = Lock(client, "jobs", ttl=5)
+    lease = lock.acquire(owner="t1", reentrant=False, job="t1.0.0")
+    lease.release(finish_job="t1.0.0", keep=60)
+    with pytest.raises(JobFinished) as refused:
+        lock.acquire(blocking=False, owner="t1", reentrant=False, job="t1.0.0")
+    assert refused.value.job == "t1.0.0" and refused.value.name == "jobs"
+    lock.acquire(blocking=False, owner="t1", reentrant=False, job="t1.1.0").release()  # a retry
+    short = Lock(client, "jobs-lapsed", ttl=0.2)
+    lapsed = short.acquire(job="t2.0.0")
+    wait_for(lambda: not short.holders(), "the lease lapsed", 5)
+    with pytest.raises(LockNotOwned):
+        lapsed.release(finish_job="t2.0.0", keep=60)
+    with pytest.raises(JobFinished):
+        short.acquire(blocking=False, job="t2.0.0")
+    assert 55_000 < client.pttl(short.keys.done) <= 60_000

@@ -137,6 +137,15 @@ local function dequeue(tok)
   redis.call('ZREM', K.qdl, tok)
 end
 
+-- Records job `job` as finished for `keep_ms` (the done set is trimmed as it is written).
+local function record_done(job, keep_ms, now)
+  redis.call('ZREMRANGEBYSCORE', K.done, '-inf', now)
+  redis.call('ZADD', K.done, int(now + keep_ms), job)
+  if redis.call('PTTL', K.done) < keep_ms then
+    redis.call('PEXPIRE', K.done, keep_ms)
+  end
+end
+
 -- Drops expired leases.
 local function purge_leases(now)
   local dead = redis.call('ZRANGEBYSCORE', K.leases, '-inf', now)

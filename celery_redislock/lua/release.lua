@@ -2,7 +2,9 @@
 -- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see common.lua)
 -- ARGV: 1 token, 2 the lock's spec (see parse_spec in common.lua),
 --       3 whole: '1' drops the lease whatever its reentry count, '0' one level,
---       4 request id (chosen by the client: run again, the call does not count twice)
+--       4 request id (chosen by the client: run again, the call does not count twice),
+--       5 job ('' = none): record it as finished (see finish.lua) in the same step, whether or
+--         not the lease was still held, 6 how long to keep that record (ms)
 -- Returns 'status left granted...' (one string, space-separated): status 1 released, 0 not held
 --   by this token; left the reentry count left;
 --   granted is token, fence, expiry of each waiter the lock was handed to (fair mode).
@@ -10,6 +12,9 @@ local tok, whole, request = ARGV[1], ARGV[3] == '1', ARGV[4]
 local _, _, _, fair, _, keep_ms = parse_spec(ARGV[2])
 local now, now_us = server_now()
 start(now)
+if (ARGV[5] or '') ~= '' then
+  record_done(ARGV[5], tonumber(ARGV[6]), now)
+end
 local status, left = 0, 0
 local expiry = redis.call('ZSCORE', K.leases, tok)
 if expiry and tonumber(expiry) > now then

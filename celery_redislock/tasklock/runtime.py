@@ -267,19 +267,25 @@ def keep_claim_for_retry(task: LockedTask) -> None:
         log.warning("unique key %r: could not keep it across a retry: %s", lease.name, exc)
 
 
-def finish_job(task: LockedTask, state: str | None) -> None:
-    """Records the run's job as finished under its lock once the run has ended for good (its
-    result stored), so that a redelivery of its message is dropped, not run again; never
-    raises. A retry (a new message carries the job on) or a requeued rejection is not an end."""
+def end_run(task: LockedTask, state: str | None) -> None:
+    """The run has ended (``task_postrun``: its result is stored): gives back the lease if it is
+    still held and, for an ``acks_late`` delivery that ended for good, records the job as
+    finished in the same step, so a redelivery of its message finds either the lease or the
+    record, never neither. A retry (its new message carries the job on) or a requeued rejection
+    is not an end. Never raises."""
     done = getattr(task.request, _FINISH_ATTR, None)
-    if done is None:
-        return
     setattr(task.request, _FINISH_ATTR, None)
-    if state not in ("SUCCESS", "FAILURE", "IGNORED"):
+    job = done[1] if done is not None and state in ("SUCCESS", "FAILURE", "IGNORED") else None
+    keep = settings_for(task.app).completion_ttl if job is not None else None
+    lease = held_lease(task)
+    if lease is not None:
+        setattr(task.request, _REQUEST_ATTR, None)
+        release(lease, finish_job=job, keep=keep)
         return
-    lock, job = done
+    if done is None or job is None:
+        return
     try:
-        lock.finish_job(job, keep=settings_for(task.app).completion_ttl)
+        done[0].finish_job(job, keep=keep)
     except LockBackendError as exc:
         log.warning(
             "task %s[%s]: could not record that it finished (a redelivery of its message "
@@ -290,13 +296,23 @@ def finish_job(task: LockedTask, state: str | None) -> None:
         )
 
 
+def release_at_body_end(task: LockedTask) -> None:
+    """As the body ends: gives the lease back at once, so that whoever waits on the result
+    finds the lock free; except for an ``acks_late`` delivery, whose lease is given back after
+    its result is stored, together with the record that it finished (:func:`end_run`)."""
+    if getattr(task.request, _FINISH_ATTR, None) is None:
+        release_held(task)
+
+
 def held_lease(task: LockedTask) -> Lease | None:
     lease = getattr(task.request, _REQUEST_ATTR, None)
     return lease if isinstance(lease, Lease) else None
 
 
 def release_held(task: LockedTask) -> None:
-    """Gives back the lease the current run holds (if any); never raises."""
+    """Gives back the lease the current run holds (if any) before the run has ended (a retry
+    about to be published, a superseded copy): not an end of the job. Never raises."""
+    setattr(task.request, _FINISH_ATTR, None)
     lease = held_lease(task)
     if lease is None:
         return
@@ -304,13 +320,13 @@ def release_held(task: LockedTask) -> None:
     release(lease)
 
 
-def release(lease: Lease) -> None:
+def release(lease: Lease, *, finish_job: str | None = None, keep: float | None = None) -> None:
     Renewer.current().unregister(lease)
     HELD.discard(lease)
     if lease.released:
         return
     try:
-        lease.release()
+        lease.release(finish_job=finish_job, keep=keep)
     except LockBackendError as exc:
         log.warning("lock %r: release failed, the lease lapses within its ttl: %s", lease.name, exc)
     except LockNotOwned as exc:  # expired or removed (LockLost): nothing left to give back

@@ -88,11 +88,12 @@ class LockedTask(Task):  # type: ignore[misc]
         if self.request.called_directly:
             return super().__call__(*args, **kwargs)  # a plain function call: no lock
         # Run by the worker (the request is already pushed): release as the body ends, before
-        # the result is stored, so whoever waits on the result finds the lock free.
+        # the result is stored, so whoever waits on the result finds the lock free (an
+        # acks_late delivery: just after, with the record that it finished; see end_run).
         try:
             return self.run(*args, **kwargs)
         finally:
-            runtime.release_held(self)
+            runtime.release_at_body_end(self)
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         # Give the lock back before the retry is published, so the retried run cannot find it
@@ -106,12 +107,12 @@ class LockedTask(Task):  # type: ignore[misc]
 def _release_after_run(
     sender: Any = None, task_id: Any = None, args: Any = (), kwargs: Any = None, **info: Any
 ) -> None:
-    # Normally released already (__call__); this covers a run whose body never started.
+    # Normally released already (__call__); this covers a run whose body never started, and
+    # an acks_late delivery, released here with the record that it finished.
     # task_postrun fires for every ending, RETRY, IGNORED and REJECTED included (after_return
     # does not), in the process that ran the task, while its request is still current.
     if isinstance(sender, LockedTask):
-        runtime.release_held(sender)
-        runtime.finish_job(sender, info.get("state"))
+        runtime.end_run(sender, info.get("state"))
         if info.get("state") in ("FAILURE", "REJECTED"):
             # The job is over (it may have failed before it started): its queued claim goes.
             runtime.end_claim(sender, task_id, args, kwargs or {})
