@@ -10,7 +10,7 @@ import random
 import threading
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Reject, Retry
 
 from ..errors import (
     JobFinished,
@@ -396,7 +396,18 @@ def _await_first_delivery(
     )
     # The same job (retries and conflict count unchanged), so its finish record applies.
     headers = {**(request.headers or {}), REDELIVERY_HEADER: waits + 1}
-    task.signature_from_request(request, countdown=countdown, headers=headers).apply_async()
+    try:
+        task.signature_from_request(request, countdown=countdown, headers=headers).apply_async()
+    except Exception as exc:
+        # Not re-published: this message must not be acknowledged as done (nobody would run
+        # the task if the first delivery died). Back to the broker with it.
+        log.warning(
+            "task %s[%s]: could not re-publish the waiting copy (%s); requeued",
+            task.name,
+            task_id,
+            exc,
+        )
+        raise Reject(exc, requeue=True) from exc
     # Ignore, not Retry: a RETRY state stored now could land after the first delivery's result.
     raise Ignore()
 
