@@ -11,7 +11,7 @@ CELERY_TESTS := tests/test_celery_release.py tests/test_celery_pools.py \
 	tests/test_celery_unique.py tests/test_celery_unique_options.py \
 	tests/test_celery_redelivery.py
 
-.PHONY: demo demo-core test test-lowest lint bench bench-celery soak clean
+.PHONY: demo demo-core test test-lowest lint bench bench-celery soak clean docs
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -30,24 +30,26 @@ $(LOWEST)/.done: pyproject.toml constraints-lowest.txt
 
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $@ $(VENV)/.demo
+	touch $@ $(VENV)/.demo $(VENV)/.docs
 
 # The demos use REDIS_URL when set, else redis-server on PATH, else the embedded binary.
 # `make demo`: two Celery workers under bursts of calls; `make demo-core`: the lock core alone.
 demo: $(VENV)/.demo
-	$(BIN)/python -m celery_redislock.taskdemo $(ARGS)
+	$(BIN)/python -m demos.celery $(ARGS)
 
 demo-core: $(VENV)/.demo
-	$(BIN)/python -m celery_redislock.demo $(ARGS)
+	$(BIN)/python -m demos.core $(ARGS)
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
-# Runs every test against each Redis found: redis-server on PATH and the embedded 6.2.
-# Then the Celery tests once more on the lowest supported versions.
-test: lint
+# The docs build (warnings as errors, doctests), then every test against each Redis found:
+# redis-server on PATH and the embedded 6.2. Then the Celery tests once more on the lowest
+# supported versions.
+test: lint docs
 	$(BIN)/pytest --cov --cov-report=term-missing:skip-covered $(ARGS)
 	$(MAKE) test-lowest
 
@@ -67,4 +69,15 @@ soak: $(VENV)/.dev
 	$(BIN)/python benchmarks/soak.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(LOWEST) .coverage .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(LOWEST) .coverage .pytest_cache .mypy_cache .ruff_cache .hypothesis docs/_build
+
+# The docs site (docs/, Sphinx + MyST): HTML with warnings as errors, then the examples of the
+# pages and of the docstrings run as doctests. -E reads every page again: an incremental build
+# would not repeat the warnings of pages it does not rebuild, and pass.
+$(VENV)/.docs: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs
+	$(BIN)/sphinx-build -E -W --keep-going -b html docs docs/_build/html
+	$(BIN)/sphinx-build -E -W -b doctest docs docs/_build/doctest

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from celery_redislock.server import RedisServer
+from celery_redislock.contrib.redis_server import RedisServer
 
 
 @dataclass(frozen=True)

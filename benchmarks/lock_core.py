@@ -492,7 +492,7 @@ def measure_renew(url: str, admin: redis.Redis, prefix: str, count: int) -> Rene
             Lock(client, f"{prefix}:renew:{i}", ttl=RENEW_TTL_S).acquire(blocking=False)
             for i in range(count)
         ]
-        renew_leases(leases[:1])  # the script is then cached, as for a renewer in steady state
+        renew_leases(leases[:1])  # the script is then cached, as for a heartbeat in steady state
         admin.config_resetstat()
         sent_before = CountingConnection.sent
         start = time.perf_counter()

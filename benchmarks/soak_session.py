@@ -51,7 +51,7 @@ def _proxy(enabled: bool, port: int) -> Iterator[Any]:
 def soak(args: argparse.Namespace, seed: int, log_dir: Path, began: float) -> int:
     from celery.signals import after_task_publish
 
-    from celery_redislock.server import RedisServer
+    from celery_redislock.contrib.redis_server import RedisServer
 
     broker_name, why = pick_broker(args.broker)
     print(f"broker: {broker_name} ({why})", flush=True)

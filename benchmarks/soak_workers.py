@@ -10,6 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent  # benchmarks/: the workers run here, with it on PYTHONPATH
+# The checkout, for demos._common.processes (not installed). Appended: an installed
+# celery_redislock stays the one imported.
+if str(HERE.parent) not in sys.path:
+    sys.path.append(str(HERE.parent))
 
 WORKERS = ("w1", "w2")
 CONCURRENCY = 2
@@ -21,7 +25,7 @@ class Fleet:
     (``w1.0.log``, ``w1.1.log``, ...), in a process group of its own."""
 
     def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
-        from celery_redislock.taskdemo.processes import Children
+        from demos._common.processes import Children
 
         self.log_dir = log_dir
         self.children = Children(log_dir, cwd=HERE, env=env)

@@ -1,14 +1,16 @@
-"""The exception tree. Every error the package raises derives from :class:`RedisLockError`::
+"""The exception tree.
 
-RedisLockError                  base; ``.name`` is the lock's name (or None)
-├── LockConfigError             bad arguments (also a ValueError)
-├── LockNotAcquired             acquire() gave up: non-blocking, or the timeout passed
-├── LockNotOwned                release/renew of a lease this token does not hold
-│   └── LockLost                a lease held earlier expired or was removed
-├── LockUpgradeError            an owner holding a read lease asked for write
-├── LockBackendError            Redis could not be reached or answered with an error
-├── JobFinished                 acquire(job=...): that job is recorded as finished already
-└── DuplicateTask               a unique task is already queued or running (not published)
+Every error the package raises derives from :class:`RedisLockError`::
+
+    RedisLockError                  base; ``.name`` is the lock's name (or None)
+    ├── LockConfigError             bad arguments (also a ValueError)
+    ├── LockNotAcquired             acquire() gave up: non-blocking, or the timeout passed
+    ├── LockNotOwned                release/renew of a lease this token does not hold
+    │   └── LockLost                a lease held earlier expired or was removed
+    ├── LockUpgradeError            an owner holding a read lease asked for write
+    ├── LockBackendError            Redis could not be reached or answered with an error
+    ├── JobFinished                 acquire(job=...): that job is recorded as finished already
+    └── DuplicateTask               a unique task is already queued or running (not published)
 """
 
 from __future__ import annotations

@@ -25,11 +25,16 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_redislock import install
-from celery_redislock.server import redis_url
-from celery_redislock.taskdemo.processes import Children
-
 EXAMPLES = Path(__file__).resolve().parent
+# The checkout, for demos._common (process handling, interval maths), which is not installed.
+# Appended, not prepended: an installed celery_redislock stays the one imported.
+if str(EXAMPLES.parent) not in sys.path:
+    sys.path.append(str(EXAMPLES.parent))
+
+from celery_redislock import install  # noqa: E402
+from celery_redislock.contrib.redis_server import redis_url  # noqa: E402
+from demos._common.processes import Children  # noqa: E402
+
 PRODUCER_TIMEOUT = 60.0  # seconds; every example's producer is done well within it
 
 
@@ -119,10 +124,9 @@ def run(app: str, workers: Sequence[Sequence[str]], beat: Sequence[str] | None =
             reset(url, app)
             print(f"{app}: {', '.join(commands)}; logs in {log_dir}", file=sys.stderr)
             try:
-                worker_labels = [label for label in commands if label.startswith("worker")]
-                for label in worker_labels:
-                    children.start(label, commands[label])
-                children.wait_ready(worker_labels)
+                children.start_workers(
+                    {k: v for k, v in commands.items() if k.startswith("worker")}
+                )
                 if "beat" in commands:
                     children.start("beat", commands["beat"])
                 children.start("producer", commands["producer"], log=False)

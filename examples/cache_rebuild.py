@@ -20,7 +20,8 @@ import time
 
 from _runner import example_app, main, noted, worker_command
 
-from celery_redislock.taskdemo.intervals import most_at_once
+# demos/ is in the checkout, not installed: importing _runner put it on sys.path.
+from demos._common.spans import most_at_once, overlapping_pairs
 
 NAME = "cache_rebuild"
 REGION = "eu"
@@ -70,7 +71,7 @@ def produce() -> bool:
     for raw in r.lrange(key("intervals"), 0, -1):
         what, start, end = json.loads(raw)
         (reads if what == "read" else rebuilds).append((start, end))
-    beside = sum(1 for rs, re in reads for ws, we in rebuilds if rs < we and ws < re)
+    beside = overlapping_pairs(reads, rebuilds)
     before = sum(1 for _, re in reads for ws, _ in rebuilds[:1] if re <= ws)
     most_readers = most_at_once(reads)
     print(f"readers run: {len(reads)} of {2 * READERS}")

@@ -22,7 +22,9 @@ from typing import Any
 from _runner import example_app, main, noted, worker_command
 
 from celery_redislock import lock_conflict
-from celery_redislock.taskdemo.intervals import most_at_once
+
+# demos/ is in the checkout, not installed: importing _runner put it on sys.path.
+from demos._common.spans import most_at_once
 
 NAME = "customer_sync"
 CUSTOMERS = [101, 102, 103, 104, 105]

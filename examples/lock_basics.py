@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import redis
 
-from celery_redislock import Lock, LockNotAcquired, Renewer
-from celery_redislock.server import redis_url
+from celery_redislock import Heartbeat, Lock, LockNotAcquired
+from celery_redislock.contrib.redis_server import redis_url
 
 
 def main() -> None:
@@ -39,14 +39,14 @@ def main() -> None:
         with Lock(client, "cache:eu", ttl=30, mode="write").acquire() as writer:
             print(f"cache:eu: rebuilt alone, fence {writer.fence}")
 
-        # Re-entry by an explicit owner, and a lease kept alive by the process's renewer.
+        # Re-entry by an explicit owner, and a lease kept alive by the process's heartbeat.
         sync = Lock(client, "sync:42", ttl=3)
         outer = sync.acquire(owner="task-1")
         inner = sync.acquire(owner="task-1")
-        Renewer.current().register(outer)
+        Heartbeat.current().register(outer)
         print(f"sync:42: re-entered, count {sync.holders()[0].count}")
         inner.release()
-        Renewer.current().unregister(outer)
+        Heartbeat.current().unregister(outer)
         outer.release()
         print(f"sync:42: free again: {not sync.locked()}")
 

@@ -21,7 +21,7 @@ import redis
 from workers import Worker
 
 from celery_redislock import Lock
-from celery_redislock.server import RedisServer, embedded_binary
+from celery_redislock.contrib.redis_server import RedisServer, embedded_binary
 
 
 def _binaries() -> dict[str, str]:

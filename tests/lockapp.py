@@ -218,7 +218,7 @@ lock_conflict.connect(_note_conflict, weak=False)
 @inspect_command()
 def redislock_watched(state: Any) -> dict[str, int]:
     """Remote control, answered by a worker's parent: how many children it watches."""
-    from celery_redislock.tasklock import request
+    from celery_redislock.integrations.celery import parent as request
 
     return {"watched": len(request._watch._watched)}
 

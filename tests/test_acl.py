@@ -1,4 +1,4 @@
-"""A restricted Redis user: the commands the README lists are enough, and a user without one of
+"""A restricted Redis user: the commands the docs list are enough, and a user without one of
 them gets an error naming the command it lacks."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import redis
 
 from celery_redislock import Lock, LockBackendError, iter_locks, renew_leases
 
-# The README's list ("Redis permissions"), as one ACL rule set.
-README_RULES = [
+# The list in docs/topologies.md ("Redis permissions"), as one ACL rule set.
+DOCUMENTED_RULES = [
     "~redislock:*",
     "+evalsha",
     "+script|load",
@@ -47,7 +47,7 @@ def _user(client: redis.Redis, name: str, rules: list[str]) -> redis.Redis:
 
 
 def test_the_listed_permissions_are_enough(client: redis.Redis) -> None:
-    restricted = _user(client, "locks", README_RULES)
+    restricted = _user(client, "locks", DOCUMENTED_RULES)
     client.script_flush()  # the restricted user loads the scripts itself
     lock = Lock(restricted, "acl", ttl=5, fair=True)
     lease = lock.acquire()
@@ -67,9 +67,9 @@ def test_the_listed_permissions_are_enough(client: redis.Redis) -> None:
 
 
 def test_a_missing_permission_is_named(client: redis.Redis) -> None:
-    without_zadd = _user(client, "nozadd", [r for r in README_RULES if r != "+zadd"])
+    without_zadd = _user(client, "nozadd", [r for r in DOCUMENTED_RULES if r != "+zadd"])
     with pytest.raises(LockBackendError, match=r"lock 'acl'.*lacks the permission \+zadd"):
         Lock(without_zadd, "acl", ttl=5).acquire(blocking=False)
-    without_keys = _user(client, "nokeys", [r for r in README_RULES if not r.startswith("~")])
+    without_keys = _user(client, "nokeys", [r for r in DOCUMENTED_RULES if not r.startswith("~")])
     with pytest.raises(LockBackendError, match=r"lock 'acl'.*no permissions to access one of"):
         Lock(without_keys, "acl", ttl=5).acquire(blocking=False)

@@ -18,7 +18,7 @@ from workers import TESTS, Worker
 
 import celery_redislock
 from celery_redislock import LockConfigError, LockedTask, install, lock_for
-from celery_redislock.server import RedisServer
+from celery_redislock.contrib.redis_server import RedisServer
 
 
 @pytest.fixture
@@ -212,22 +212,35 @@ def test_no_redis_for_locks_is_a_clear_error() -> None:
 
 
 def test_public_names_are_exported() -> None:
+    import celery_redislock.integrations.celery as integration
+
     for name in ("LockedTask", "install", "lock_for", "client_for", "lock_conflict", "lock_lost"):
         assert name in celery_redislock.__all__
+    # The package loads exactly the integration's names on first use, and exports each.
+    assert set(integration.__all__) == celery_redislock._CELERY_NAMES
+    assert set(celery_redislock.__all__) >= celery_redislock._CELERY_NAMES
+    for name in integration.__all__:
+        assert getattr(celery_redislock, name) is getattr(integration, name)
 
 
 # -- a worker refuses to start with a configuration mistake ------------------------------------
 
 PLAIN_APP = """
 import os
-import celery_redislock  # the package is there, but this app's tasks do not derive from it
-from celery import Celery
+from celery import Celery, Task
+from celery_redislock import install
 
-app = Celery("plainapp", broker=os.environ["LOCKAPP_REDIS_URL"])
+app = install(Celery("plainapp", broker=os.environ["LOCKAPP_REDIS_URL"]))
 
-@app.task(lock=True)
-def forgotten() -> None: ...
+class Forgotten(Task):  # Celery's own base: its lock= would be ignored
+    name = "plainapp.forgotten"
+    lock = True
+
+    def run(self) -> None: ...
+
+app.register_task(Forgotten())
 """
+
 
 TASK_CLS_APP = """
 import os
@@ -295,7 +308,7 @@ def test_a_worker_with_good_settings_starts(celery_server: RedisServer, tmp_path
 
 
 def test_worker_start_checks_in_process(app: Celery, caplog: pytest.LogCaptureFixture) -> None:
-    from celery_redislock.tasklock.install import check_worker_app
+    from celery_redislock.integrations.celery.receivers import check_worker_app
 
     @app.task(shared=False, name="opts.w", lock="w")
     def w() -> None: ...
@@ -314,9 +327,9 @@ def test_worker_start_checks_in_process(app: Celery, caplog: pytest.LogCaptureFi
 
 
 def test_worker_start_leaves_apps_without_locks_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    installing = importlib.import_module("celery_redislock.tasklock.install")
+    installing = importlib.import_module("celery_redislock.integrations.celery.receivers")
     # (shared tasks other tests declared with lock= would be flagged in any plain app)
-    monkeypatch.setattr(installing, "_check_tasks", lambda app: None)
+    monkeypatch.setattr(installing, "check_tasks", lambda app: None)
     other = Celery("other", broker="memory://", set_as_current=False)
     other.conf.redislock_url = "notaurl://x"  # not this package's app: not its business
 

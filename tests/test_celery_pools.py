@@ -13,7 +13,7 @@ from conftest import wait_for
 from workers import Worker
 
 from celery_redislock import SKIPPED, Lock, lock_for
-from celery_redislock.server import RedisServer
+from celery_redislock.contrib.redis_server import RedisServer
 
 POOLS = {
     "prefork": [{"pool": "prefork", "concurrency": 2}],

@@ -19,8 +19,8 @@ from faultproxy import FaultProxy
 from workers import Worker
 
 from celery_redislock import Lock, lock_for
-from celery_redislock.scripts import script
-from celery_redislock.server import RedisServer
+from celery_redislock.contrib.redis_server import RedisServer
+from celery_redislock.core.scripts import script
 
 ACKS_LATE = {"LOCKAPP_ACKS_LATE": "1", "LOCKAPP_TTL": "6"}
 

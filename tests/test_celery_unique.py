@@ -20,7 +20,7 @@ from producers import burst
 from workers import TESTS, Worker
 
 from celery_redislock import DuplicateTask
-from celery_redislock.server import RedisServer
+from celery_redislock.contrib.redis_server import RedisServer
 
 
 def claim_key(name: str) -> str:

@@ -12,8 +12,9 @@ import redis
 from celery import Celery
 
 from celery_redislock import DuplicateTask, LockBackendError, LockConfigError, install
-from celery_redislock.server import RedisServer
-from celery_redislock.tasklock.enqueue import Spec, publish_specs, registry_key
+from celery_redislock.contrib.redis_server import RedisServer
+from celery_redislock.core.keys import registry_key
+from celery_redislock.integrations.celery.registry import Spec, publish_specs
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from celery_redislock.tasklock.request import _ChildWatch
+from celery_redislock.core.childwatch import ChildWatch
 
 
 @pytest.mark.parametrize("pidfd", [True, False])
@@ -26,11 +26,11 @@ def test_wait_for_deaths_reports_the_dead_and_only_them(
     pidfds: dict[int, int] = {}
     try:
         pids = {live.pid, doomed.pid}
-        assert _ChildWatch._wait_for_deaths(pids, pidfds) == set()
+        assert ChildWatch._wait_for_deaths(pids, pidfds) == set()
         doomed.kill()  # a zombie until reaped: it counts as dead
         found: set[int] = set()
         for _ in range(100):
-            found |= _ChildWatch._wait_for_deaths(pids, pidfds)
+            found |= ChildWatch._wait_for_deaths(pids, pidfds)
             if found:
                 break
         assert found == {doomed.pid}
@@ -38,7 +38,7 @@ def test_wait_for_deaths_reports_the_dead_and_only_them(
         if pidfd:
             assert set(pidfds) == {live.pid}
         # A pid that is no longer watched has its pidfd closed too.
-        assert _ChildWatch._wait_for_deaths(set(), pidfds) == set()
+        assert ChildWatch._wait_for_deaths(set(), pidfds) == set()
         assert pidfds == {}
     finally:
         for proc in (live, doomed):

@@ -1,4 +1,5 @@
-"""The demo, run as a user runs it: ``python -m celery_redislock.demo --quick --json PATH``.
+"""The lock-core demo, run as a user runs it from the checkout:
+``python -m demos.core --quick --json PATH``.
 
 Assertions are on the JSON summary and on processes, never on the printed wording.
 """
@@ -18,10 +19,11 @@ import pytest
 import redis
 from conftest import wait_for
 
-from celery_redislock.server import RedisServer
+from celery_redislock.contrib.redis_server import RedisServer
 
 SCENARIOS = {"mutex", "cap", "read_write", "fair", "crash"}
-DEMO = [sys.executable, "-m", "celery_redislock.demo", "--quick"]
+DEMO = [sys.executable, "-m", "demos.core", "--quick"]
+ROOT = Path(__file__).resolve().parent.parent  # demos/ is in the checkout, not installed
 HAS_PROC = Path("/proc/self/stat").exists()
 
 
@@ -37,6 +39,7 @@ def _run_demo(tmp_path: Path, redis_url: str | None) -> dict[str, Any]:
     done = subprocess.run(
         [*DEMO, "--json", str(summary)],
         env=_env(redis_url),
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=180,
@@ -127,6 +130,7 @@ def test_ctrl_c_stops_every_process_the_demo_started(target: str) -> None:
     demo = subprocess.Popen(
         DEMO,
         env=_env(None),
+        cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import redis
 
-from celery_redislock.server import RedisServer
+from celery_redislock.contrib.redis_server import RedisServer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

@@ -14,7 +14,7 @@ from faultproxy import FaultProxy
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_redislock.server import RedisServer
+from celery_redislock.contrib.redis_server import RedisServer
 
 COUNT = "return redis.call('INCR', KEYS[1])"
 

@@ -14,15 +14,15 @@ from conftest import wait_for, wait_until_queued
 from redis.cluster import RedisCluster
 
 from celery_redislock import (
+    Heartbeat,
     Lease,
     Lock,
     LockBackendError,
     LockLost,
     LockNotAcquired,
-    Renewer,
     renew_leases,
 )
-from celery_redislock.server import RedisServer
+from celery_redislock.contrib.redis_server import RedisServer
 
 
 @pytest.mark.parametrize("fair", [False, True])
@@ -63,12 +63,12 @@ def test_redis_restart_mid_run(own_server: RedisServer) -> None:
     again.release()
 
 
-def test_renewer_reports_loss_while_redis_is_down(own_server: RedisServer) -> None:
+def test_heartbeat_reports_loss_while_redis_is_down(own_server: RedisServer) -> None:
     client = redis.Redis.from_url(own_server.url, socket_connect_timeout=0.2)
     lease = Lock(client, "outage", ttl=0.6).acquire()
     lost: list[tuple[Lease, BaseException | None]] = []
     called = threading.Event()
-    Renewer.current().register(lease, on_lost=lambda x, e: (lost.append((x, e)), called.set()))
+    Heartbeat.current().register(lease, on_lost=lambda x, e: (lost.append((x, e)), called.set()))
     own_server.stop()
     assert called.wait(3), "loss not reported while Redis was down"
     assert isinstance(lost[0][1], LockBackendError)
@@ -82,7 +82,7 @@ def test_redis_paused_past_the_lease(own_server: RedisServer) -> None:
     lock = Lock(holder_client, "paused", ttl=0.5)
     lease = lock.acquire()
     lost = threading.Event()
-    Renewer.current().register(lease, on_lost=lambda _lease, _e: lost.set())
+    Heartbeat.current().register(lease, on_lost=lambda _lease, _e: lost.set())
     own_server.pause()
     time.sleep(1.0)  # server time runs on while it is frozen: the lease lapses
     own_server.resume()

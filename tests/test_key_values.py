@@ -20,16 +20,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from celery_redislock import (
+    Heartbeat,
     Lock,
     LockConfigError,
-    Renewer,
     client_for,
     install,
     lock_for,
     renew_leases,
 )
-from celery_redislock.tasklock.keyname import lock_name
-from celery_redislock.tasklock.options import LockOptions
+from celery_redislock.core.naming import lock_name
+from celery_redislock.core.options import LockOptions
 
 INF, NAN = float("inf"), float("nan")
 DAY = 86400
@@ -71,8 +71,8 @@ def test_equal_values_give_one_name_in_every_process(tmp_path: Path) -> None:
     # Set order (and so str() of a set) depends on the process's string hash seed.
     script = tmp_path / "name.py"
     script.write_text(
-        "from celery_redislock.tasklock.keyname import lock_name\n"
-        "from celery_redislock.tasklock.options import LockOptions\n"
+        "from celery_redislock.core.naming import lock_name\n"
+        "from celery_redislock.core.options import LockOptions\n"
         "options = LockOptions(key='s:{v}', fields=('v',))\n"
         "tags = frozenset(['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'eta'])\n"
         "print(lock_name('kv.s', options, None, (), {'v': tags}))\n"
@@ -388,6 +388,6 @@ def test_renewal_durations_are_checked(client: redis.Redis) -> None:
     with pytest.raises(LockConfigError, match=r"ttl must be"):
         lease.renew(1e300)
     with pytest.raises(LockConfigError, match=r"max_hold must be"):
-        Renewer.current().register(lease, max_hold=1e-9)
-    assert lease.name not in [x.name for x in Renewer.current().leases()]
+        Heartbeat.current().register(lease, max_hold=1e-9)
+    assert lease.name not in [x.name for x in Heartbeat.current().leases()]
     lease.release()

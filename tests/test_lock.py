@@ -21,7 +21,7 @@ from celery_redislock import (
     RedisLockError,
     iter_locks,
 )
-from celery_redislock.keys import LockKeys
+from celery_redislock.core.keys import LockKeys
 
 
 @pytest.mark.parametrize(
@@ -359,7 +359,7 @@ def test_fair_waiter_granted_without_its_wake_up_leaves_nothing_behind(
 ) -> None:
     """A releaser that dies between handing the lock over and waking the new holder: the waiter
     finds its lease on its next look, and leaves no stale place in line behind."""
-    from celery_redislock.scripts import run
+    from celery_redislock.core.scripts import run
 
     lock = Lock(client, "handover", ttl=5, fair=True)
     first = lock.acquire()

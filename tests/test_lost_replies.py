@@ -27,9 +27,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_redislock import Lock, LockBackendError
-from celery_redislock.keys import LockKeys
-from celery_redislock.scripts import script
-from celery_redislock.server import RedisServer
+from celery_redislock.contrib.redis_server import RedisServer
+from celery_redislock.core.keys import LockKeys
+from celery_redislock.core.scripts import script
 
 TIMEOUT = 0.5  # the socket timeout of every client through the proxy
 SCRIPTS = ("acquire", "release", "release_where", "renew", "holders", "notify")

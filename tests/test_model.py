@@ -36,10 +36,10 @@ from celery_redislock import (
     LockUpgradeError,
     Mode,
 )
-from celery_redislock.server import RedisServer
+from celery_redislock.contrib.redis_server import RedisServer
 
 TTL = 30.0  # long enough that nothing lapses by accident while an example runs
-GRACE_MS = 1000  # common.lua: how long the lock's keys outlive the last lease
+GRACE_MS = 1000  # _time.lua: how long the lock's keys outlive the last lease
 KEEP_S = 2.0  # how long the fence mark outlives the lock's last use (Lock(fence_keep=...))
 OWNERS = (None, "alice", "b|1|2|ob")  # a tiny pool, so owners re-enter; one with the separator
 RENEW_TTLS = (None, 1.0, 60.0)  # shorter than the lease (no change), the default, longer

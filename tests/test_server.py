@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_redislock.server import RedisServer, embedded_binary, find_redis_server, redis_url
+from celery_redislock.contrib.redis_server import (
+    RedisServer,
+    embedded_binary,
+    find_redis_server,
+    redis_url,
+)
 
 
 def test_embedded_binary_when_none_on_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The Celery demo, run as a user runs it: ``python -m celery_redislock.taskdemo --quick``.
+"""The Celery demo, run as a user runs it: ``python -m demos.celery --quick``.
 
 Assertions are on its JSON summary and on processes, never on the printed wording.
 """
@@ -17,9 +17,17 @@ from typing import Any
 import pytest
 from conftest import wait_for
 
-from celery_redislock.server import RedisServer
+from celery_redislock.contrib.redis_server import RedisServer
 
-DEMO = [sys.executable, "-m", "celery_redislock.taskdemo", "--quick"]
+DEMO = [sys.executable, "-m", "demos.celery", "--quick"]
+ROOT = Path(__file__).resolve().parent.parent  # demos/ is in the checkout, not installed
+
+
+def _env(redis_url: str) -> dict[str, str]:
+    """The demo runs in a temporary directory, to leave nothing in the checkout: the checkout,
+    where ``demos`` is, goes on PYTHONPATH."""
+    path = [str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return {**os.environ, "REDIS_URL": redis_url, "PYTHONPATH": os.pathsep.join(path)}
 
 
 @pytest.fixture
@@ -37,7 +45,7 @@ def _demo_processes() -> list[int]:
             cmdline = stat.read_bytes()
         except OSError:
             continue
-        if b"celery_redislock.taskdemo.app" in cmdline:
+        if b"demos.celery.app" in cmdline:
             pids.append(int(stat.parent.name))
     return pids
 
@@ -46,7 +54,7 @@ def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
     summary_path, png = tmp_path / "summary.json", tmp_path / "timeline.png"
     done = subprocess.run(
         [*DEMO, "--json", str(summary_path), "--png", str(png)],
-        env={**os.environ, "REDIS_URL": demo_redis.url},
+        env=_env(demo_redis.url),
         capture_output=True,
         text=True,
         timeout=240,
@@ -75,8 +83,7 @@ def test_ctrl_c_stops_every_worker(demo_redis: RedisServer, tmp_path: Path) -> N
     log = tmp_path / "out.log"
     with open(log, "wb") as out:
         demo = subprocess.Popen(
-            DEMO, env={**os.environ, "REDIS_URL": demo_redis.url}, stdout=out, stderr=out,
-            cwd=tmp_path,
+            DEMO, env=_env(demo_redis.url), stdout=out, stderr=out, cwd=tmp_path,
         )  # fmt: skip
     try:
         wait_for(lambda: "- per-customer" in log.read_text(), "the workers run tasks", 90)
@@ -88,16 +95,18 @@ def test_ctrl_c_stops_every_worker(demo_redis: RedisServer, tmp_path: Path) -> N
     wait_for(lambda: _demo_processes() == [], "every worker process is gone", 10)
 
 
-def test_workers_hear_their_own_sigterm(demo_redis: RedisServer, tmp_path: Path) -> None:
+def test_workers_hear_their_own_sigterm(
+    demo_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Signals held back while a worker starts must not stay blocked in the worker itself."""
     import signal as signals
 
-    from celery_redislock.taskdemo.fleet import Fleet
+    monkeypatch.syspath_prepend(str(ROOT))
+    from demos.celery.workers import start_workers
 
-    fleet = Fleet(demo_redis.url, tmp_path, {})
+    workers = start_workers(demo_redis.url, tmp_path, ["solo"], concurrency=1)
     try:
-        fleet.start(["solo"], concurrency=1)
-        proc = fleet.procs["solo"]
+        proc = workers.procs["solo"]
         status = Path(f"/proc/{proc.pid}/status").read_text()
         blocked = int(
             next(ln for ln in status.splitlines() if ln.startswith("SigBlk:")).split()[1], 16
@@ -106,4 +115,4 @@ def test_workers_hear_their_own_sigterm(demo_redis: RedisServer, tmp_path: Path)
         proc.send_signal(signals.SIGTERM)
         assert proc.wait(timeout=30) == 0, "a warm shutdown, not a kill"
     finally:
-        fleet.stop()
+        workers.stop()

@@ -1,5 +1,6 @@
-"""The pytest plugin ``celery_redislock.testing``, run as its users run it: test files written into
-a scratch project and run by a separate pytest (``pytester``), plus ``release_all`` directly."""
+"""The pytest plugin ``celery_redislock.contrib.pytest``, run as its users run it: test files
+written into a scratch project and run by a separate pytest (``pytester``), plus
+``release_all`` directly."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import pytest
 import redis
 
 from celery_redislock import Lock
-from celery_redislock.server import RedisServer, _free_port
-from celery_redislock.testing import describe_holder, release_all
+from celery_redislock.contrib.redis_server import RedisServer, _free_port
+from celery_redislock.contrib.testing import describe_holder, release_all
 
 pytest_plugins = ["pytester"]
 
-PLUGIN = 'pytest_plugins = ["celery_redislock.testing"]\n'
+PLUGIN = 'pytest_plugins = ["celery_redislock.contrib.pytest"]\n'
 
 # A user's project: a Celery app with locked tasks, on the in-memory broker.
 PROJ = """
@@ -209,9 +210,9 @@ def test_no_redis_server_errors_with_what_to_install(
         PLUGIN
         + textwrap.dedent(
             """
-            import celery_redislock.server
+            import celery_redislock.contrib.redis_server
 
-            celery_redislock.server.embedded_binary = lambda: None  # as if not installed
+            celery_redislock.contrib.redis_server.embedded_binary = lambda: None  # not installed
             """
         )
     )
@@ -284,7 +285,7 @@ def test_assertions_on_a_locked_app(
         import pytest
 
         from celery_redislock import SKIPPED, lock_for
-        from celery_redislock.testing import assert_lock_key, assert_unlocked, hold_lock
+        from celery_redislock.contrib.testing import assert_lock_key, assert_unlocked, hold_lock
         from proj import app, go, report, started, sync_customer
         from waiting import wait_for
 
@@ -355,7 +356,7 @@ def test_failure_messages_name_the_lock_and_its_holders(
         import pytest
 
         from celery_redislock import Lock
-        from celery_redislock.testing import assert_lock_key, assert_locked, assert_unlocked
+        from celery_redislock.contrib.testing import assert_lock_key, assert_locked, assert_unlocked
         from proj import app, go, report, started, sync_customer
 
 
@@ -437,7 +438,7 @@ def test_with_celerys_own_fixtures(
         """
         import pytest
 
-        pytest_plugins = ["celery_redislock.testing", "celery.contrib.pytest"]
+        pytest_plugins = ["celery_redislock.contrib.pytest", "celery.contrib.pytest"]
 
 
         @pytest.fixture(scope="session")

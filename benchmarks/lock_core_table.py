@@ -1,0 +1,68 @@
+"""Prints the lock-core benchmark table (docs/benchmarks.md) from a ``lock_core.py --json`` file.
+
+Run: python benchmarks/lock_core_table.py out.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+COLUMNS = ("celery_redislock", "celery_redislock_fair", "redis_py", "python_redis_lock")
+HEADER = (
+    "| measure | celery-redislock | fair mode | redis-py `Lock` | python-redis-lock "
+    "| pottery `Redlock` | raw floor |\n|---|---|---|---|---|---|---|"
+)
+
+
+def _row(label: str, cells: list[str]) -> str:
+    return "| " + " | ".join([label, *cells]) + " |"
+
+
+def table(b: dict[str, Any]) -> str:
+    pairs = b["pairs_per_s"]
+    hand = b["handoff_ms"]
+
+    def handoff(lib: str) -> str:
+        return f"{hand[lib]['mean']:.2f} / {hand[lib]['p99']:.2f}" if lib in hand else ""
+
+    def per_lib(key: str, fmt: str) -> list[str]:
+        return [format(b[key][lib], fmt) if lib in b[key] else "" for lib in COLUMNS] + ["", ""]
+
+    rows = [
+        _row(
+            "uncontended acquire+release pairs/s",
+            [
+                f"{pairs[lib]:,.0f}" if lib in pairs else ""
+                for lib in (*COLUMNS, "pottery", "raw_floor")
+            ],
+        ),
+        _row(
+            "handoff to a waiter blocked in another process, mean / p99 ms",
+            [handoff(lib) for lib in COLUMNS] + [handoff("pottery"), ""],
+        ),
+        _row(
+            "4 processes, 10 ms hold: min/max acquisitions per process",
+            per_lib("fairness_min_over_max", ".3f"),
+        ),
+        _row("same: commands sent per acquisition", per_lib("commands_per_acquisition", ".1f")),
+        _row(
+            "same: commands Redis ran per acquisition, inside scripts too (INFO commandstats)",
+            per_lib("commands_per_acquisition_in_redis", ".0f"),
+        ),
+        _row(
+            "renew 10,000 leases in one process",
+            [
+                f"{b['renew_10k']['seconds'] * 1000:.0f} ms, "
+                f"{b['renew_10k']['round_trips']} round trip",
+                *[""] * 5,
+            ],
+        ),
+    ]
+    return "\n".join([HEADER, *rows])
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        print(table(json.load(f)))

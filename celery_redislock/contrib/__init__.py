@@ -1,0 +1,1 @@
+"""Extras around the core: test helpers, the pytest plugin and a throwaway Redis server."""

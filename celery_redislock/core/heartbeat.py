@@ -1,0 +1,288 @@
+"""The heartbeat: one thread per process keeps every lease it was given alive, renewing them in
+batches (its calls to Redis made on helper threads, so that a Redis that hangs delays no loss
+notice), and says at once when one is lost."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import LockBackendError
+from .durations import MAX_HOLD, seconds
+from .lease import Lease, RedisClient, _send
+
+__all__ = ["Heartbeat"]
+
+log = logging.getLogger(__name__)
+
+OnLost = Callable[[Lease, BaseException | None], None]
+
+
+@dataclass(eq=False)
+class _Entry:
+    lease: Lease
+    on_lost: OnLost | None
+    hold_until: float | None
+    due: float = field(default=0.0)
+    busy: bool = False  # in a renewal call that has not answered yet
+    error: BaseException | None = None  # why the last renewal call failed, if it did
+
+
+@dataclass(eq=False)
+class _Call:
+    """One batch renewal call, made on a helper thread; the heartbeat thread applies its answer."""
+
+    client: RedisClient
+    entries: list[_Entry]
+    sent: float = 0.0
+    expiries: list[int] | None = None
+    error: BaseException | None = None
+
+
+class _Helper:
+    """A daemon thread making the renewal calls handed to it, one at a time.
+
+    Not a ThreadPoolExecutor: its threads are joined at interpreter exit, and one stuck on a
+    frozen Redis (no socket timeout) would hang the process's exit.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._work, name="redislock-renewal-call", daemon=True).start()
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            job()
+
+
+def _no_answer(lease: Lease) -> LockBackendError:
+    return LockBackendError(
+        f"lock {lease.name!r}: lease {lease.token} lapsed before Redis answered its renewal",
+        name=lease.name,
+    )
+
+
+class Heartbeat:
+    """The process's background heartbeat: one daemon thread renews every registered lease each
+    ttl/3, batched, and calls ``on_lost(lease, error)`` for a lease it finds lost, or that
+    lapses before it could be renewed (``error`` then says why).
+
+    The calls to Redis run on helper threads, so a Redis that hangs delays no notice: a lease is
+    reported lost the moment it may have lapsed, whatever the client's socket timeout. After
+    ``fork`` the child starts with an empty heartbeat of its own: it never renews what its parent
+    registered.
+
+    >>> lease = lock.acquire()                                          # doctest: +SKIP
+    >>> Heartbeat.current().register(lease, on_lost=lambda l, e: alarm())  # doctest: +SKIP
+    """
+
+    _instance: Heartbeat | None = None
+    _instance_pid: int = 0
+    _fork_hook = False
+    _create = threading.Lock()
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        # When the thread next wakes by itself (monotonic). A lease registered as due later
+        # needs no wake-up: each task start would otherwise cost the thread a wake-up.
+        self._wake_at = 0.0
+        # Calls answered (or failed) and not yet applied; helpers waiting for a call. Neither
+        # outlives a fork: the child makes a Heartbeat of its own (_forget_after_fork).
+        self._answered: list[_Call] = []
+        self._idle: list[_Helper] = []
+
+    @classmethod
+    def current(cls) -> Heartbeat:
+        """This process's heartbeat (created on first use)."""
+        with cls._create:
+            if cls._instance is None or cls._instance_pid != os.getpid():
+                if not Heartbeat._fork_hook:  # registered on first use, not at import
+                    os.register_at_fork(after_in_child=Heartbeat._forget_after_fork)
+                    Heartbeat._fork_hook = True
+                cls._instance = cls()
+                cls._instance_pid = os.getpid()
+            return cls._instance
+
+    @classmethod
+    def _forget_after_fork(cls) -> None:
+        # The parent's threads do not exist here and its locks may be held mid-operation.
+        cls._instance = None
+        cls._instance_pid = 0
+        cls._create = threading.Lock()
+
+    def register(
+        self, lease: Lease, *, on_lost: OnLost | None = None, max_hold: float | None = None
+    ) -> None:
+        """Keeps ``lease`` alive until :meth:`unregister`, loss, or ``max_hold`` seconds."""
+        if max_hold is not None:
+            max_hold = seconds(max_hold, MAX_HOLD, "max_hold", name=lease.name)
+        hold_until = None if max_hold is None else time.monotonic() + max_hold
+        entry = _Entry(lease, on_lost, hold_until, due=time.monotonic() + lease.lock.ttl / 3)
+        with self._cond:
+            self._entries[lease.token] = entry
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="redislock-heartbeat", daemon=True
+                )
+                self._thread.start()
+            if entry.due < self._wake_at:
+                self._cond.notify()  # due before the thread means to wake: it must look again
+
+    def unregister(self, lease: Lease) -> None:
+        """Stops renewing ``lease`` (call before or after releasing it)."""
+        with self._cond:
+            self._entries.pop(lease.token, None)
+
+    def leases(self) -> list[Lease]:
+        """The leases being renewed now."""
+        with self._cond:
+            return [e.lease for e in self._entries.values()]
+
+    def stop(self) -> None:
+        """Stops the thread; registered leases are then left to expire."""
+        with self._cond:
+            self._stopped = True
+            for helper in self._idle:
+                helper.jobs.put(None)
+            self._idle.clear()
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped:
+                    now = time.monotonic()
+                    answered, self._answered = self._answered, []
+                    # Answers first: a renewal that came back in time is no loss.
+                    gone, late = self._apply(answered, now)
+                    lost = gone + self._lapsed(now)
+                    expired_hold, calls = self._take_due(now)
+                    if answered or lost or expired_hold or calls:
+                        break
+                    self._wake_at = self._next_wake(now)
+                    self._cond.wait(self._wake_at - now)
+                    self._wake_at = 0.0
+                if self._stopped:
+                    return
+            for call in answered:
+                if call.error is not None:
+                    log.warning("lease renewal failed, retrying: %s", call.error)
+            for e in late:
+                # Its holder was told it is lost: it lapses in Redis within its ttl.
+                log.warning(
+                    "lock %r: lease %s was renewed after it had been reported lost; it stays lost",
+                    e.lease.name,
+                    e.lease.token,
+                )
+            for e in expired_hold:
+                log.warning(
+                    "lock %r: lease %s reached its maximum hold; no longer renewed",
+                    e.lease.name,
+                    e.lease.token,
+                )
+            for call in calls:
+                self._start(call)
+            for e, error in lost:
+                self._report(e, error)
+
+    def _apply(
+        self, answered: list[_Call], now: float
+    ) -> tuple[list[tuple[_Entry, None]], list[_Entry]]:
+        """Applies answered calls (holding the lock); returns the entries Redis said were lost,
+        and those renewed too late: already reported lost, they stay lost."""
+        lost: list[tuple[_Entry, None]] = []
+        late: list[_Entry] = []
+        for call in answered:
+            for i, e in enumerate(call.entries):
+                e.busy = False
+                if self._entries.get(e.lease.token) is not e:  # unregistered or reported lost
+                    if e.lease.lost and call.expiries is not None and call.expiries[i] > 0:
+                        late.append(e)
+                    continue
+                interval = e.lease.lock.ttl / 3
+                if call.expiries is None:  # Redis unreachable: retry soon, report it if it lapses
+                    e.error, e.due = call.error, now + min(interval, 0.5)
+                elif call.expiries[i] > 0:
+                    e.lease.expires_at_ms = call.expiries[i]
+                    e.lease.valid_until = call.sent + e.lease.lock.ttl
+                    e.error, e.due = None, now + interval
+                else:
+                    del self._entries[e.lease.token]
+                    e.lease.lost = True
+                    lost.append((e, None))
+        return lost, late
+
+    def _lapsed(self, now: float) -> list[tuple[_Entry, BaseException | None]]:
+        """Takes out (holding the lock) the leases that may have lapsed by now: not renewed in
+        time, whether their call failed or has not answered yet."""
+        lapsed = [e for e in self._entries.values() if now >= e.lease.valid_until]
+        for e in lapsed:
+            del self._entries[e.lease.token]
+            e.lease.lost = True
+        return [(e, e.error or _no_answer(e.lease)) for e in lapsed]
+
+    def _take_due(self, now: float) -> tuple[list[_Entry], list[_Call]]:
+        """The entries past their maximum hold (taken out), and one call per Redis client for
+        the others due (holding the lock)."""
+        # Renew everything due within the next little while together: fewer round trips. A
+        # lease in a call still out waits for its answer: never two calls for one lease.
+        due = [e for e in self._entries.values() if not e.busy and e.due <= now + 0.05]
+        expired_hold = [e for e in due if e.hold_until is not None and now >= e.hold_until]
+        for e in expired_hold:
+            del self._entries[e.lease.token]
+        calls: dict[int, _Call] = {}
+        for e in due:
+            if e.hold_until is None or now < e.hold_until:
+                e.busy = True
+                client = e.lease.lock.client
+                calls.setdefault(id(client), _Call(client, [])).entries.append(e)
+        return expired_hold, list(calls.values())
+
+    def _next_wake(self, now: float) -> float:
+        # Idle, it still wakes each second: most registrations then fall due after that and
+        # need not wake it. A lease in a call still out is looked at again when it would lapse.
+        wake = now + 1.0
+        for e in self._entries.values():
+            wake = min(wake, e.lease.valid_until if e.busy else min(e.due, e.lease.valid_until))
+        return wake
+
+    def _start(self, call: _Call) -> None:
+        with self._cond:
+            helper = self._idle.pop() if self._idle else None
+        if helper is None:
+            helper = _Helper()  # one per call out at once: a frozen Redis holds up no other
+        helper.jobs.put(lambda: self._call(helper, call))
+
+    def _call(self, helper: _Helper, call: _Call) -> None:
+        try:
+            call.sent, call.expiries = _send(call.client, [e.lease for e in call.entries], None)
+        except Exception as exc:
+            call.error = exc
+        finally:
+            with self._cond:
+                self._answered.append(call)
+                if self._stopped:
+                    helper.jobs.put(None)
+                else:
+                    self._idle.append(helper)
+                self._cond.notify()
+
+    def _report(self, e: _Entry, error: BaseException | None) -> None:
+        log.error(
+            "lock %r: lease %s lost%s", e.lease.name, e.lease.token, f" ({error})" if error else ""
+        )
+        if e.on_lost is not None:
+            try:
+                e.on_lost(e.lease, error)
+            except Exception:
+                log.exception("on_lost callback failed for lock %r", e.lease.name)

@@ -1,0 +1,264 @@
+"""A lease and what holds it: a lock's token with its fence, expiry and owner; and the batch
+renewal that extends many leases in one round trip per Redis node."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+
+from ..errors import LockBackendError, LockLost, LockNotOwned, RedisLockError
+from .durations import TTL, seconds
+from .protocol import Mode, RenewArgs, RenewReply
+from .scripts import explain_denial, run, script
+
+if TYPE_CHECKING:
+    from .lock import Lock
+
+__all__ = [
+    "Holder",
+    "Lease",
+    "Mode",
+    "RedisClient",
+    "RenewReport",
+    "backend_errors",
+    "renew_leases",
+]
+
+log = logging.getLogger(__name__)
+
+RedisClient = redis.Redis | RedisCluster
+
+
+def _backend_error(name: str | None, exc: redis.RedisError) -> LockBackendError:
+    denied = explain_denial(exc)
+    hint = f" ({denied})" if denied else ""
+    return LockBackendError(f"lock {name!r}: Redis failed{hint}: {exc}", name=name)
+
+
+@contextmanager
+def backend_errors(name: str | None) -> Iterator[None]:
+    """Turns redis-py's errors into LockBackendError carrying the lock name."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise _backend_error(name, exc) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """One live lease, as :meth:`Lock.holders` reports it."""
+
+    token: str
+    mode: Mode
+    fence: int
+    owner: str | None
+    info: dict[str, str]
+    count: int
+    expires_in: float
+
+
+@dataclass(eq=False)
+class Lease:
+    """A held lease. Release it (or leave a ``with`` block) to give the lock back.
+
+    ``fence`` grows strictly with every acquisition of the lock's name: pass it along with
+    writes so a store can refuse a write from a holder whose lease has since been lost.
+
+    >>> with lock.acquire() as lease:          # doctest: +SKIP
+    ...     store.write(data, fence=lease.fence)
+    """
+
+    lock: Lock
+    token: str
+    fence: int
+    mode: Mode
+    owner: str | None
+    expires_at_ms: int
+    """Server time (ms since the epoch) at which the lease lapses unless renewed."""
+    valid_until: float = field(repr=False)
+    """Local ``time.monotonic()`` by which the lease is certainly still held if not lost."""
+    lost: bool = field(default=False, repr=False)
+    released: bool = field(default=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.lock.name
+
+    def release(self, *, finish_job: str | None = None, keep: float | None = None) -> None:
+        """Gives the lease back (one level of it, if the owner re-entered). With ``finish_job``,
+        records that job as finished for ``keep`` seconds in the same step (see
+        :meth:`Lock.finish_job`), even if the lease had lapsed.
+
+        Raises :class:`LockNotOwned` if it was not held any more (expired, or released already).
+        """
+        self.lock.release(self, finish_job=finish_job, keep=keep)
+
+    def renew(self, ttl: float | None = None) -> None:
+        """Extends the lease to ``ttl`` seconds from now (default: the lock's ttl); a lease that
+        already runs longer is left as it is (renewal never shortens).
+
+        Raises :class:`LockLost` if the lease had already lapsed or was removed.
+        """
+        report = renew_leases([self], ttl=ttl)
+        if report.lost:
+            raise LockLost(
+                f"lease {self.token} of lock {self.name!r} was lost",
+                name=self.name,
+                token=self.token,
+            )
+
+    def check(self) -> None:
+        """Raises :class:`LockLost` if the lease is known lost or may have lapsed, and
+        :class:`LockNotOwned` if it was released."""
+        if self.released:
+            raise LockNotOwned(
+                f"lease {self.token} of lock {self.name!r} was released",
+                name=self.name,
+                token=self.token,
+            )
+        if self.lost or time.monotonic() >= self.valid_until:
+            raise LockLost(
+                f"lease {self.token} of lock {self.name!r} was lost",
+                name=self.name,
+                token=self.token,
+            )
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.released:
+            _release_on_exit(self, exc)
+
+
+def _release_on_exit(lease: Lease, exc: BaseException | None) -> None:
+    """Leaving a ``with`` block: a failed release raises on a clean exit, but never hides the
+    exception the body raised (it is logged instead, as redis-py's Lock does)."""
+    if exc is None:
+        lease.release()
+        return
+    try:
+        lease.release()
+    except RedisLockError as error:
+        log.warning("lock %r: release after the block raised %r failed: %s", lease.name, exc, error)
+
+
+@dataclass(frozen=True, slots=True)
+class RenewReport:
+    """What one :func:`renew_leases` call found: leases extended, and leases that were lost."""
+
+    renewed: list[Lease]
+    lost: list[Lease]
+
+
+def renew_leases(leases: Iterable[Lease], *, ttl: float | None = None) -> RenewReport:
+    """Extends every lease to ``ttl`` seconds from now (default: each lock's own ttl), never
+    shortening one.
+
+    One script call per Redis client (one per slot, pipelined per node, on Redis Cluster), so
+    renewing thousands of leases costs one round trip per node. A lease that had lapsed or was
+    removed is reported in ``lost`` and marked ``lease.lost``; it is never revived.
+    """
+    if ttl is not None:
+        ttl = seconds(ttl, TTL, "ttl")
+    renewed: list[Lease] = []
+    lost: list[Lease] = []
+    for client, group in _by_client(leases).values():
+        sent, expiries = _send(client, group, ttl)
+        for lease, expiry in zip(group, expiries, strict=True):
+            if expiry > 0:
+                lease.expires_at_ms = expiry
+                lease.valid_until = sent + (ttl if ttl is not None else lease.lock.ttl)
+                renewed.append(lease)
+            else:
+                lease.lost = True
+                lost.append(lease)
+    return RenewReport(renewed, lost)
+
+
+def _by_client(leases: Iterable[Lease]) -> dict[int, tuple[RedisClient, list[Lease]]]:
+    by_client: dict[int, tuple[RedisClient, list[Lease]]] = {}
+    for lease in leases:
+        by_client.setdefault(id(lease.lock.client), (lease.lock.client, []))[1].append(lease)
+    return by_client
+
+
+def _send(client: RedisClient, group: list[Lease], ttl: float | None) -> tuple[float, list[int]]:
+    """One batch renewal on ``client``: when it was sent, and each lease's new expiry in server
+    ms (0: lost). Touches no lease, so it may run on any thread."""
+    sent = time.monotonic()
+    with backend_errors(group[0].name if len(group) == 1 else None):
+        return sent, _run(client, group, ttl)
+
+
+def _calls(group: list[Lease], ttl: float | None) -> list[tuple[list[int], list[bytes], list[str]]]:
+    """Script calls for ``group``: one per distinct ttl (index list, keys, args)."""
+    by_ttl: dict[int, list[int]] = {}
+    for i, lease in enumerate(group):
+        ms = max(1, round((ttl if ttl is not None else lease.lock.ttl) * 1000))
+        by_ttl.setdefault(ms, []).append(i)
+    calls = []
+    for ms, indexes in by_ttl.items():
+        keys: list[bytes] = []
+        for i in indexes:
+            lock_keys = group[i].lock.encoded_keys
+            keys += (lock_keys[0], lock_keys[1])
+        args = RenewArgs(ttl_ms=ms, tokens=[group[i].token for i in indexes]).encode()
+        calls.append((indexes, keys, args))
+    return calls
+
+
+def _run(client: RedisClient, group: list[Lease], ttl: float | None) -> list[int]:
+    out = [0] * len(group)
+    if not isinstance(client, RedisCluster):
+        for indexes, keys, args in _calls(group, ttl):
+            reply = RenewReply.decode(run("renew", client, keys, args))
+            for i, expiry in zip(indexes, reply.expiries, strict=True):
+                out[i] = expiry
+        return out
+    # A script may touch one slot only: one call per slot, pipelined to each node in one go.
+    by_node: dict[str, tuple[redis.Redis, dict[int, list[int]]]] = {}
+    for i, lease in enumerate(group):
+        key = lease.lock.keys.leases
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        entry = by_node.setdefault(node.name, (client.get_redis_connection(node), {}))
+        entry[1].setdefault(client.keyslot(key), []).append(i)  # type: ignore[no-untyped-call]
+    for node_client, by_slot in by_node.values():
+        calls = []
+        for indexes in by_slot.values():
+            for sub, keys, args in _calls([group[i] for i in indexes], ttl):
+                calls.append(([indexes[j] for j in sub], keys, args))
+        replies = _pipelined(node_client, [(keys, args) for _, keys, args in calls])
+        for (indexes, _, _), raw in zip(calls, replies, strict=True):
+            for i, expiry in zip(indexes, RenewReply.decode(raw).expiries, strict=True):
+                out[i] = expiry
+    return out
+
+
+def _pipelined(client: redis.Redis, calls: list[tuple[list[bytes], list[str]]]) -> list[Any]:
+    renew = script("renew")
+    for attempt in (1, 2):
+        pipe = client.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.evalsha(renew.sha, len(keys), *keys, *args)
+        try:
+            return pipe.execute()
+        except NoScriptError:
+            if attempt == 2:
+                raise
+            client.script_load(renew.script)
+    raise AssertionError("unreachable")

@@ -1,0 +1,17 @@
+-- _time.lua: the server's clock, prepended to every script that reads it; not a script of its
+-- own. Server time, never the client's: the clients' clocks may disagree.
+
+-- How long a lock's keys outlive its last lease or waiter (the fence mark: far longer, `keep`).
+local GRACE_MS = 1000
+
+-- The server's TIME, in ms and in us.
+local function server_now()
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
+end
+
+-- Numbers go to Redis as exact integers (Lua's default formatting keeps only 14 digits).
+local function int(n)
+  return string.format('%.0f', n)
+end

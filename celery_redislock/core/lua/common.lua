@@ -1,0 +1,300 @@
+-- common.lua: helpers prepended to every lock script at load time (after _time.lua, whose
+-- GRACE_MS, server_now and int it uses); not a script of its own.
+--
+-- Every lock script takes the same six keys, all sharing the lock's hash tag:
+--   KEYS[1] leases  sorted set: lease token -> expiry (server ms)
+--   KEYS[2] meta    hash: 'fence' high-water mark, 'm' mode of the live leases,
+--                   'l:<token>' lease record 'mode|count|fence|requests|owner' (requests: the
+--                   space-separated ids of re-entries and partial releases applied to it, so a
+--                   call run twice counts once), 'i:<token>' its info (JSON),
+--                   'o:<owner>' owner -> token, 'q:<token>' waiter record (JSON),
+--                   'qseq' arrival counter, 'qw' number of queued writers,
+--                   'g' ids of the last releases that dropped a lease (run twice, such a
+--                   release still says released)
+--   KEYS[3] queue   sorted set: waiter token -> arrival number
+--   KEYS[4] qdl     sorted set: waiter token -> deadline (server ms) of its queue entry
+--   KEYS[5] wake    list: wake-up signals for waiters of a non-fair lock
+--   KEYS[6] done    sorted set: job id -> server ms until which it is known finished
+-- and the lock's spec 'mode limit ttl fair entry keep' (see parse_spec).
+-- A lease is live while its expiry is greater than the server's TIME in ms.
+--
+-- redis-py retries a command whose reply was lost, so every script may run twice with the same
+-- arguments: each gives the same answer the second time (tokens and request ids are chosen by
+-- the client before the call).
+
+-- How many request ids a lease record, and release ids 'g', remember: enough for a call run
+-- again right after its reply was lost.
+local REQUESTS_KEPT = 16
+
+local K = {
+  leases = KEYS[1], meta = KEYS[2], queue = KEYS[3], qdl = KEYS[4], wake = KEYS[5], done = KEYS[6],
+}
+
+-- The lock's spec: mode 'r' | 'w', limit (0 = unbounded), ttl ms, fair '0' | '1', queue entry
+-- lifetime ms, keep ms (how long the fence mark outlives the lock's last use: fences stay
+-- strictly increasing through a server clock step back shorter than that).
+local function parse_spec(spec)
+  local mode, limit, ttl, fair, entry, keep =
+    string.match(spec, '^(%a) (%d+) (%d+) (%d) (%d+) (%d+)$')
+  return mode, tonumber(limit), tonumber(ttl), fair == '1', tonumber(entry), tonumber(keep)
+end
+-- Whether anyone waited when the script started (set by start()). While nobody waits, the
+-- meta key holds nothing that must outlive the leases, so it need not be checked first.
+local waiters_seen = true
+
+-- Hot-path scripts answer with one space-separated string: one reply element to parse.
+local function reply(items)
+  for i, v in ipairs(items) do
+    if type(v) == 'number' then
+      items[i] = int(v)
+    end
+  end
+  return table.concat(items, ' ')
+end
+
+-- A lease record is a plain string (cheaper than JSON on the hot path):
+-- mode|count|fence|requests|owner.
+local function read_lease(tok)
+  local raw = redis.call('HGET', K.meta, 'l:' .. tok)
+  if not raw then
+    return nil
+  end
+  local m, c, f, r, o = string.match(raw, '^(%a)|(%d+)|(%d+)|([^|]*)|(.*)$')
+  return {m = m, c = tonumber(c), f = f, r = r, o = o}
+end
+
+local function write_lease(tok, rec)
+  redis.call('HSET', K.meta, 'l:' .. tok,
+    rec.m .. '|' .. rec.c .. '|' .. rec.f .. '|' .. rec.r .. '|' .. rec.o)
+end
+
+-- Whether request `id` was already applied to the lease `rec` (then it must not count again).
+local function applied(rec, id)
+  return string.find(' ' .. rec.r .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
+end
+
+-- Keeps the `n` most recent of the space-separated ids in `list`, with `id` first.
+local function recent(id, list, n)
+  local kept, count = id, 1
+  if list then
+    for t in string.gmatch(list, '%S+') do
+      if count >= n then
+        break
+      end
+      kept = kept .. ' ' .. t
+      count = count + 1
+    end
+  end
+  return kept
+end
+
+-- Notes request `id` as applied to `rec` (written with the record). Only the last few are kept:
+-- a call is run again right after its reply was lost, and a lease re-entered all day must not
+-- carry a record that grows all day.
+local function note_request(rec, id)
+  rec.r = recent(id, rec.r ~= '' and rec.r or nil, REQUESTS_KEPT)
+end
+
+-- Remembers that release `id` dropped a lease, so that the same release run again says so.
+local function note_released(id)
+  local prev = redis.call('HGET', K.meta, 'g') or nil
+  redis.call('HSET', K.meta, 'g', recent(id, prev, REQUESTS_KEPT))
+end
+
+local function was_released(id)
+  local prev = redis.call('HGET', K.meta, 'g')
+  return prev ~= false and string.find(' ' .. prev .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
+end
+
+local function drop_lease(tok)
+  local rec = read_lease(tok)
+  if rec and rec.o ~= '' and redis.call('HGET', K.meta, 'o:' .. rec.o) == tok then
+    redis.call('HDEL', K.meta, 'o:' .. rec.o)
+  end
+  redis.call('HDEL', K.meta, 'l:' .. tok, 'i:' .. tok)
+  redis.call('ZREM', K.leases, tok)
+end
+
+local function dequeue(tok)
+  local raw = redis.call('HGET', K.meta, 'q:' .. tok)
+  if raw and cjson.decode(raw).m == 'w' then
+    redis.call('HINCRBY', K.meta, 'qw', -1)
+  end
+  redis.call('HDEL', K.meta, 'q:' .. tok)
+  redis.call('ZREM', K.queue, tok)
+  redis.call('ZREM', K.qdl, tok)
+end
+
+-- Records job `job` as finished for `keep_ms` (the done set is trimmed as it is written).
+local function record_done(job, keep_ms, now)
+  redis.call('ZREMRANGEBYSCORE', K.done, '-inf', now)
+  redis.call('ZADD', K.done, int(now + keep_ms), job)
+  if redis.call('PTTL', K.done) < keep_ms then
+    redis.call('PEXPIRE', K.done, keep_ms)
+  end
+end
+
+-- Drops expired leases.
+local function purge_leases(now)
+  local dead = redis.call('ZRANGEBYSCORE', K.leases, '-inf', now)
+  for _, tok in ipairs(dead) do
+    drop_lease(tok)
+  end
+end
+
+-- Drops expired leases and waiter entries whose owner stopped refreshing them.
+local function purge(now)
+  purge_leases(now)
+  local gone = redis.call('ZRANGEBYSCORE', K.qdl, '-inf', now)
+  for _, tok in ipairs(gone) do
+    dequeue(tok)
+  end
+end
+
+-- Purges what lapsed (waiter entries only when anyone waits); returns whether anyone waits.
+local function start(now)
+  waiters_seen = redis.call('EXISTS', K.queue) == 1
+  if waiters_seen then
+    purge(now)
+  else
+    purge_leases(now)
+  end
+  return waiters_seen
+end
+
+-- Whether a new lease of `mode` fits beside the live ones; limit 0 means unbounded.
+local function fits(mode, limit)
+  local n = redis.call('ZCARD', K.leases)
+  if n == 0 then
+    return true, true
+  end
+  return redis.call('HGET', K.meta, 'm') == mode and (limit == 0 or n < limit)
+end
+
+-- Creates a lease. `info` is the holder's JSON record, stored as given. Keeps the lock's keys
+-- alive at least as long as the new lease.
+local function new_lease(tok, mode, ttl, owner, info, now, now_us, first, keep_ms)
+  local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
+  local fence = int(math.max(last + 1, now_us))
+  local expiry = now + ttl
+  if first == nil then
+    first = redis.call('ZCARD', K.leases) == 0
+  end
+  redis.call('ZADD', K.leases, int(expiry), tok)
+  redis.call('HSET', K.meta, 'fence', fence, 'm', mode,
+    'l:' .. tok, mode .. '|1|' .. fence .. '||' .. owner, 'i:' .. tok, info)
+  if owner ~= '' then
+    redis.call('HSET', K.meta, 'o:' .. owner, tok)
+  end
+  -- Only ever extend: waiters may need the keys for longer than this lease does. The meta key
+  -- (the fence mark) lives at least `keep_ms`, so it outlives a holder that died; the leases key
+  -- gets a ttl of slack beyond the lease, so that renewals seldom need to touch it (renew.lua).
+  local need = ttl + GRACE_MS
+  if redis.call('PTTL', K.meta) < need then
+    redis.call('PEXPIRE', K.meta, int(math.max(need + ttl, keep_ms)))
+  end
+  if first or redis.call('PTTL', K.leases) < need then
+    redis.call('PEXPIRE', K.leases, need + ttl)
+  end
+  return fence, expiry
+end
+
+local function enqueue(tok, mode, limit, ttl, owner, info, entry_ms)
+  local seq = redis.call('HINCRBY', K.meta, 'qseq', 1)
+  redis.call('ZADD', K.queue, seq, tok)
+  if mode == 'w' then
+    redis.call('HINCRBY', K.meta, 'qw', 1)
+  end
+  redis.call('HSET', K.meta, 'q:' .. tok,
+    cjson.encode({m = mode, n = limit, t = ttl, o = owner, i = info, e = entry_ms}))
+end
+
+-- Fair mode: hands free capacity to waiters strictly in arrival order. Returns a flat list of
+-- token, fence, expiry for each grant, so the caller can wake exactly those waiters. A lease
+-- handed to a waiter lasts no longer than its place in line would have: a waiter that died in
+-- line holds the lock for seconds, not a whole ttl; a live one claims the full ttl on waking.
+-- The waiter `skip` is the caller itself, alive by definition: it gets its full ttl.
+local function grant(now, now_us, skip, keep_ms)
+  local out = {}
+  while true do
+    local head = redis.call('ZRANGE', K.queue, 0, 0)[1]
+    if not head then
+      break
+    end
+    local raw = redis.call('HGET', K.meta, 'q:' .. head)
+    local q = raw and cjson.decode(raw)
+    if q and not fits(q.m, q.n) then
+      break
+    end
+    dequeue(head)
+    if q then
+      local ttl = head == skip and q.t or math.min(q.t, q.e)
+      local fence, expiry = new_lease(head, q.m, ttl, q.o, q.i, now, now_us, nil, keep_ms)
+      if head ~= skip then
+        out[#out + 1] = head
+        out[#out + 1] = fence
+        out[#out + 1] = expiry
+      end
+    end
+  end
+  return out
+end
+
+-- Non-fair mode: one signal wakes the longest-blocked waiter, which then competes for the lock.
+local function wake_one()
+  redis.call('RPUSH', K.wake, '1')
+  redis.call('PEXPIRE', K.wake, 2000)
+end
+
+-- Makes each key live at least `need` ms, with `slack` ms more so that later calls seldom need
+-- to touch it again. Never shortens a key's life: others may need it for longer.
+local function keep(keys, need, slack)
+  for _, key in ipairs(keys) do
+    if redis.call('PTTL', key) < need then
+      redis.call('PEXPIRE', key, int(need + slack))
+    end
+  end
+end
+
+-- After a waiter joined or refreshed its place: the keys waiters need (their records in meta,
+-- the line, the deadlines) live at least as long as the entry.
+local function keep_waiters(entry_ms)
+  keep({K.meta, K.queue, K.qdl}, entry_ms + GRACE_MS, entry_ms)
+end
+
+-- After a release: once nothing is held or queued, only the fence mark (and the tokens last
+-- released) is left, for `keep_ms` (Redis drops the emptied sorted sets by itself).
+local function tidy(keep_ms)
+  if redis.call('EXISTS', K.leases) == 0 then
+    redis.call('HDEL', K.meta, 'm', 'qseq', 'qw')
+    redis.call('PEXPIRE', K.meta, keep_ms)
+  end
+end
+
+-- Milliseconds until the earliest live lease expires: when a waiter should look again even if
+-- nobody wakes it (a holder that crashed never releases).
+local function next_expiry(now)
+  local first = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
+  if first[2] then
+    return tonumber(first[2]) - now
+  end
+  return 0
+end
+
+-- After leases were dropped: hands the lock on to waiters (fair: granted in order, appended to
+-- `out` as token, fence, expiry; else one wake-up if anything was freed), or, when nobody
+-- waits, lets the keys go once nothing is held.
+local function hand_on(out, now, now_us, fair, freed, keep_ms)
+  if redis.call('EXISTS', K.queue) == 1 then
+    if fair then
+      for _, v in ipairs(grant(now, now_us, '', keep_ms)) do
+        out[#out + 1] = v
+      end
+    elseif freed then
+      wake_one()
+    end
+  else
+    tidy(keep_ms)
+  end
+  return out
+end

@@ -1,0 +1,19 @@
+-- holders.lua: the live leases of one lock, read atomically with the server's clock
+-- (_time.lua prepended).
+-- KEYS: 1 leases, 2 meta
+-- ARGV: none
+-- Returns {now ms, then for each live lease: token, expiry ms, record 'mode|count|fence|requests|owner',
+--   info (JSON)}.
+local now = server_now()
+local out = {now}
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. int(now), '+inf', 'WITHSCORES')
+for i = 1, #live, 2 do
+  local rec = redis.call('HGET', KEYS[2], 'l:' .. live[i])
+  if rec then
+    out[#out + 1] = live[i]
+    out[#out + 1] = tonumber(live[i + 1])
+    out[#out + 1] = rec
+    out[#out + 1] = redis.call('HGET', KEYS[2], 'i:' .. live[i]) or '{}'
+  end
+end
+return out

@@ -1,0 +1,30 @@
+-- renew.lua: extend many leases in one call; a lease that has expired or is gone is not revived.
+-- Not built on common.lua: its keys are those of any number of locks (all in one cluster slot).
+-- _time.lua is prepended.
+-- KEYS: leases and meta key of each lease, in pairs: 2i-1 leases, 2i meta
+-- ARGV: 1 ttl ms (the same for every lease of the call), then the token of each lease
+-- Returns one number per lease: its new expiry (server ms), or 0 when it is lost.
+local now = server_now()
+local ttl = tonumber(ARGV[1])
+-- Keys are given a ttl of slack beyond the lease, so most renewals need not touch them.
+local keep = ttl
+local out = {}
+for i = 1, #ARGV - 1 do
+  local leases, meta, tok = KEYS[2 * i - 1], KEYS[2 * i], ARGV[i + 1]
+  local current = redis.call('ZSCORE', leases, tok)
+  if current and tonumber(current) > now then
+    local expiry = math.max(tonumber(current), now + ttl)
+    redis.call('ZADD', leases, int(expiry), tok)
+    local need = expiry - now + GRACE_MS
+    if redis.call('PTTL', leases) < need then
+      redis.call('PEXPIRE', leases, int(need + keep))
+      if redis.call('PTTL', meta) < need + keep then
+        redis.call('PEXPIRE', meta, int(need + keep))
+      end
+    end
+    out[i] = expiry
+  else
+    out[i] = 0
+  end
+end
+return out

@@ -1,0 +1,293 @@
+"""Lock names for task calls: one binding of the arguments, so ``f(1)`` and ``f(x=1)`` agree.
+
+How a call's arguments make its lock name
+-----------------------------------------
+
+The arguments are bound to the task's signature (defaults applied, ``self`` dropped), then:
+
+- **No key** (``lock=True``): the task name, ``:``, and a hash of a canonical JSON form of all
+  bound arguments (dict and set order do not matter; dates, decimals, UUIDs, bytes known).
+- **A template** (``"sync:{customer_id}"``, ``"{user.id}"``, ``"{ids[0]}"``): each field is
+  written from its value (after attribute and index access) by this rule, so equal values give
+  equal names in every process:
+
+  ==============================================  ========================================
+  value                                           text in the name
+  ==============================================  ========================================
+  ``str``                                         as is, escaped (below)
+  ``int``, ``float``, ``bool``, ``None``          ``str()``: ``42``, ``2.5``, ``True``,
+                                                  ``None`` (``-0.0`` as ``0.0``)
+  ``date``, ``datetime``, ``time``, ``UUID``,     ``str()``: ``2026-11-21``,
+  ``Decimal``                                     ``2026-11-21 10:30:00+00:00``
+  ``list``, ``tuple``, ``dict``, ``set``,         compact canonical JSON, escaped:
+  ``frozenset``, ``bytes`` (and nested)           ``[1,"a"]``, ``%7B"__map__":[["a",1]]%7D``
+  anything else (an object whose ``str()`` is     refused when the task is called:
+  its address, ...)                               ``LockConfigError`` naming the task, the
+                                                  template and the field
+  ==============================================  ========================================
+
+  Escaping makes every string a valid name and keeps distinct strings apart: ``%``, ``{`` and
+  ``}`` become ``%25``, ``%7B`` and ``%7D``, a lone surrogate ``\\udXXX`` becomes ``%uDXXX``,
+  and the empty string becomes ``%e`` (which no escaped text can be). So no field is empty,
+  holds a brace, or starts a name with ``}``.
+
+  A format spec (``{n:05d}``, ``{name:.8}``) applies to ``str``, ``int`` and ``float`` values
+  only, before escaping; conversions (``{x!r}``) are refused when the task is declared.
+  Values of different types may give the same text (``"42"`` and ``42``), and fields side by
+  side or joined by a character their values contain may meet (``("a:b", "c")`` and
+  ``("a", "b:c")`` in ``"{x}:{y}"``): give such values one field, or use the default key.
+- **A key function**: called with the task's arguments; a ``str`` it returns is the name as is
+  (it must be non-empty and not start with ``}``); ``None`` is refused (a function that forgot
+  to ``return``); anything else is written by the template rule above.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import hashlib
+import inspect
+import json
+import re
+import socket
+import string
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from ..errors import LockConfigError
+from .keys import check_name
+from .options import LockOptions
+
+__all__ = ["bind_arguments", "canonical_hash", "field_text", "lock_name"]
+
+
+def bind_arguments(
+    task: str, signature: inspect.Signature | None, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> inspect.BoundArguments | None:
+    """Binds a call to the task's signature with defaults applied (``None``: no signature)."""
+    if signature is None:
+        return None
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise LockConfigError(f"task {task!r}: cannot derive its lock key: {exc}") from exc
+    bound.apply_defaults()
+    return bound
+
+
+def _named(bound: inspect.BoundArguments) -> dict[str, Any]:
+    """Argument name -> value; what arrived through ``**kwargs`` is flattened in."""
+    out: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            out.update(value)
+        else:
+            out[name] = value
+    return out
+
+
+def _canonical(value: Any) -> Any:
+    """A JSON-able form that is equal for equal values (sets sorted, tuples as lists)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, Mapping):
+        return {"__map__": sorted([_canonical(k), _canonical(v)] for k, v in value.items())}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return {"__set__": sorted((_canonical(v) for v in value), key=json.dumps)}
+    if isinstance(value, bytes):
+        return {"__bytes__": value.hex()}
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return {"__" + type(value).__name__ + "__": value.isoformat()}
+    if isinstance(value, decimal.Decimal | uuid.UUID):
+        return {"__" + type(value).__name__ + "__": str(value)}
+    raise TypeError(f"cannot hash a {type(value).__name__} into a lock key")
+
+
+def canonical_hash(arguments: Mapping[str, Any]) -> str:
+    """A stable hash of named arguments: the same for the same values, however they were passed.
+
+    >>> canonical_hash({"x": 1}) == canonical_hash({"x": 1})
+    True
+    """
+    text = json.dumps(_canonical(dict(arguments)), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+# -- template fields ---------------------------------------------------------------------------
+
+EMPTY = "%e"
+"""The text of an empty string field: escaping never makes it (every ``%`` it writes is
+followed by ``25``, ``7B``, ``7D`` or ``u``)."""
+_ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}
+# Lone surrogates too: redis-py encodes names as strict UTF-8 and would fail on every call.
+_TO_ESCAPE = re.compile("[%{}\ud800-\udfff]")
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    char = match.group()
+    return _ESCAPES.get(char) or f"%u{ord(char):04X}"
+
+
+def _escape(text: str) -> str:
+    return _TO_ESCAPE.sub(_escape_one, text) if text else EMPTY
+
+
+def _plain(value: object, spec: str) -> str:
+    """The text of a value before escaping (see the module's rule); TypeError if it has none."""
+    # The base types' own methods: a subclass's __str__ (an Enum, a date library's) must not
+    # make one value read differently in two processes.
+    if isinstance(value, bool) or value is None:
+        text = str(value)
+    elif isinstance(value, str):
+        return format(str.__str__(value), spec)
+    elif isinstance(value, int):
+        return format(int(value), spec)
+    elif isinstance(value, float):
+        number = float(value) or 0.0  # -0.0 == 0.0: one name
+        return format(number, spec) if spec else repr(number)
+    elif isinstance(value, datetime.datetime):
+        text = datetime.datetime.isoformat(value, " ")
+    elif isinstance(value, datetime.date):
+        text = datetime.date.isoformat(value)
+    elif isinstance(value, datetime.time):
+        text = datetime.time.isoformat(value)
+    elif isinstance(value, uuid.UUID):
+        text = uuid.UUID.__str__(value)
+    elif isinstance(value, decimal.Decimal):
+        text = decimal.Decimal.__str__(value)
+    else:
+        try:
+            canonical = _canonical(value)
+        except TypeError as exc:
+            raise TypeError(
+                f"a {type(value).__name__} has no canonical form ({exc}); use a field of it, "
+                "a value of a JSON type, or a key function"
+            ) from exc
+        text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if spec:
+        raise TypeError(
+            f"a format spec ({spec!r}) applies to str, int and float values only, "
+            f"not to a {type(value).__name__}"
+        )
+    return text
+
+
+def field_text(value: object, spec: str = "") -> str:
+    """The text a template field holding ``value`` puts in a lock name (see the module's rule).
+
+    Raises ``TypeError`` for a value without a canonical form, ``ValueError`` for a format spec
+    the value does not take.
+
+    >>> field_text("}x"), field_text(""), field_text(42), field_text({"b": 1, "a": 2})
+    ('%7Dx', '%e', '42', '%7B"__map__":[["a",2],["b",1]]%7D')
+    """
+    return _escape(_plain(value, spec))
+
+
+class _Field(NamedTuple):
+    """A template field resolved to its value (attribute and index access done)."""
+
+    field: str
+    value: Any
+
+
+class _FieldError(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class _KeyFormatter(string.Formatter):
+    """``str.format`` over the bound arguments, writing each field by :func:`field_text`."""
+
+    def get_field(self, field_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        value, first = super().get_field(field_name, args, kwargs)
+        return _Field(field_name, value), first
+
+    def convert_field(self, value: Any, conversion: str | None) -> Any:
+        if conversion is not None and isinstance(value, _Field):
+            # (refused when the task is declared; a template read from Redis lands here)
+            raise _FieldError(value.field, f"conversion !{conversion} is not allowed")
+        return value
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if not isinstance(value, _Field):
+            return str(super().format_field(value, format_spec))
+        try:
+            return field_text(value.value, format_spec)
+        except (TypeError, ValueError) as exc:
+            raise _FieldError(value.field, str(exc)) from exc
+
+
+_formatter = _KeyFormatter()
+
+
+def _describe(key: object) -> str:
+    if isinstance(key, str):
+        return f"key template {key!r}"
+    return f"key function {getattr(key, '__qualname__', None) or key!r}"
+
+
+def _from_function(task: str, key: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    result = key(*args, **kwargs)
+    if isinstance(result, str):
+        return str.__str__(result)  # the function's own name for the lock (checked by caller)
+    if result is None:
+        raise LockConfigError(
+            f"task {task!r}: {_describe(key)} returned None; return the lock name (a str), or "
+            "a value to write it from"
+        )
+    try:
+        return field_text(result)
+    except (TypeError, ValueError) as exc:
+        raise LockConfigError(f"task {task!r}: {_describe(key)} returned {exc}") from exc
+
+
+def lock_name(
+    task: str,
+    options: LockOptions,
+    signature: inspect.Signature | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> str:
+    """The lock name a call takes: the key (template, callable or default hash), plus the host
+    for ``scope="host"``. Raises :class:`LockConfigError` naming the task (and the template or
+    key function) when the call cannot make one."""
+    bound = bind_arguments(task, signature, args, kwargs)
+    key = options.key
+    try:
+        if isinstance(key, str):
+            named = _named(bound) if bound is not None else dict(kwargs)
+            name = _formatter.vformat(key, (), named)
+        elif key is not None:
+            call_args = (bound.args, bound.kwargs) if bound is not None else (args, kwargs)
+            name = _from_function(task, key, call_args[0], call_args[1])
+        else:
+            named = _named(bound) if bound is not None else {"args": list(args), **kwargs}
+            name = f"{task}:{canonical_hash(named)}"
+    except _FieldError as exc:
+        raise LockConfigError(
+            f"task {task!r}: {_describe(key)}: field {{{exc.field}}}: {exc}"
+        ) from exc
+    except LockConfigError:
+        raise
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:
+        if isinstance(key, str):
+            failed = f"{_describe(key)}: cannot fill it from the call's arguments"
+        elif key is not None:
+            failed = f"{_describe(key)} raised"
+        else:
+            failed = "cannot derive its lock key"
+        raise LockConfigError(f"task {task!r}: {failed}: {type(exc).__name__}: {exc}") from exc
+    try:
+        check_name(name)
+    except LockConfigError as exc:
+        made = "returned" if callable(key) else "made"
+        raise LockConfigError(f"task {task!r}: {_describe(key)} {made} {name!r}: {exc}") from exc
+    if options.scope == "host":
+        name = f"{name}@{socket.gethostname()}"
+    return name

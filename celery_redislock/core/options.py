@@ -1,0 +1,282 @@
+"""The ``lock=`` task option: parsed and checked once, when the task is defined."""
+
+from __future__ import annotations
+
+import inspect
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict, TypeVar
+
+from ..errors import LockConfigError
+from ._validate import int_at_least, one_of, true_or_false
+from .durations import COUNTDOWN, MAX_HOLD, TIMEOUT, TTL, Duration, seconds, seconds_or_none
+from .lease import Mode
+
+__all__ = [
+    "ConflictAction",
+    "KeyFunction",
+    "LockOptionDict",
+    "LockOptions",
+    "Scope",
+    "call_signature",
+    "check_choice",
+    "check_fields",
+    "known_options",
+    "option_seconds",
+    "parse_key",
+    "parse_lock_option",
+    "parse_scope",
+    "template_fields",
+]
+
+ConflictAction = Literal["skip", "retry", "wait", "raise"]
+Scope = Literal["global", "host"]
+KeyFunction = Callable[..., object]
+
+CONFLICT_ACTIONS: tuple[ConflictAction, ...] = ("skip", "retry", "wait", "raise")
+SCOPES: tuple[Scope, ...] = ("global", "host")
+DEFAULT_COUNTDOWN = 2.0
+DEFAULT_WAIT_TIMEOUT = 10.0
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class LockOptions:
+    """A task's lock, as declared by its ``lock=`` option (``None`` fields take settings)."""
+
+    key: str | KeyFunction | None = None
+    """Template over the bound arguments, a callable taking the task's arguments, or ``None``
+    for the task name plus a hash of all bound arguments."""
+    mode: Mode = "write"
+    limit: int | None = None
+    scope: Scope = "global"
+    ttl: float | None = None
+    on_conflict: ConflictAction | None = None
+    countdown: float = DEFAULT_COUNTDOWN
+    max_retries: int | None = None
+    count_retries: bool = False
+    timeout: float = DEFAULT_WAIT_TIMEOUT
+    max_hold: float | None = None
+    fields: tuple[str, ...] = ()
+    """Names of the arguments a key template uses (checked against the signature)."""
+
+
+class LockOptionDict(TypedDict, total=False):
+    """The dict form of a task's ``lock=`` option; every key may be left out (see
+    :class:`LockOptions` for the defaults, and the README for what each does).
+
+    >>> opts: LockOptionDict = {"key": "sync:{customer_id}", "on_conflict": "retry"}
+    """
+
+    key: str | KeyFunction | None
+    mode: Mode
+    limit: int | None
+    scope: Scope
+    ttl: float | None
+    on_conflict: ConflictAction | None
+    countdown: float
+    max_retries: int | None
+    count_retries: bool
+    timeout: float
+    max_hold: float | None
+
+
+# The option names, in the order errors list them: the dict form's keys, so they cannot drift.
+_ALLOWED = tuple(LockOptionDict.__annotations__)
+
+
+def _what(task: str, option: str, what: str = "lock") -> str:
+    """How an error about one option of a task opens: ``task 'x': lock option 'ttl':``."""
+    return f"task {task!r}: {what} option {option!r}:"
+
+
+def _error(task: str, option: str, message: str, what: str = "lock") -> LockConfigError:
+    return LockConfigError(f"{_what(task, option, what)} {message}")
+
+
+def option_seconds(
+    task: str, option: str, value: object, duration: Duration, what: str = "lock"
+) -> float:
+    """A duration option, checked against its range (see :mod:`celery_redislock.durations`)."""
+    return seconds(value, duration, _what(task, option, what))
+
+
+def _optional_seconds(
+    task: str, option: str, value: object, duration: Duration, what: str = "lock"
+) -> float | None:
+    return seconds_or_none(value, duration, _what(task, option, what))
+
+
+def template_fields(task: str, template: str, what: str = "lock") -> tuple[str, ...]:
+    """The argument names a key template refers to (``{a}``, ``{a.b}``, ``{a[0]}``); ``what``
+    names the option in errors. Refuses what would make names that are not canonical (see
+    :mod:`.keyname`): conversions (``{a!r}``) and fields nested in a format spec."""
+    names = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise _error(
+            task, "key", f"is not a valid format string ({exc}): {template!r}", what
+        ) from exc
+    if parsed and parsed[0][0].startswith("}"):
+        # "{}...}" would be an empty Redis Cluster hash tag in the lock's keys.
+        raise _error(task, "key", f"a lock name must not start with '}}': {template!r}", what)
+    for _, field, spec, conversion in parsed:
+        if field is None:
+            continue
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if not root or root.isdigit():
+            raise _error(
+                task,
+                "key",
+                f"template fields must name arguments, got {{{field}}} in {template!r}",
+                what,
+            )
+        if conversion is not None:
+            raise _error(
+                task,
+                "key",
+                f"template field {{{field}!{conversion}}} in {template!r}: conversions are not "
+                "allowed (a field is written from a canonical form of its value)",
+                what,
+            )
+        if spec and "{" in spec:
+            raise _error(
+                task,
+                "key",
+                f"template field {{{field}:{spec}}} in {template!r}: a format spec must not "
+                "hold fields",
+                what,
+            )
+        names.append(root)
+    return tuple(dict.fromkeys(names))
+
+
+def parse_lock_option(
+    task: str, signature: inspect.Signature | None, value: bool | str | LockOptionDict | None
+) -> LockOptions | None:
+    """Checks a task's ``lock=`` option against its function and returns it parsed.
+
+    ``value`` is ``None``/``False`` (no lock), ``True`` (one run per distinct arguments), a key
+    template string, or a mapping of options. ``signature`` is the task's call signature (see
+    :func:`call_signature`). Raises :class:`LockConfigError` naming the task and the option.
+
+    >>> sig = inspect.signature(lambda customer_id: None)
+    >>> parse_lock_option("sync", sig, "sync:{customer_id}").key
+    'sync:{customer_id}'
+    """
+    if value is None or value is False:
+        return None
+    if value is True:
+        return LockOptions()
+    if isinstance(value, str):
+        value = {"key": value}
+    if not isinstance(value, Mapping):
+        raise LockConfigError(
+            f"task {task!r}: lock must be True, a key template string or a dict of options "
+            f"({', '.join(_ALLOWED)}), got {type(value).__name__}"
+        )
+    opts = known_options(task, "lock", value, _ALLOWED)
+    key, fields = parse_key(task, signature, opts.get("key"))
+    modes: tuple[Mode, ...] = ("read", "write")
+    mode = one_of(opts.get("mode", "write"), modes, _what(task, "mode"), listed="'read' or 'write'")
+    limit = int_at_least(opts.get("limit"), 1, _what(task, "limit"), or_none=True)
+    scope = parse_scope(task, opts.get("scope", "global"))
+    on_conflict = opts.get("on_conflict")
+    if on_conflict is not None:
+        on_conflict = check_choice(task, "on_conflict", on_conflict, CONFLICT_ACTIONS)
+    max_retries = int_at_least(opts.get("max_retries"), 0, _what(task, "max_retries"), or_none=True)
+    count_retries = true_or_false(opts.get("count_retries", False), _what(task, "count_retries"))
+    return LockOptions(
+        key=key,
+        mode=mode,
+        limit=limit,
+        scope=scope,
+        ttl=_optional_seconds(task, "ttl", opts.get("ttl"), TTL),
+        on_conflict=on_conflict,
+        countdown=option_seconds(
+            task, "countdown", opts.get("countdown", DEFAULT_COUNTDOWN), COUNTDOWN
+        ),
+        max_retries=max_retries,
+        count_retries=count_retries,
+        timeout=option_seconds(task, "timeout", opts.get("timeout", DEFAULT_WAIT_TIMEOUT), TIMEOUT),
+        max_hold=_optional_seconds(task, "max_hold", opts.get("max_hold"), MAX_HOLD),
+        fields=fields,
+    )
+
+
+def known_options(
+    task: str, what: str, value: Mapping[Any, Any], allowed: tuple[str, ...]
+) -> dict[str, Any]:
+    """The options of a dict-valued task option, refusing names it does not know."""
+    unknown = sorted(str(k) for k in value if k not in allowed)
+    if unknown:
+        raise LockConfigError(
+            f"task {task!r}: unknown {what} option(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(allowed)}"
+        )
+    return dict(value)
+
+
+def parse_key(
+    task: str, signature: inspect.Signature | None, key: object, what: str = "lock"
+) -> tuple[str | KeyFunction | None, tuple[str, ...]]:
+    """Checks a ``key`` option; returns it with the argument names a template uses."""
+    if isinstance(key, str):
+        if not key:
+            raise _error(task, "key", "must not be empty", what)
+        fields = template_fields(task, key, what)
+        check_fields(task, signature, fields, what)
+        return key, fields
+    if key is not None and not callable(key):
+        raise _error(
+            task,
+            "key",
+            f"must be a template string, a callable or None, got {type(key).__name__}",
+            what,
+        )
+    return key, ()
+
+
+def check_choice(
+    task: str, option: str, value: object, allowed: tuple[T, ...], what: str = "lock"
+) -> T:
+    """The one of ``allowed`` that ``value`` is; refuses any other value, naming them."""
+    return one_of(value, allowed, _what(task, option, what))
+
+
+def parse_scope(task: str, scope: object, what: str = "lock") -> Scope:
+    return check_choice(task, "scope", scope, SCOPES, what)
+
+
+def call_signature(fun: Callable[..., Any], bound: bool) -> inspect.Signature | None:
+    """The signature callers use: ``fun``'s, without ``self`` for a ``bind=True`` task."""
+    try:
+        sig = inspect.signature(fun)
+    except (TypeError, ValueError):
+        return None  # no signature to check against (e.g. a C function)
+    if bound:
+        params = list(sig.parameters.values())[1:]
+        sig = sig.replace(parameters=params)
+    return sig
+
+
+def check_fields(
+    task: str, signature: inspect.Signature | None, fields: tuple[str, ...], what: str = "lock"
+) -> None:
+    """Checks that the task takes every argument a key template names."""
+    if signature is None:
+        return
+    params = signature.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return  # any name may arrive through **kwargs
+    missing = [f for f in fields if f not in params]
+    if missing:
+        raise _error(
+            task,
+            "key",
+            f"template names argument(s) {', '.join(map(repr, missing))} that the task does not "
+            f"take; its arguments are: {', '.join(params) or '(none)'}",
+            what,
+        )

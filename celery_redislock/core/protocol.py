@@ -1,0 +1,413 @@
+"""What goes over the wire to each Lua script and comes back: one typed request (``encode()``
+gives its ARGV) and one typed reply (``decode()`` reads the raw answer) per script, as each
+script's header in ``lua/`` describes them. Nothing here talks to Redis.
+
+Over 300 lines: it holds the contract of every script, one short section each.
+
+The types are NamedTuples, not frozen dataclasses: the lock's hot path builds two requests and
+decodes two replies per acquire and release, and a frozen dataclass costs twice as much to make.
+Build them by keyword. Replies come as bytes, or as str from a client made with
+``decode_responses=True``: every decoder takes either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import IntEnum, StrEnum
+from json import loads
+from typing import Any, Literal, NamedTuple
+
+__all__ = [
+    "AcquireArgs",
+    "AcquireReply",
+    "AcquireStatus",
+    "ClaimArgs",
+    "ClaimKind",
+    "ClaimReply",
+    "ClaimStatus",
+    "FinishArgs",
+    "Grant",
+    "HoldersReply",
+    "LiveLease",
+    "LockSpec",
+    "Mode",
+    "NotifyArgs",
+    "ReleaseArgs",
+    "ReleaseClaimArgs",
+    "ReleaseClaimReply",
+    "ReleaseReply",
+    "ReleaseWhereArgs",
+    "ReleaseWhereReply",
+    "RenewArgs",
+    "RenewReply",
+    "Wake",
+    "text",
+]
+
+Mode = Literal["read", "write"]
+
+# The scripts name a mode by its first letter.
+_MODE_CODE: dict[Mode, str] = {"read": "r", "write": "w"}
+_MODE_OF: dict[str | bytes, Mode] = {"r": "read", b"r": "read", "w": "write", b"w": "write"}
+
+
+def text(value: Any) -> str:
+    """A reply element as str (redis-py gives bytes unless the client decodes responses)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _bit(flag: bool) -> str:
+    return "01"[flag]
+
+
+# -- shared by the lock scripts ----------------------------------------------------------------
+
+
+class LockSpec(NamedTuple):
+    """A lock's settings, passed to every lock script (``parse_spec`` in ``common.lua``)."""
+
+    mode: Mode
+    limit: int
+    """Holders at once; 0 means unbounded."""
+    ttl_ms: int
+    fair: bool
+    entry_ms: int
+    """How long a waiter's place in line lasts unless refreshed."""
+    keep_ms: int
+    """How long the fence mark outlives the lock's last use."""
+
+    def encode(self) -> str:
+        return (
+            f"{_MODE_CODE[self.mode]} {self.limit} {self.ttl_ms} {_bit(self.fair)} "
+            f"{self.entry_ms} {self.keep_ms}"
+        )
+
+
+class Grant(NamedTuple):
+    """A waiter a script handed the lock to (fair mode): the caller wakes it (notify.lua)."""
+
+    token: str
+    fence: int
+    expires_at_ms: int
+
+    @classmethod
+    def decode_all(cls, items: Sequence[Any]) -> tuple[Grant, ...]:
+        """The grants in a reply's tail: token, fence, expiry for each."""
+        if not items:
+            return ()
+        it = iter(items)
+        return tuple(
+            cls(token=text(t), fence=int(f), expires_at_ms=int(e))
+            for t, f, e in zip(it, it, it, strict=True)
+        )
+
+
+class Wake(NamedTuple):
+    """The payload a granted waiter pops from its wake list: ``'fence:expiry'``."""
+
+    fence: int
+    expires_at_ms: int
+
+    def encode(self) -> str:
+        return f"{self.fence}:{self.expires_at_ms}"
+
+    @classmethod
+    def decode(cls, raw: Any) -> Wake:
+        fence, expiry = text(raw).split(":")
+        return cls(fence=int(fence), expires_at_ms=int(expiry))
+
+
+# -- acquire.lua -------------------------------------------------------------------------------
+
+
+class AcquireStatus(IntEnum):
+    NOT_HELD = 0
+    """Not held (still queued, if the call waits)."""
+    HELD = 1
+    UPGRADE_REFUSED = -1
+    """The owner holds a read lease and asked for write."""
+    JOB_FINISHED = 2
+    """The job is recorded as finished (finish.lua)."""
+    OWNER_HOLDS = 3
+    """The owner holds a live lease and may not re-enter (``once``)."""
+
+
+_ACQUIRE_STATUS = {int(s): s for s in AcquireStatus}
+
+
+class AcquireArgs(NamedTuple):
+    token: str
+    """Chosen by the client: the same call sent again returns the lease it made."""
+    spec: str
+    """:meth:`LockSpec.encode`, computed once per lock."""
+    wait: bool
+    """Stay queued on failure."""
+    info: str
+    """The holder's record, a JSON object stored as given."""
+    woke: bool = False
+    """The caller was woken by a signal (passed on if it cannot use it)."""
+    once: bool = False
+    """An owner holding a live lease is refused rather than re-entering."""
+    owner: str | None = None
+    job: str | None = None
+    """Refused with JOB_FINISHED if this job is recorded as finished."""
+
+    def encode(self) -> list[str]:
+        flags = "01"[self.wait] + "01"[self.woke] + "01"[self.once]  # e.g. '100'
+        return [self.token, self.spec, flags, self.owner or "", self.info, self.job or ""]
+
+
+class AcquireReply(NamedTuple):
+    status: AcquireStatus
+    token: str
+    """The lease held (HELD), or the owner's (OWNER_HOLDS, UPGRADE_REFUSED); else ``'-'``."""
+    fence: int
+    expires_at_ms: int
+    entered: int
+    """The lease's re-entry count: how many times its owner holds it."""
+    ms_left: int
+    """NOT_HELD: ms until the earliest live lease lapses (0: none); OWNER_HOLDS: ms the owner's
+    lease has left."""
+    mode: Mode
+    granted: tuple[Grant, ...]
+
+    @classmethod
+    def decode(cls, raw: Any) -> AcquireReply:
+        parts = raw.split()  # one string: a single reply element to parse (the hot path)
+        return cls(
+            status=_ACQUIRE_STATUS[int(parts[0])],
+            token=text(parts[1]),
+            fence=int(parts[2]),
+            expires_at_ms=int(parts[3]),
+            entered=int(parts[4]),
+            ms_left=int(parts[5]),
+            mode=_MODE_OF[parts[6]],
+            granted=Grant.decode_all(parts[7:]) if len(parts) > 7 else (),
+        )
+
+
+# -- release.lua, finish.lua -------------------------------------------------------------------
+
+
+class FinishArgs(NamedTuple):
+    """Records ``job`` as finished for ``keep_ms`` (finish.lua, or with a release)."""
+
+    job: str
+    keep_ms: int
+
+    def encode(self) -> list[str]:
+        return [self.job, str(self.keep_ms)]
+
+
+class ReleaseArgs(NamedTuple):
+    token: str
+    spec: str
+    whole: bool
+    """Drop the lease whatever its re-entry count, rather than one level."""
+    request: str
+    """Chosen by the client: the same call sent again does not count twice."""
+    finish: FinishArgs | None = None
+    """Also record a job as finished, in the same step."""
+
+    def encode(self) -> list[str]:
+        args = [self.token, self.spec, _bit(self.whole), self.request]
+        if self.finish is not None:
+            args += self.finish.encode()
+        return args
+
+
+class ReleaseReply(NamedTuple):
+    released: bool
+    """False: the token held no live lease."""
+    left: int
+    """The re-entry count left (0: the lease is gone)."""
+    granted: tuple[Grant, ...]
+
+    @classmethod
+    def decode(cls, raw: Any) -> ReleaseReply:
+        parts = raw.split()
+        return cls(
+            released=int(parts[0]) == 1,
+            left=int(parts[1]),
+            granted=Grant.decode_all(parts[2:]) if len(parts) > 2 else (),
+        )
+
+
+# -- release_where.lua -------------------------------------------------------------------------
+
+
+class ReleaseWhereArgs(NamedTuple):
+    spec: str
+    match: str
+    """A JSON object: every field must equal the lease's info field."""
+
+    def encode(self) -> list[str]:
+        return [self.spec, self.match]
+
+
+class ReleaseWhereReply(NamedTuple):
+    released: tuple[str, ...]
+    """The tokens of the leases dropped."""
+    granted: tuple[Grant, ...]
+
+    @classmethod
+    def decode(cls, raw: Sequence[Any]) -> ReleaseWhereReply:
+        count = int(raw[0])
+        return cls(
+            released=tuple(text(t) for t in raw[1 : 1 + count]),
+            granted=Grant.decode_all(raw[1 + count :]),
+        )
+
+
+# -- renew.lua, notify.lua ---------------------------------------------------------------------
+
+
+class RenewArgs(NamedTuple):
+    """Extends the leases ``tokens`` (KEYS: the leases and meta key of each, in pairs)."""
+
+    ttl_ms: int
+    tokens: Sequence[str]
+
+    def encode(self) -> list[str]:
+        return [str(self.ttl_ms), *self.tokens]
+
+
+class RenewReply(NamedTuple):
+    expiries: tuple[int, ...]
+    """Each lease's new expiry (server ms), in the order asked; 0: it was lost."""
+
+    @classmethod
+    def decode(cls, raw: Sequence[Any]) -> RenewReply:
+        return cls(expiries=tuple(int(e) for e in raw))
+
+
+class NotifyArgs(NamedTuple):
+    """Wakes granted waiters (KEYS: each one's wake list, in the order of ``grants``)."""
+
+    list_ms: int
+    """How long a wake list lives if its waiter never pops it."""
+    grants: Sequence[Grant]
+
+    def encode(self) -> list[str]:
+        wakes = [Wake(fence=g.fence, expires_at_ms=g.expires_at_ms).encode() for g in self.grants]
+        return [str(self.list_ms), *wakes]
+
+
+# -- holders.lua -------------------------------------------------------------------------------
+
+
+class LiveLease(NamedTuple):
+    token: str
+    expires_at_ms: int
+    mode: Mode
+    entered: int
+    """The lease's re-entry count: how many times its owner holds it."""
+    fence: int
+    owner: str | None
+    info: dict[str, str]
+
+
+class HoldersReply(NamedTuple):
+    now_ms: int
+    """The server's clock when the leases were read."""
+    leases: tuple[LiveLease, ...]
+
+    @classmethod
+    def decode(cls, raw: Sequence[Any]) -> HoldersReply:
+        leases = []
+        it = iter(raw[1:])
+        for token, expiry, record, info in zip(it, it, it, it, strict=True):
+            # The record is 'mode|count|fence|requests|owner'; an owner may contain '|'.
+            mode, count, fence, _, owner = text(record).split("|", 4)
+            leases.append(
+                LiveLease(
+                    token=text(token),
+                    expires_at_ms=int(expiry),
+                    mode=_MODE_OF[mode],
+                    entered=int(count),
+                    fence=int(fence),
+                    owner=owner or None,
+                    info={k: str(v) for k, v in loads(text(info)).items()},
+                )
+            )
+        return cls(now_ms=int(raw[0]), leases=tuple(leases))
+
+
+# -- unique_claim.lua, unique_release.lua ------------------------------------------------------
+
+
+class ClaimKind(StrEnum):
+    NEW = "n"
+    """A new call."""
+    REPLACE = "x"
+    """A new call that replaces a queued holder."""
+    REPUBLISH = "r"
+    """A re-publish of the same job (its retry)."""
+
+
+class ClaimStatus(IntEnum):
+    DUPLICATE = 0
+    """Another id holds the key (queued, or running)."""
+    CLAIMED = 1
+    """Claimed, or this id's already (its lifetime extended, never shortened)."""
+    REPLACED = 2
+    """Claimed from a queued holder, for the caller to revoke."""
+    REPUBLISH_UNCLAIMED = 3
+    """A re-publish that found another id holding the key: published without it."""
+
+
+_CLAIM_STATUS = {int(s): s for s in ClaimStatus}
+
+
+class ClaimArgs(NamedTuple):
+    task_id: str
+    lifetime_ms: int
+    kind: ClaimKind
+    running_counts: bool
+    """A running copy counts as a duplicate (unique until finished)."""
+
+    def encode(self) -> list[str]:
+        return [self.task_id, str(self.lifetime_ms), self.kind.value, _bit(self.running_counts)]
+
+
+class ClaimReply(NamedTuple):
+    status: ClaimStatus
+    holder: str
+    """This id (CLAIMED), the replaced id (REPLACED), or the id holding the key."""
+    ms_left: int
+    """DUPLICATE, REPUBLISH_UNCLAIMED: what the holder's claim (or run lease) has left; else 0."""
+    running: bool
+    """DUPLICATE: the holder runs (else it is queued)."""
+
+    @property
+    def duplicate(self) -> bool:
+        return self.status is ClaimStatus.DUPLICATE
+
+    @property
+    def replaced(self) -> bool:
+        return self.status is ClaimStatus.REPLACED
+
+    @classmethod
+    def decode(cls, raw: Any) -> ClaimReply:
+        status, holder, ms, state = text(raw).split()
+        return cls(
+            status=_CLAIM_STATUS[int(status)], holder=holder, ms_left=int(ms), running=state == "r"
+        )
+
+
+class ReleaseClaimArgs(NamedTuple):
+    task_id: str
+
+    def encode(self) -> list[str]:
+        return [self.task_id]
+
+
+class ReleaseClaimReply(NamedTuple):
+    superseded_by: str | None
+    """``None``: released, or nobody held the key. Else the id of the task that replaced this
+    one or holds the key (``'-'``: the replacing copy has gone already)."""
+
+    @classmethod
+    def decode(cls, raw: Any) -> ReleaseClaimReply:
+        parts = text(raw).split()
+        return cls(superseded_by=parts[1] if parts[0] == "0" else None)

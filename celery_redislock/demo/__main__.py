@@ -1,8 +1,0 @@
-"""``python -m celery_redislock.demo``: runs the demo and exits with its status."""
-
-import sys
-
-from .cli import main
-
-if __name__ == "__main__":
-    sys.exit(main())

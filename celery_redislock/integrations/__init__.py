@@ -1,0 +1,1 @@
+"""Framework integrations: each sub-package glues the core to one task framework."""

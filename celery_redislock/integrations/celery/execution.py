@@ -1,0 +1,162 @@
+"""What a locked task does as it starts, in the process that runs it: take the lease (acting on
+a conflict), have the heartbeat keep it, give up the queued claim; and ``lock_for``."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ...core.heartbeat import Heartbeat
+from ...core.lease import Lease, RedisClient
+from ...core.lock import Lock
+from ...core.naming import lock_name
+from ...core.options import ConflictAction, LockOptions
+from ...errors import (
+    JobFinished,
+    LockBackendError,
+    LockConfigError,
+    LockNotAcquired,
+)
+from .claiming import start_claim
+from .conflicts import await_first_delivery, backend_down, conflict, drop_finished
+from .ending import FINISH_ATTR, HELD, REQUEST_ATTR
+from .kind import is_locked_task
+from .publish import CONFLICTS_HEADER
+from .settings import Settings, client_for, settings_for
+from .signals import lock_lost
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from celery import Task
+
+    from .task import LockedTask
+
+__all__ = ["acquire_for", "lock_for", "make_lock"]
+
+log = logging.getLogger(__name__)
+
+
+def make_lock(task: LockedTask, settings: Settings, client: RedisClient, name: str) -> Lock:
+    options = task.lock_options
+    assert options is not None
+    return Lock(
+        client,
+        name,
+        ttl=options.ttl or settings.ttl,
+        mode=options.mode,
+        limit=options.limit,
+        namespace=settings.namespace,
+        fence_keep=settings.fence_keep,
+    )
+
+
+def lock_for(
+    task: LockedTask | Task,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+) -> Lock:
+    """The lock a call of ``task`` with these arguments takes (same key derivation as the run).
+    A task that declares no ``lock=`` (nor a ``unique=`` that implies one) raises
+    :class:`LockConfigError`.
+
+    >>> lock_for(sync_customer, (42,)).holders()   # doctest: +SKIP
+    """
+    if not is_locked_task(task) or task.lock_options is None:
+        raise LockConfigError(f"task {getattr(task, 'name', task)!r} has no lock option")
+    name = lock_name(task.name, task.lock_options, task.call_signature, args, kwargs or {})
+    settings = settings_for(task.app)
+    return make_lock(task, settings, client_for(task.app, settings), name)
+
+
+def _max_hold(task: LockedTask, options: LockOptions) -> float | None:
+    if options.max_hold is not None:
+        return options.max_hold
+    limits = task.request.timelimit or (None, None)  # this call's own time_limit, if given
+    hard = limits[0] or task.time_limit
+    if not hard:
+        hard = settings_for(task.app).task_time_limit
+    return float(hard) if hard else None
+
+
+def acquire_for(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
+    """Takes the task's lease before it runs, or acts on the conflict (raising Ignore, Retry,
+    or an error, which the worker honours because this runs inside ``before_start``); then
+    gives up the claim a unique task's message held on its key while queued."""
+    options = task.lock_options
+    unique = task.unique_options
+    settings = settings_for(task.app)
+    name = None
+    if options is not None:
+        name = lock_name(task.name, options, task.call_signature, args, kwargs)
+        _take_lease(task, task_id, args, kwargs, name, options, settings)
+    if unique is not None and unique.queued and not task.request.is_eager:
+        # (an eager call was never checked at publish, so it is not checked here either)
+        keying = unique.keying
+        same_key = options is not None and (keying.key, keying.scope) == (
+            options.key,
+            options.scope,
+        )
+        if name is None or not same_key:
+            name = lock_name(task.name, keying, task.call_signature, args, kwargs)
+        start_claim(task, task_id, name, settings)
+
+
+def _job(task: LockedTask, task_id: str) -> str | None:
+    """This delivery's job: the task id, its retry and its conflict re-publish. Only an
+    ``acks_late`` message can be delivered again after it ran (its ack lost with its worker),
+    so only such a job is recorded as finished."""
+    request = task.request
+    if not task.acks_late or request.is_eager:
+        return None
+    conflicts = int((request.headers or {}).get(CONFLICTS_HEADER, 0) or 0)
+    return f"{task_id}.{int(request.retries or 0)}.{conflicts}"
+
+
+def _take_lease(
+    task: LockedTask,
+    task_id: str,
+    args: Any,
+    kwargs: Any,
+    name: str,
+    options: LockOptions,
+    settings: Settings,
+) -> None:
+    action: ConflictAction = options.on_conflict or settings.on_conflict
+    job = _job(task, task_id)
+    try:
+        lock = make_lock(task, settings, client_for(task.app, settings), name)
+        # owner = task id, not re-entrant: a second delivery of a running task is a conflict.
+        lease = lock.acquire(
+            blocking=action == "wait",
+            timeout=options.timeout if action == "wait" else None,
+            owner=task_id,
+            reentrant=False,
+            info={"task_id": task_id, "task": task.name},
+            job=job,
+        )
+    except JobFinished:
+        drop_finished(task, task_id, lock)
+    except LockNotAcquired as exc:
+        if exc.owner_expires_in is not None:  # another delivery of this very task holds it
+            await_first_delivery(task, task_id, lock, exc.owner_expires_in)
+        conflict(task, task_id, lock, action, options, (args, kwargs))
+    except LockBackendError as exc:
+        backend_down(task, task_id, name, settings, options, exc)
+        return
+    HELD.add(lease)
+    setattr(task.request, REQUEST_ATTR, lease)
+    if job is not None:
+        setattr(task.request, FINISH_ATTR, (lock, job))
+
+    def on_lost(lost: Lease, error: BaseException | None) -> None:
+        log.error(
+            "task %s[%s]: lease on lock %r lost%s; the task goes on without it",
+            task.name,
+            task_id,
+            lost.name,
+            f" ({error})" if error else "",
+        )
+        lock_lost.send(sender=task, task_id=task_id, lease=lost, error=error)
+
+    Heartbeat.current().register(lease, on_lost=on_lost, max_hold=_max_hold(task, options))

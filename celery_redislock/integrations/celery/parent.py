@@ -1,0 +1,104 @@
+"""The worker parent's side: release what a pool child held as soon as the child is gone."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import weakref
+from typing import Any
+
+from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
+from celery.worker import state as worker_state
+from celery.worker.request import Request
+
+from ...core.childwatch import ChildWatch
+from .execution import lock_for
+from .settings import client_for
+
+__all__ = ["LockRequest"]
+
+log = logging.getLogger(__name__)
+
+_HOST = socket.gethostname()
+_CHILD_DEATHS = (Terminated, TimeLimitExceeded, WorkerLostError, SystemExit, KeyboardInterrupt)
+
+
+_watch = ChildWatch()
+_prepared: weakref.WeakSet[Any] = weakref.WeakSet()  # apps whose lock client exists here
+
+
+def _reset_after_fork() -> None:
+    global _watch
+    _watch = ChildWatch()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class LockRequest(Request):  # type: ignore[misc]
+    """Celery's request with one addition, run in the worker's parent process: while a pool
+    child runs a locked task the parent watches it, and if the child dies (hard time limit,
+    ``revoke(terminate=True)``, SIGKILL, OOM) the lease it held is released at once.
+
+    Subclass it (and set ``Request`` on your task class) if you need a request class of your own.
+    """
+
+    # Set (in the main thread) once Celery reports the child dead or being killed: the watch
+    # then keeps the request until the child is gone, though Celery has finished with it.
+    child_dying = False
+
+    def on_accepted(self, pid: int, time_accepted: float) -> None:
+        super().on_accepted(pid, time_accepted)
+        if getattr(self.task, "lock_options", None) is not None and pid != os.getpid():
+            if self.task.app not in _prepared:
+                client_for(self.task.app)  # made here, not in the watch thread (fork safety)
+                _prepared.add(self.task.app)
+            _watch.watch(self.id, pid, self)  # (solo and threads pools have no child to watch)
+
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        # revoke(terminate=True): Celery counts the task done at once, before the child is
+        # dead; the watch must keep waiting for the death.
+        self.child_dying = True
+        super().terminate(pool, signal)
+
+    def cancel(self, pool: Any, *args: Any, **kwargs: Any) -> Any:
+        self.child_dying = True  # cold shutdown, lost connection: the child is being killed
+        return super().cancel(pool, *args, **kwargs)
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        if not soft:
+            self.child_dying = True  # the pool kills the child right after this
+        super().on_timeout(soft, timeout)
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
+        exc = getattr(exc_info, "exception", None)
+        exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback wraps the original
+        if isinstance(exc, _CHILD_DEATHS):
+            self.child_dying = True
+        return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def done(self) -> bool:
+        """The child watcher's question: finished, with the child alive (it released itself)."""
+        return not self.child_dying and self not in worker_state.active_requests
+
+    def child_died(self, pid: int) -> None:
+        """Releases the lease the dead child ``pid`` took for this task (matched by task id,
+        host and pid: never a lease of another delivery or another process)."""
+        try:
+            lock = lock_for(self.task, self.args, self.kwargs)
+            released = lock.release_where(task_id=self.id, host=_HOST, pid=str(pid))
+        except Exception as exc:
+            log.warning(
+                "task %s[%s]: could not release the lease of dead child %d "
+                "(it lapses within its ttl): %s",
+                self.name,
+                self.id,
+                pid,
+                exc,
+            )
+            return
+        if released:
+            log.info("lock %r released: child %d running task %s died", lock.name, pid, self.id)

@@ -1,0 +1,154 @@
+"""The receivers of Celery's signals that locked tasks need, connected once (``dispatch_uid``)
+by :func:`~celery_redislock.install` or when the first locked task is bound to an app, never
+at import: importing the package changes nothing in Celery."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import Celery
+from celery.signals import (
+    beat_init,
+    task_postrun,
+    task_revoked,
+    worker_init,
+    worker_process_shutdown,
+)
+
+from ...errors import LockConfigError
+from . import settings
+from ._compat import is_test_worker, names_locked_task
+from .claiming import end_claim
+from .ending import end_run, release_all_held
+from .kind import LockAware, is_locked_task
+from .publish import wrap_send_task
+from .registry import publish_specs
+from .revoke import release_revoked, wrap_revoke
+from .settings import check_app
+
+__all__ = ["check_tasks", "check_worker_app", "connect_receivers"]
+
+log = logging.getLogger(__name__)
+
+_connected = False
+_connecting = threading.Lock()
+
+
+def connect_receivers() -> None:
+    """Connects every receiver (idempotent; cheap after the first call)."""
+    global _connected
+    if _connected:
+        return
+    with _connecting:
+        if _connected:
+            return
+        for signal, receiver in (
+            (task_postrun, _release_after_run),
+            (worker_process_shutdown, _release_at_shutdown),
+            (worker_init, _freeze_settings),
+            (worker_init, _check_at_worker_start),
+            (worker_init, wrap_revoke),
+            (beat_init, _beat_publishes_unique),
+            (task_revoked, release_revoked),
+        ):
+            uid = f"celery_redislock.{receiver.__name__}"
+            signal.connect(receiver, weak=False, dispatch_uid=uid)
+        _connected = True
+
+
+def _release_after_run(
+    sender: Any = None, task_id: Any = None, args: Any = (), kwargs: Any = None, **info: Any
+) -> None:
+    # Normally released already (__call__); this covers a run whose body never started, and
+    # an acks_late delivery, released here with the record that it finished.
+    # task_postrun fires for every ending, RETRY, IGNORED and REJECTED included (after_return
+    # does not), in the process that ran the task, while its request is still current.
+    if is_locked_task(sender):
+        end_run(sender, info.get("state"))
+        if info.get("state") in ("FAILURE", "REJECTED"):
+            # The job is over (it may have failed before it started): its queued claim goes.
+            end_claim(sender, task_id, args, kwargs or {})
+
+
+def _release_at_shutdown(**_: Any) -> None:
+    release_all_held()
+
+
+def _freeze_settings(sender: Any = None, **_: Any) -> None:
+    # A worker's configuration is final once it starts (pool children inherit this). Not so
+    # for a worker started inside a test process, whose tests may go on changing app.conf.
+    if not is_test_worker(sender):
+        settings.freeze()
+
+
+def check_tasks(app: Celery) -> None:
+    """Raises :class:`LockConfigError` naming the tasks of ``app`` that declare ``lock=`` or
+    ``unique=`` but are not LockedTasks (the option would be ignored)."""
+    unlocked = sorted(
+        name
+        for name, task in app.tasks.items()
+        if not is_locked_task(task)
+        and any(getattr(task, option, None) not in (None, False) for option in ("lock", "unique"))
+    )
+    if unlocked:
+        raise LockConfigError(
+            f"task(s) {', '.join(unlocked)} declare lock= or unique= but do not derive from "
+            "celery_redislock.LockedTask: it would be ignored. Create the app with "
+            "task_cls='celery_redislock:LockedTask' or call install(app) before declaring tasks"
+        )
+
+
+def _uses_locks(app: Celery) -> bool:
+    """Whether ``app`` is one of ours: installed, or its task base (or a task) is a LockedTask."""
+    task_cls = getattr(app, "task_cls", None)
+    return (
+        getattr(app, "_redislock_installed", False)
+        or (isinstance(task_cls, type) and issubclass(task_cls, LockAware))
+        or names_locked_task(task_cls)
+        or any(is_locked_task(task) for task in app.tasks.values())
+    )
+
+
+def check_worker_app(app: Celery) -> None:
+    """What a worker checks as it starts: no ``lock=``/``unique=`` that would be ignored, every
+    ``redislock_*`` setting, and a Redis client for locks if any task needs one. Raises
+    :class:`LockConfigError` naming the task or the setting."""
+    check_tasks(app)
+    if not _uses_locks(app):
+        return
+    needs_redis = any(
+        is_locked_task(task) and (task.lock_options is not None or task.unique_options is not None)
+        for task in app.tasks.values()
+    )
+    for warning in check_app(app, needs_redis=needs_redis):
+        log.warning("%s", warning)
+
+
+def _check_at_worker_start(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if not isinstance(app, Celery):
+        return
+    try:
+        check_worker_app(app)
+    except LockConfigError as exc:
+        # Signal.send catches and only logs an Exception a receiver raises, so raising it would
+        # let the worker start and fail (or run unlocked) at every task. SystemExit is not an
+        # Exception: it ends the worker before it consumes anything.
+        log.critical("celery_redislock: the worker refuses to start: %s", exc)
+        raise SystemExit(1) from exc
+    # Producers that cannot import a unique task (beat, services sending by name) read its
+    # options from Redis: publish them.
+    publish_specs(app)
+
+
+def _beat_publishes_unique(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    task_cls = getattr(app, "task_cls", None)
+    if isinstance(app, Celery) and (
+        getattr(app, "_redislock_installed", False)
+        or (isinstance(task_cls, type) and issubclass(task_cls, LockAware))
+        or names_locked_task(task_cls)
+    ):
+        wrap_send_task(app)

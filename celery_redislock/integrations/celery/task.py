@@ -1,0 +1,106 @@
+"""The task base class that reads the ``lock=`` option."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar, Literal
+
+from celery import Task
+
+from ...core.lease import Lease
+from ...core.options import LockOptionDict, call_signature, parse_lock_option
+from ...core.unique_options import Lifecycle, UniqueOptionDict, parse_unique_option
+from .claiming import keep_claim_for_retry
+from .ending import held_lease, release_at_body_end, release_held
+from .execution import acquire_for
+from .kind import LockAware
+from .publish import wrap_send_task
+from .receivers import connect_receivers
+from .registry import Spec
+
+__all__ = ["LockedTask"]
+
+
+class LockedTask(Task, LockAware):  # type: ignore[misc]
+    """Base class for tasks that declare ``lock=``: use it as the app's ``task_cls`` (or call
+    :func:`celery_redislock.install`).
+
+    The lease is taken in :meth:`before_start` (where Celery honours ``Ignore`` and ``Retry``),
+    renewed by the process's heartbeat while the task runs, and released when the run ends; a
+    worker's parent process releases what a killed child held (see :class:`LockRequest`).
+
+    >>> app = Celery("proj", task_cls="celery_redislock:LockedTask")    # doctest: +SKIP
+    >>> @app.task(lock={"key": "sync:{customer_id}", "on_conflict": "retry"})  # doctest: +SKIP
+    ... def sync_customer(customer_id): ...
+    """
+
+    Request = "celery_redislock.integrations.celery.parent:LockRequest"
+
+    lock: bool | str | LockOptionDict | None = None
+    """The ``lock=`` option as declared: True, a key template, or a dict of options."""
+    unique: Lifecycle | UniqueOptionDict | Literal[False] | None = None
+    """The ``unique=`` option as declared: a lifecycle name, or a dict of options."""
+    call_signature: ClassVar[inspect.Signature | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not {"lock", "unique", "run"} & cls.__dict__.keys():
+            return  # an abstract base Celery derives: nothing declared here
+        run = cls.__dict__.get("run", getattr(cls, "run", None))
+        bound = not isinstance(run, staticmethod)  # Celery stores unbound runs as staticmethods
+        fun = run.__func__ if isinstance(run, staticmethod) else run
+        name = cls.__dict__.get("name") or cls.__name__
+        cls.call_signature = call_signature(fun, bound) if callable(fun) else None
+        lock = parse_lock_option(name, cls.call_signature, cls.lock)
+        cls.unique_options, cls.lock_options = parse_unique_option(
+            name, cls.call_signature, cls.unique, lock
+        )
+        cls._unique_spec = None
+
+    @classmethod
+    def bind(cls, app: Any) -> Any:
+        bound = super().bind(app)
+        connect_receivers()  # the first locked task bound (or install()) connects them
+        if cls.unique_options is not None and cls.unique_options.queued:
+            wrap_send_task(app)  # also for apps that set task_cls= without install()
+        return bound
+
+    _unique_spec: ClassVar[Spec | None] = None
+
+    def unique_spec(self) -> Spec | None:
+        """What a producer needs to check a call of this task for duplicates (None: not
+        unique while queued)."""
+        spec = type(self)._unique_spec
+        if spec is None and self.unique_options is not None:
+            spec = type(self)._unique_spec = Spec.of(self)
+        return spec
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease the current run holds (``None`` outside a locked run). ``lease.check()``
+        raises :class:`LockLost` if the heartbeat found it lost."""
+        return held_lease(self)
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        if self.lock_options is not None or self.unique_options is not None:
+            acquire_for(self, task_id, args, kwargs)
+        super().before_start(task_id, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.request.called_directly:
+            return super().__call__(*args, **kwargs)  # a plain function call: no lock
+        # Run by the worker (the request is already pushed): release as the body ends, before
+        # the result is stored, so whoever waits on the result finds the lock free (an
+        # acks_late delivery: just after, with the record that it finished; see end_run).
+        try:
+            return self.run(*args, **kwargs)
+        finally:
+            release_at_body_end(self)
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        # Give the lock back before the retry is published, so the retried run cannot find it
+        # still held by this very run and be skipped as a duplicate. A job unique until it
+        # finishes first claims its key as queued, so no other copy slips in between.
+        keep_claim_for_retry(self)
+        release_held(self)
+        return super().retry(*args, **kwargs)

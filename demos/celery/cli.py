@@ -1,0 +1,141 @@
+"""The command line: ``python -m demos.celery [--quick] [--json P] [--png P]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from celery_redislock.contrib.redis_server import redis_url
+
+from .._common.processes import sigterm_as_interrupt
+
+WORKERS = ("demo1", "demo2")
+CONCURRENCY = 2
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m demos.celery",
+        description="Two Celery workers run locked and unique tasks under bursts of calls; "
+        "what ran, where and beside what is checked, summarised and drawn.",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer calls, shorter tasks")
+    parser.add_argument("--json", metavar="PATH", type=Path, help="write the summary here")
+    parser.add_argument(
+        "--png", metavar="PATH", type=Path, default=Path("demo-timeline.png"),
+        help="the timeline picture (default: %(default)s; needs matplotlib)",
+    )  # fmt: skip
+    return parser.parse_args(argv)
+
+
+class _Progress:
+    """One line per use case, rewritten in place on a terminal."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.last: tuple[str, int, int] | None = None
+
+    def __call__(self, case: str, done: int, total: int) -> None:
+        if self.tty and (case, done, total) != self.last:
+            print(f"\r  {case:<13} {done:>3}/{total} done", end="", flush=True)
+        self.last = (case, done, total)
+
+    def end(self) -> None:
+        if self.tty:
+            print("\r" + " " * 40 + "\r", end="", flush=True)
+
+
+def _print(outcomes: Sequence[Any]) -> None:
+    head = f"  {'use case':<13} {'sent':>5} {'queued':>6} {'ran':>5} {'skipped':>7} "
+    print(head + f"{'retried':>7}  {'max at once (allowed)':>21} {'fences':>6}  verdict")
+    for o in outcomes:
+        together = f"{o.max_together} ({o.allowed})"
+        verdict = (
+            "ok" if o.passed else "FAILED: " + ", ".join(k for k, v in o.checks.items() if not v)
+        )
+        print(
+            f"  {o.case:<13} {o.sent:>5} {o.queued:>6} {o.ran:>5} {o.skipped:>7} {o.retried:>7}  "
+            f"{together:>21} {o.fences:>6}  {verdict}"
+        )
+    for o in outcomes:
+        for name, value in o.notes.items():
+            print(f"  {o.case}: {name}: {value}")
+
+
+def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    # The app module reads REDIS_URL as it is imported: import it only now.
+    os.environ["REDIS_URL"] = url
+    scale = "0.5" if args.quick else "1"
+    os.environ["TASKDEMO_SCALE"] = scale
+    from .cases import CASES, FULL, QUICK
+    from .runs import load
+    from .timeline import draw
+    from .workers import start_workers
+
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(match="taskdemo:*"):
+        client.delete(key)
+    started = time.monotonic()
+    print(f"celery-redislock demo on Redis at {url}: starting workers {', '.join(WORKERS)} "
+          f"(prefork, {CONCURRENCY} processes each)")  # fmt: skip
+    workers = start_workers(url, log_dir, WORKERS, CONCURRENCY, {"TASKDEMO_SCALE": scale})
+    try:
+        progress = _Progress()
+        outcomes = []
+        for case in CASES:
+            print(f"- {case.__name__.replace('_', '-')}: {(case.__doc__ or '').split(chr(10))[0]}")
+            outcomes.append(case(client, QUICK if args.quick else FULL, progress))
+            progress.end()
+    finally:
+        workers.stop()
+    print()
+    _print(outcomes)
+    recovery = next((o for o in outcomes if o.case == "recovery"), None)
+    runs = load(client)
+    drawn = draw(runs, [o.case for o in outcomes], args.png, _kill_time(runs, recovery))
+    print(f"\ntimeline: {args.png}" if drawn else "\ntimeline: skipped (pip install matplotlib)")
+
+    return {
+        "passed": all(o.passed for o in outcomes),
+        "seconds": round(time.monotonic() - started, 1),
+        "workers": list(WORKERS),
+        "timeline": str(args.png) if drawn else None,
+        "cases": {o.case: {**asdict(o), "passed": o.passed} for o in outcomes},
+    }
+
+
+def _kill_time(runs: Sequence[Any], recovery: Any) -> float | None:
+    if recovery is None:
+        return None
+    successor = [r for r in runs if r.case == "recovery" and r.end is not None]
+    seconds = recovery.notes.get("recovery seconds")
+    if not successor or seconds is None:
+        return None
+    return float(successor[0].start - seconds)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the demo; 0 if every use case held, 1 if one failed, 130 if interrupted."""
+    args = _parse(argv)
+    sigterm_as_interrupt()
+    try:
+        with tempfile.TemporaryDirectory(prefix="taskdemo-") as logs, redis_url() as url:
+            summary = run(url, args, Path(logs))
+    except KeyboardInterrupt:
+        print("\ninterrupted: every worker stopped, and the Redis server if started here",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    print("\nall use cases held" if summary["passed"] else "\nA USE CASE FAILED (see above)")
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0 if summary["passed"] else 1
