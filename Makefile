@@ -5,11 +5,6 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 LOWEST ?= .venv-lowest
-# The Celery tests, again on the lowest supported Celery, kombu, billiard and redis-py.
-CELERY_TESTS := tests/test_celery_release.py tests/test_celery_pools.py \
-	tests/test_celery_exclusion.py tests/test_celery_options.py \
-	tests/test_celery_unique.py tests/test_celery_unique_options.py \
-	tests/test_celery_redelivery.py
 
 .PHONY: demo demo-core test test-lowest lint bench bench-celery soak clean docs
 
@@ -53,8 +48,10 @@ test: lint docs
 	$(BIN)/pytest --cov --cov-report=term-missing:skip-covered $(ARGS)
 	$(MAKE) test-lowest
 
+# The Celery tests (marker `celery`: every tests/test_celery_*.py) again on the lowest supported
+# Celery, kombu, billiard and redis-py.
 test-lowest: $(LOWEST)/.done
-	$(LOWEST)/bin/pytest -p no:hypothesispytest -q $(CELERY_TESTS)
+	$(LOWEST)/bin/pytest -p no:hypothesispytest -q -m celery
 
 bench: $(VENV)/.dev
 	$(BIN)/python benchmarks/lock_core.py $(ARGS)

@@ -15,6 +15,8 @@ Every error the package raises derives from :class:`RedisLockError`::
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "DuplicateTask",
     "JobFinished",
@@ -29,11 +31,28 @@ __all__ = [
 
 
 class RedisLockError(Exception):
-    """Root of every error raised by celery_redislock; carries the lock name."""
+    """Root of every error raised by celery_redislock; carries the lock name.
+
+    Every error survives a round trip through pickle with its class and attributes, and can be
+    rebuilt from its message alone (the attributes then ``None``): Celery stores a task's
+    exception one way or the other, and falls back to a base class it can rebuild otherwise.
+    """
 
     def __init__(self, message: str, *, name: str | None = None) -> None:
         super().__init__(message)
         self.name = name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(
+    cls: type[RedisLockError], args: tuple[Any, ...], state: dict[str, Any]
+) -> RedisLockError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class LockConfigError(RedisLockError, ValueError):
@@ -51,7 +70,7 @@ class LockNotAcquired(RedisLockError):
         self,
         message: str,
         *,
-        name: str,
+        name: str | None = None,
         timeout: float | None = None,
         owner_expires_in: float | None = None,
     ) -> None:
@@ -63,7 +82,7 @@ class LockNotAcquired(RedisLockError):
 class LockNotOwned(RedisLockError):
     """The lease is not held by this token (released, expired, or never held)."""
 
-    def __init__(self, message: str, *, name: str, token: str) -> None:
+    def __init__(self, message: str, *, name: str | None = None, token: str | None = None) -> None:
         super().__init__(message, name=name)
         self.token = token
 
@@ -84,7 +103,7 @@ class JobFinished(RedisLockError):
     """``acquire(job=...)`` was refused: that job was recorded as finished under this lock
     (:meth:`Lock.finish_job`), so another delivery of it must not run again."""
 
-    def __init__(self, message: str, *, name: str, job: str) -> None:
+    def __init__(self, message: str, *, name: str | None = None, job: str | None = None) -> None:
         super().__init__(message, name=name)
         self.job = job
 
@@ -97,7 +116,13 @@ class DuplicateTask(RedisLockError):
     """
 
     def __init__(
-        self, message: str, *, name: str, task_id: str, expires_in: float | None, state: str
+        self,
+        message: str,
+        *,
+        name: str | None = None,
+        task_id: str | None = None,
+        expires_in: float | None = None,
+        state: str | None = None,
     ) -> None:
         super().__init__(message, name=name)
         self.task_id = task_id

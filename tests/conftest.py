@@ -20,7 +20,7 @@ import pytest
 import redis
 from workers import Worker
 
-from celery_redislock import Lock
+from celery_redislock import Heartbeat, Lock
 from celery_redislock.contrib.redis_server import RedisServer, embedded_binary
 
 
@@ -34,6 +34,39 @@ def _binaries() -> dict[str, str]:
 
 
 BINARIES = _binaries()
+
+
+STARTED_WORKERS = pytest.StashKey[list[Worker]]()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test_celery_* module runs again on the lowest supported versions (`-m celery`):
+    # a new file cannot miss that run.
+    for item in items:
+        if item.path.name.startswith("test_celery_"):
+            item.add_marker(pytest.mark.celery)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.failed:
+        for worker in item.stash.get(STARTED_WORKERS, []):
+            report.sections.append((f"worker {worker.name} log", worker.log()[-20000:]))
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _no_lease_left_on_the_heartbeat() -> Iterator[None]:
+    """A test that leaves a lease registered on this process's heartbeat would have it renewed
+    for ever, and change what later tests see: fail it, and clean up."""
+    yield
+    heartbeat = Heartbeat.current()
+    left = heartbeat.leases()
+    for lease in left:
+        heartbeat.unregister(lease)
+    if left:
+        pytest.fail(f"the test left {len(left)} lease(s) on the heartbeat: {left}", pytrace=False)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -107,10 +140,14 @@ def lockapp(celery_server: RedisServer) -> Iterator[ModuleType]:
 
 
 @pytest.fixture
-def workers(celery_server: RedisServer, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+def workers(
+    celery_server: RedisServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Worker]]:
     """Starts real worker subprocesses (``workers(name="w1", pool="prefork", ...)``); every one
-    is killed at the end of the test, whatever happened."""
+    is killed at the end of the test, whatever happened. A failing test's report shows their
+    logs."""
     started: list[Worker] = []
+    request.node.stash[STARTED_WORKERS] = started
 
     def start(**kwargs: Any) -> Worker:
         worker = Worker(celery_server.url, tmp_path, **kwargs)

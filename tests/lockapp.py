@@ -15,9 +15,10 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject
+from celery.signals import task_failure, task_postrun, task_success
 from celery.worker.control import inspect_command
 
-from celery_redislock import LockedTask, LockLost, install, lock_conflict, lock_lost
+from celery_redislock import LockedTask, LockLost, install, lock_conflict, lock_for, lock_lost
 
 URL = os.environ["LOCKAPP_REDIS_URL"]
 # The broker may be another (LOCKAPP_BROKER_URL, e.g. RabbitMQ); results and locks stay on URL.
@@ -327,3 +328,177 @@ class PausesBeforeRetrying(LockedTask):
 )
 def retried_after_a_pause(self: Any, name: str) -> str:
     return _unique_run(self, name, 0, 0.1)
+
+
+# -- unique and backend failures -----------------------------------------------------------------
+
+
+@app.task(bind=True, unique="until_started", lock={"key": "hold:{name}"})
+def unique_locked(self: Any, name: str) -> str:
+    """Unique while queued (its claim is on the lock's key); skipped if ``hold:<name>`` is held."""
+    started(name, self.request.id)
+    return "ran"
+
+
+@app.task(
+    bind=True,
+    unique="until_started",
+    lock={"key": "hold:{name}", "on_conflict": "retry", "countdown": 0.05, "max_retries": 2},
+)
+def unique_locked_retrying(self: Any, name: str) -> str:
+    """Unique while queued; gives up after 2 conflict retries (LockNotAcquired)."""
+    started(name, self.request.id)
+    return "ran"
+
+
+@app.task(
+    bind=True,
+    unique={"lifecycle": "until_finished", "key": "rep:{name}", "on_duplicate": "replace"},
+)
+def replacing_finished(self: Any, name: str, seconds: float = 0.0) -> str:
+    return _unique_run(self, name, seconds, None)
+
+
+@app.task(
+    bind=True,
+    unique={"lifecycle": "until_finished", "key": "strict:{name}", "on_duplicate": "raise"},
+)
+def strict_finished(self: Any, name: str, seconds: float = 0.0) -> str:
+    return _unique_run(self, name, seconds, None)
+
+
+@app.task(
+    bind=True,
+    unique={"lifecycle": "until_finished", "key": "bf:{name}", "allowance": 0.5},
+)
+def briefly_finished(self: Any, name: str, retry_countdown: float) -> str:
+    """Retries once with ``retry_countdown`` (longer than its 0.5 s allowance); the retried run
+    then holds on until the test sets stop:<name>, so a call meanwhile finds it running."""
+    started(name, self.request.id)
+    if self.request.retries == 0:
+        raise self.retry(countdown=retry_countdown)
+    _sleep(60, name)
+    return "ran"
+
+
+# -- endings, parent and conflicts ---------------------------------------------------------------
+
+if os.environ.get("LOCKAPP_TIME_LIMIT"):
+    # The default max_hold of every lease. The threads and solo pools enforce no time limit, so
+    # there a task outlives it and its lease is seen to stop being renewed.
+    app.conf.task_time_limit = float(os.environ["LOCKAPP_TIME_LIMIT"])
+
+
+def _end_as(self: Any, name: str, ending: str) -> str:
+    started(name, self.request.id)
+    if ending == "fail":
+        raise RuntimeError("failed on purpose")
+    if ending == "ignore":
+        raise Ignore()
+    if ending == "reject":
+        raise Reject("rejected on purpose", requeue=False)
+    return ending
+
+
+@app.task(bind=True, lock={"key": "hold:{name}"})
+def ends(self: Any, name: str, ending: str) -> str:
+    """Ends at once as ``ending`` says: return, fail, ignore or reject."""
+    return _end_as(self, name, ending)
+
+
+@app.task(bind=True, lock={"key": "hold:{name}"}, acks_late=True)
+def ends_late(self: Any, name: str, ending: str) -> str:
+    """``ends``, acks_late: its lease goes after its result is stored."""
+    return _end_as(self, name, ending)
+
+
+_ENDINGS = {"lockapp.ends", "lockapp.ends_late"}
+
+
+def _note_lock_at_store(task: Any, task_id: str, args: Any, kwargs: Any, outcome: str) -> None:
+    # task_success and task_failure come after Celery stored the result: whether the run's lock
+    # was still held at that instant tells the order of the two.
+    if getattr(task, "name", None) in _ENDINGS:
+        held = lock_for(task, args, kwargs or {}).locked()
+        r.hset(f"at-store:{task_id}", outcome, "held" if held else "free")
+
+
+def _on_success(sender: Any = None, **_: Any) -> None:
+    request = sender.request
+    _note_lock_at_store(sender, request.id, request.args, request.kwargs, "success")
+
+
+def _on_failure(
+    sender: Any = None, task_id: str = "", args: Any = (), kwargs: Any = None, **_: Any
+) -> None:
+    _note_lock_at_store(sender, task_id, args, kwargs, "failure")
+
+
+def _on_postrun(sender: Any = None, task_id: str = "", state: str = "", **_: Any) -> None:
+    if getattr(sender, "name", None) in _ENDINGS:
+        r.hset("postrun", task_id, state)
+
+
+task_success.connect(_on_success, weak=False)
+task_failure.connect(_on_failure, weak=False)
+task_postrun.connect(_on_postrun, weak=False)
+
+
+@app.task(bind=True, base=PausesBeforeRetrying, lock={"key": "hold:{name}"})
+def retried_with_lock(self: Any, name: str) -> str:
+    """Retries once; its retry publish waits for the test (``retry-gap:go``)."""
+    started(name, self.request.id)
+    if self.request.retries == 0:
+        raise self.retry(countdown=0)
+    return "ran"
+
+
+@app.task(bind=True, lock={"key": "shared:{name}", "limit": 4})
+def shares_a_lock(self: Any, name: str) -> None:
+    """Holds one of the four leases of ``shared:<name>`` until the test stops it."""
+    started(name, self.request.id)
+    _sleep(60, name)
+
+
+@app.task(bind=True, lock={"key": "hold:{name}", **RETRY, "max_retries": 2})
+def gives_up(self: Any, name: str) -> str:
+    """Retries on conflict at most twice (the lock's own max_retries), then fails."""
+    return "ran"
+
+
+def _hold_time(self: Any, name: str, seconds: float) -> float | None:
+    # Seconds from the start of the body until the lease was seen lost; None: held throughout.
+    started(name, self.request.id)
+    lease, begun = self.lease, time.monotonic()
+    while time.monotonic() - begun < seconds:
+        try:
+            lease.check()
+        except LockLost:
+            return time.monotonic() - begun
+        time.sleep(0.01)
+    return None
+
+
+@app.task(bind=True, lock={"key": "hold:{name}", "ttl": 1}, time_limit=30)
+def limited_hold(self: Any, name: str, seconds: float) -> float | None:
+    """No max_hold: its default is this call's time_limit, else the task's (30 s)."""
+    return _hold_time(self, name, seconds)
+
+
+@app.task(bind=True, lock={"key": "hold:{name}", "ttl": 1})
+def default_hold(self: Any, name: str, seconds: float) -> float | None:
+    """No max_hold, no time limit of its own: the default is the app's task_time_limit."""
+    return _hold_time(self, name, seconds)
+
+
+@app.task(bind=True, lock={"key": "hold:{name}"})
+def lock_state(self: Any, name: str) -> list[bool]:
+    """[is its lock held, does this run hold a lease]: a plain call takes none."""
+    return [lock_for(lock_state, (name,)).locked(), self.lease is not None]
+
+
+@app.task(bind=True, lock={"key": "hold:{name}", "on_conflict": "wait", "timeout": 10})
+def waits_and_notes(self: Any, name: str) -> str:
+    """``waiting``, noting when it started (``started-at:waited:<name>``)."""
+    started(f"waited:{name}", self.request.id)
+    return "ran"

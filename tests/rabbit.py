@@ -11,11 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from helpers import free_port
 
 
 class RabbitServer:
@@ -26,7 +22,7 @@ class RabbitServer:
     binary = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="rabbit-"))
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -43,7 +39,7 @@ class RabbitServer:
             "HOME": str(self.dir),
             "RABBITMQ_NODENAME": f"test{self.port}@localhost",
             "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(_free_port()),
+            "RABBITMQ_DIST_PORT": str(free_port()),
             "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
             "RABBITMQ_LOG_BASE": str(self.dir / "log"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "plugins"),

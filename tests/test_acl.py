@@ -7,8 +7,9 @@ import threading
 
 import pytest
 import redis
+from conftest import wait_until_queued
 
-from celery_redislock import Lock, LockBackendError, iter_locks, renew_leases
+from celery_redislock import Lock, LockBackendError, LockNotAcquired, iter_locks, renew_leases
 
 # The list in docs/topologies.md ("Redis permissions"), as one ACL rule set.
 DOCUMENTED_RULES = [
@@ -56,13 +57,14 @@ def test_the_listed_permissions_are_enough(client: redis.Redis) -> None:
     assert list(iter_locks(restricted)) == ["acl"]
     waiter = threading.Thread(target=lambda: lock.acquire(timeout=5).release())
     waiter.start()
+    wait_until_queued(client, lock)  # the waiting commands run as the restricted user too
     lease.release()
     waiter.join(5)
     assert not waiter.is_alive()
     lock.finish_job("job-1", keep=5)
     assert lock.release_where(pid="0") == []
     plain = Lock(restricted, "acl-plain", ttl=5)
-    with plain.acquire(), pytest.raises(Exception, match="held"):
+    with plain.acquire(), pytest.raises(LockNotAcquired, match="held"):
         plain.acquire(blocking=False)
 
 

@@ -9,10 +9,10 @@ from types import ModuleType
 import pytest
 import redis
 from celery.exceptions import TimeoutError as CeleryTimeout
-from conftest import wait_for
+from conftest import wait_for, wait_until_queued
 from workers import Worker
 
-from celery_redislock import SKIPPED, Lock, lock_for
+from celery_redislock import SKIPPED, Lock, LockBackendError, LockNotAcquired, lock_for
 from celery_redislock.contrib.redis_server import RedisServer
 
 POOLS = {
@@ -83,7 +83,7 @@ def test_retry_on_conflict_does_not_spend_the_task_retry_budget(
     lockapp.hold.delay("q", 60)
     wait_for(lambda: lockapp.r.llen("started:q") == 2, "holder running again", 30)
     counted = lockapp.counted_duplicate.delay("q")
-    with pytest.raises(Exception, match="lock 'hold:q' is held"):
+    with pytest.raises(LockNotAcquired, match="lock 'hold:q' is held"):
         counted.get(timeout=30)  # asked to count: its own budget of 2 ran out
     assert (
         lockapp.r.lrange("signal:lock_conflict", 0, -1).count(f"{counted.id}:retry".encode()) == 3
@@ -95,16 +95,20 @@ def test_wait_on_conflict_runs_when_the_holder_ends(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
     workers(pool="threads", concurrency=3)
-    lockapp.hold.delay("w", 0.5)
+    lock = lock_for(lockapp.hold, ("w",))
+    holder = lockapp.hold.delay("w", 60)
     wait_for(lambda: lockapp.r.llen("started:w") == 1, "holder running", 30)
-    waiter = lockapp.waiting.delay("w")
-    assert waiter.get(timeout=30) == "ran"
-    lockapp.hold.delay("w", 60)
-    wait_for(lambda: lockapp.r.llen("started:w") == 2, "second holder running", 30)
+    waiter = lockapp.waits_and_notes.delay("w")
+    wait_until_queued(lockapp.r, lock)  # blocked in the lock's line, not run
     gives_up = lockapp.waiting_briefly.delay("w")
-    with pytest.raises(Exception, match=r"held by .* after waiting 0.3s"):
+    with pytest.raises(LockNotAcquired, match=r"held by .* after waiting 0.3s"):
         gives_up.get(timeout=30)
-    lockapp.r.set("stop:w", 1)
+    assert lockapp.r.llen("started:waited:w") == 0
+    stopped_at = time.time()
+    lockapp.r.set("stop:w", 1)  # the holder could not end before this
+    assert holder.get(timeout=30) == "return"
+    assert waiter.get(timeout=30) == "ran"
+    assert float(lockapp.r.lindex("started-at:waited:w", 0)) >= stopped_at
 
 
 def test_raise_on_conflict_fails_the_task_naming_the_holder(
@@ -113,7 +117,7 @@ def test_raise_on_conflict_fails_the_task_naming_the_holder(
     workers()
     holder = lockapp.hold.delay("x", 60)
     wait_for(lambda: lockapp.r.llen("started:x") == 1, "holder running", 30)
-    with pytest.raises(Exception, match=f"lock 'hold:x' is held by {holder.id}"):
+    with pytest.raises(LockNotAcquired, match=f"lock 'hold:x' is held by {holder.id}"):
         lockapp.strict.delay("x").get(timeout=30)
     lockapp.r.set("stop:x", 1)
 
@@ -137,7 +141,7 @@ def test_redis_for_locks_down_fails_the_task_by_default(
 ) -> None:
     # Locks on a Redis nobody listens on; broker and results still work.
     worker = workers(env={"LOCKAPP_LOCK_URL": "redis://127.0.0.1:1/0"})
-    with pytest.raises(Exception, match="Redis failed"):
+    with pytest.raises(LockBackendError, match="Redis failed"):
         lockapp.hold.delay("d", 0).get(timeout=30)
     assert lockapp.r.llen("started:d") == 0  # never ran unlocked
     wait_for(lambda: "LockBackendError" in worker.log(), "the failure logged", 10)

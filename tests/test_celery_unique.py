@@ -8,31 +8,25 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from celery import chain, chord, group
+from celery import Celery, chain, chord, group
 from conftest import wait_for
+from helpers import free_port, started, stop
 from kombu.exceptions import OperationalError
 from producers import burst
 from workers import TESTS, Worker
 
-from celery_redislock import DuplicateTask
+from celery_redislock import SKIPPED, DuplicateTask, LockBackendError, LockNotAcquired, lock_for
 from celery_redislock.contrib.redis_server import RedisServer
+from celery_redislock.core.keys import LockKeys
 
 
 def claim_key(name: str) -> str:
-    return f"redislock:{{{name}}}:queued"
-
-
-def started(lockapp: ModuleType, name: str) -> list[str]:
-    return [t.decode() for t in lockapp.r.lrange(f"started:{name}", 0, -1)]
-
-
-def stop(lockapp: ModuleType, name: str) -> None:
-    lockapp.r.set(f"stop:{name}", 1)
+    return LockKeys.of("redislock", name).queued
 
 
 # -- many producers --------------------------------------------------------------------------
@@ -163,15 +157,26 @@ def test_canvas(lockapp: ModuleType, workers: Callable[..., Worker]) -> None:
 
 
 def test_retry_keeps_the_key_and_runs(lockapp: ModuleType, workers: Callable[..., Worker]) -> None:
+    """The retry's publish extends the claim to cover its countdown: briefly_finished allows
+    0.5 s in the queue and retries with a 2.5 s countdown, so a claim of the allowance alone
+    would lapse 2 s before the retry runs, and a call then would publish a second copy."""
     workers()
-    job = lockapp.unique_finished.delay("retry", 0, 1.5)
+    job = lockapp.briefly_finished.delay("retry", 2.5)
     wait_for(lambda: started(lockapp, "retry"), "the first run starts")
-    wait_for(lambda: lockapp.r.exists(claim_key("fin:retry")), "the retry is queued")
-    again = {lockapp.unique_finished.delay("retry", 0, 1.5).id for _ in range(10)}
-    assert again == {job.id}, "the retry waiting on its countdown is the same job"
+    waited_from = time.monotonic()
+    # Every call until the retry starts (and once after: it then runs) gets the same job back.
+    while len(started(lockapp, "retry")) < 2:
+        assert lockapp.briefly_finished.delay("retry", 2.5).id == job.id
+        assert time.monotonic() - waited_from < 20, "the retry did not start"
+        time.sleep(0.05)
+    assert lockapp.briefly_finished.delay("retry", 2.5).id == job.id
+    # The calls covered the countdown, well past the 0.5 s allowance (a retry run before its
+    # countdown would make this loop prove nothing).
+    assert time.monotonic() - waited_from > 1.5
+    stop(lockapp, "retry")
     assert job.get(timeout=20) == "ran"
     assert started(lockapp, "retry") == [job.id, job.id]
-    assert lockapp.r.lrange("ended:retry", 0, -1) == [f"{job.id}:1".encode()]
+    assert lockapp.r.llen("celery") == 0, "no other copy was queued"
 
 
 def test_revoke_before_start_frees_the_key_at_once(
@@ -257,13 +262,9 @@ def test_killed_worker_does_not_block_past_the_lease(
     )
 
 
-@pytest.fixture
-def free_port() -> Iterator[int]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        yield s.getsockname()[1]
+@pytest.fixture(name="free_port")
+def a_free_port() -> int:
+    return free_port()
 
 
 def test_revoke_of_a_message_still_in_the_broker_frees_the_key_when_discarded(
@@ -295,3 +296,98 @@ def test_no_copy_slips_in_while_a_retry_is_being_published(
     lockapp.r.set("retry-gap:go", 1)
     assert job.get(timeout=20) == "ran"
     assert started(lockapp, "gap") == [job.id, job.id]
+
+
+# -- endings that do not run, a running copy, the check at start -------------------------------
+
+
+def conflicts_of(lockapp: ModuleType, task_id: str) -> list[str]:
+    """The lock_conflict actions lockapp noted for ``task_id`` (worker and producer alike)."""
+    notes = [n.decode() for n in lockapp.r.lrange("signal:lock_conflict", 0, -1)]
+    return [n.split(":", 1)[1] for n in notes if n.startswith(f"{task_id}:")]
+
+
+def test_the_claim_is_given_up_when_the_job_ends_without_running(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """Skipped (its lock held), failed at start (LockBackendError, policy "fail"), or out of
+    conflict retries: the job is over, so its queued claim goes and the next call publishes.
+    A claim left behind would refuse every call for its allowance (600 s)."""
+    workers()
+    # Each claim goes just after the state is stored: polled, 5 s is only a cap.
+    # Skipped: this process holds the run lock.
+    held = lock_for(lockapp.unique_locked, ("skip",)).acquire(blocking=False, owner="test")
+    skipped = lockapp.unique_locked.delay("skip")
+    wait_for(lambda: skipped.state == SKIPPED, "the copy is skipped", 20)
+    wait_for(lambda: not lockapp.r.exists(claim_key("hold:skip")), "the skip gives up the claim", 5)
+    held.release()
+    fresh = lockapp.unique_locked.delay("skip")
+    assert fresh.id != skipped.id
+    assert fresh.get(timeout=20) == "ran"
+    assert started(lockapp, "skip") == [fresh.id]
+
+    # Failed at start: the lease's key holds a value of another type, so Redis refuses the
+    # acquire (LockBackendError) while the claim's own key still answers.
+    leases = LockKeys.of("redislock", "hold:down").leases
+    lockapp.r.set(leases, "not a sorted set")
+    failed = lockapp.unique_locked.delay("down")
+    with pytest.raises(LockBackendError):
+        failed.get(timeout=20)
+    wait_for(lambda: not lockapp.r.exists(claim_key("hold:down")), "the failure gives it up", 5)
+    lockapp.r.delete(leases)
+    fresh = lockapp.unique_locked.delay("down")
+    assert fresh.id != failed.id
+    assert fresh.get(timeout=20) == "ran"
+    assert started(lockapp, "down") == [fresh.id]
+
+    # Out of conflict retries (lock max_retries=2): LockNotAcquired, as the caller gets it.
+    held = lock_for(lockapp.unique_locked_retrying, ("busy",)).acquire(blocking=False, owner="t")
+    gave_up = lockapp.unique_locked_retrying.delay("busy")
+    with pytest.raises(LockNotAcquired, match="gave up after 2 conflict retries"):
+        gave_up.get(timeout=20)
+    wait_for(lambda: not lockapp.r.exists(claim_key("hold:busy")), "giving up frees it", 5)
+    held.release()
+    fresh = lockapp.unique_locked_retrying.delay("busy")
+    assert fresh.id != gave_up.id
+    assert fresh.get(timeout=20) == "ran"
+    assert started(lockapp, "busy") == [fresh.id]
+
+
+def test_a_running_copy_is_kept_and_a_superseded_copy_does_not_run(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    workers()
+    # A copy whose claim another id holds: a producer without celery_redislock publishes it
+    # unchecked while a checked copy waits in a queue no worker consumes yet.
+    queued = lockapp.unique_finished.apply_async(("sup",), queue="parked")
+    plain = Celery("plain", broker=lockapp.URL, set_as_current=False)
+    try:
+        stray = plain.send_task("lockapp.unique_finished", ("sup",))
+    finally:
+        plain.close()
+    wait_for(lambda: lockapp.app.AsyncResult(stray.id).state == SKIPPED, "the stray skipped", 20)
+    assert conflicts_of(lockapp, stray.id) == ["superseded"]
+    assert started(lockapp, "sup") == []
+    assert lockapp.r.get(claim_key("fin:sup")) == queued.id.encode(), "the newer keeps its claim"
+    assert lockapp.app.control.add_consumer("parked", reply=True, timeout=10, limit=1)
+    assert queued.get(timeout=20) == "ran"
+    assert started(lockapp, "sup") == [queued.id]
+
+    # Against a running copy: replace does not replace it, raise says it runs. A copy that
+    # were published would land in a queue nobody consumes.
+    running = lockapp.replacing_finished.delay("rr", 60)
+    strict = lockapp.strict_finished.delay("sr", 60)
+    wait_for(lambda: started(lockapp, "rr") and started(lockapp, "sr"), "both copies run", 20)
+    assert lockapp.replacing_finished.apply_async(("rr",), queue="nobody").id == running.id
+    with pytest.raises(DuplicateTask) as raised:
+        lockapp.strict_finished.apply_async(("sr",), queue="nobody")
+    err = raised.value
+    assert err.task_id == strict.id and err.state == "running"
+    assert 0 < err.expires_in <= 30, "what its lease has left (ttl 30 s), not a queued claim"
+    assert lockapp.r.llen("nobody") == 0, "neither call was published"
+    notes = [n.decode() for n in lockapp.r.lrange("signal:lock_conflict", 0, -1)]
+    assert sum(n.endswith(":existing") for n in notes) == 1, "replace answered as existing"
+    stop(lockapp, "rr")
+    stop(lockapp, "sr")
+    assert running.get(timeout=20) == "ran" and strict.get(timeout=20) == "ran"
+    assert started(lockapp, "rr") == [running.id] and started(lockapp, "sr") == [strict.id]

@@ -13,7 +13,8 @@ from celery import Celery
 
 from celery_redislock import DuplicateTask, LockBackendError, LockConfigError, install
 from celery_redislock.contrib.redis_server import RedisServer
-from celery_redislock.core.keys import registry_key
+from celery_redislock.core.keys import LockKeys, registry_key
+from celery_redislock.core.naming import canonical_hash
 from celery_redislock.integrations.celery.registry import Spec, publish_specs
 
 
@@ -125,7 +126,11 @@ def test_raise_carries_the_queued_id_and_time_left(app: Celery) -> None:
     err = raised.value
     assert err.task_id == first.id and err.state == "queued"
     assert 600 < err.expires_in <= 630  # countdown + the default allowance of 600 s
-    assert err.name == "uq.r:" + err.name.split(":", 1)[1] and first.id in str(err)
+    # The key of r(1): the task name and the hash of its bound arguments (the default key),
+    # and the very key whose claim names the queued copy.
+    assert err.name == "uq.r:" + canonical_hash({"n": 1}) and first.id in str(err)
+    client = redis.Redis.from_url(app.conf.redislock_url)
+    assert client.get(LockKeys.of("redislock", err.name).queued) == first.id.encode()
     assert queued(app) == 1
 
 
@@ -134,11 +139,15 @@ def test_the_app_default_and_an_explicit_task_id(app: Celery) -> None:
     def d() -> None: ...
 
     app.conf.redislock_on_duplicate = "raise"
-    first = d.apply_async(task_id="fixed-id")
-    assert d.apply_async(task_id="fixed-id").id == "fixed-id"  # the same job, published again
-    with pytest.raises(DuplicateTask):
+    d.apply_async(task_id="fixed-id")
+    assert queued(app) == 1
+    # The id that holds the key is no duplicate of itself: the same job, published again.
+    d.apply_async(task_id="fixed-id")
+    assert queued(app) == 2
+    with pytest.raises(DuplicateTask) as raised:  # another id: the app's default, "raise"
         d.delay()
-    assert first.id == "fixed-id"
+    assert raised.value.task_id == "fixed-id"
+    assert queued(app) == 2
 
 
 def test_an_expired_message_claims_nothing(app: Celery) -> None:
@@ -161,7 +170,7 @@ def test_redis_down_at_enqueue_follows_the_backend_policy(
     app.conf.redislock_url = "redis://127.0.0.1:1/0"
     with pytest.raises(LockBackendError) as raised:
         down.delay()
-    assert raised.value.name == "uq.down:" + raised.value.name.split(":", 1)[1]
+    assert raised.value.name == "uq.down:" + canonical_hash({})  # the key of down()
     assert queued(app) == 0
     app.conf.redislock_on_backend_error = "run"
     with caplog.at_level(logging.ERROR, "celery_redislock"):

@@ -9,8 +9,10 @@ from collections.abc import Callable
 
 import pytest
 import redis
+from conftest import wait_for, wait_until_queued
 
 from celery_redislock import Lock, LockNotAcquired
+from celery_redislock.contrib.redis_server import RedisServer
 
 PROCESSES = 4
 
@@ -95,26 +97,62 @@ def _wait_forever(_: int, url: str, fair: bool) -> None:
     Lock(redis.Redis.from_url(url), "line", ttl=30, fair=fair).acquire()
 
 
-@pytest.mark.parametrize("fair", [False, True])
-def test_a_killed_waiter_does_not_keep_the_lock(
-    client: redis.Redis, redis_server: object, fair: bool
-) -> None:
-    """A waiter SIGKILLed while in line may be handed the lock (fair mode) or its wake-up
-    (non-fair): either way the next taker gets in within seconds, not a 30 s ttl."""
-    from conftest import wait_until_queued
-
-    lock = Lock(client, "line", ttl=30, fair=fair)
-    lease = lock.acquire()
+def _kill_queued_waiters(client: redis.Redis, url: str, lock: Lock, count: int = 1) -> None:
+    """Starts ``count`` processes blocked in ``lock``'s line, in turn, then SIGKILLs them."""
     ctx = multiprocessing.get_context("fork")
-    doomed = ctx.Process(target=_wait_forever, args=(0, redis_server.url, fair))  # type: ignore[attr-defined]
-    doomed.start()
-    wait_until_queued(client, lock)
-    doomed.kill()
-    doomed.join()
-    lease.release()  # fair: handed to the dead waiter
-    start = time.monotonic()
+    doomed = []
+    for i in range(count):
+        doomed.append(ctx.Process(target=_wait_forever, args=(i, url, lock.fair)))
+        doomed[-1].start()
+        wait_until_queued(client, lock, i + 1)
+    for process in doomed:
+        process.kill()
+    for process in doomed:
+        process.join(5)
+        assert process.exitcode is not None
+
+
+def test_a_killed_waiter_drops_out_of_line_within_3s(
+    client: redis.Redis, redis_server: RedisServer
+) -> None:
+    """docs/failures.md: "a waiter dies while blocked: it drops out of line within 3 s" (fair
+    mode: see the next test)."""
+    lock = Lock(client, "line", ttl=30)
+    lease = lock.acquire()
+    _kill_queued_waiters(client, redis_server.url, lock)
+
+    def out_of_line() -> bool:
+        # A lapsed place is swept by the next call on the lock: a newcomer's try does it.
+        with pytest.raises(LockNotAcquired):
+            lock.acquire(blocking=False)
+        return client.zcard(lock.keys.all[2]) == 0  # the line
+
+    # 3 s after the kill at the latest (its last refresh came before), 0.5 s margin for a loaded
+    # machine.
+    wait_for(out_of_line, "the dead waiter dropped out of line", timeout=3.0 + 0.5)
+    lease.release()  # nobody is left in line to be handed or woken
+    lock.acquire(blocking=False).release()
+
+
+def test_a_lease_handed_to_a_killed_fair_waiter_lapses_within_3s(
+    client: redis.Redis, redis_server: RedisServer
+) -> None:
+    """docs/failures.md, fair mode: "a lease handed to it [a dead waiter] lapses within 3 s", and
+    a dead waiter "drops out of line within 3 s". Two waiters die in line: the first is handed
+    the lock; the second must be out of line by the time that lease lapses, or it would be
+    handed the lock in turn (3 s more)."""
+    lock = Lock(client, "line", ttl=30, fair=True)
+    lease = lock.acquire()
+    _kill_queued_waiters(client, redis_server.url, lock, count=2)
+    released = time.monotonic()
+    lease.release()  # handed to the first dead waiter, which never claims its full ttl
+    (handed,) = lock.holders()
+    assert handed.token != lease.token and handed.expires_in <= 3.0
+    assert client.zcard(lock.keys.all[2]) == 1  # the second one still stands in line
     lock.acquire(timeout=10).release()
-    assert time.monotonic() - start < 8
+    # The next taker gets in as that lease lapses: 3 s, plus 0.5 s for a loaded machine.
+    assert time.monotonic() - released < 3.0 + 0.5
+    assert client.zcard(lock.keys.all[2]) == 0
 
 
 def _stress(i: int, url: str, fair: bool, rounds: int) -> None:
@@ -162,9 +200,12 @@ def test_random_waiters_keep_every_rule(
     assert int(client.get("done") or 0) + int(client.get("gave_up") or 0) == 6 * rounds
     longest = client.zrange("waits", -1, -1, withscores=True)[0][1]
     assert longest < 0.9, f"a wait of {longest:.2f} s: a wake-up was lost"
-    # Whoever gave up left the line: only the fence mark (and unread wake-ups) remain.
+    # Whoever gave up left the line: only the fence mark (and unread wake-ups) remain, and
+    # each of them expires (docs/design.md: a key lives as long as its last lease or waiter).
     left = {k.decode() for k in client.keys("redislock:{stress}:*")}
     assert left - {"redislock:{stress}:wake"} <= {"redislock:{stress}:meta"} | {
         k for k in left if k.startswith("redislock:{stress}:w:")
     }
+    for key in left:
+        assert client.pttl(key) != -1, f"{key} never expires"  # -2: it expired meanwhile
     assert set(client.hkeys("redislock:{stress}:meta")) <= {b"fence", b"g"}

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import redis
 from conftest import wait_for
+from helpers import HAS_PROC, alive, processes
 
 from celery_redislock.contrib.redis_server import RedisServer
 
 SCENARIOS = {"mutex", "cap", "read_write", "fair", "crash"}
 DEMO = [sys.executable, "-m", "demos.core", "--quick"]
 ROOT = Path(__file__).resolve().parent.parent  # demos/ is in the checkout, not installed
-HAS_PROC = Path("/proc/self/stat").exists()
 
 
 def _env(redis_url: str | None) -> dict[str, str]:
@@ -49,44 +49,18 @@ def _run_demo(tmp_path: Path, redis_url: str | None) -> dict[str, Any]:
     return result
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie counts as gone)."""
-    if HAS_PROC:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
-            return False
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _still_running(pids: list[int], grace: float = 5.0) -> list[int]:
     deadline = time.monotonic() + grace
     while True:
-        alive = [pid for pid in pids if _running(pid)]
-        if not alive or time.monotonic() > deadline:
-            return alive
+        running = [pid for pid in pids if alive(pid)]
+        if not running or time.monotonic() > deadline:
+            return running
         time.sleep(0.05)
 
 
 def _children(parent: int) -> dict[int, str]:
-    """pid -> command name of each child of ``parent``, read from /proc."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        name, rest = stat.split("(", 1)[1].rsplit(")", 1)
-        if int(rest.split()[1]) == parent:
-            found[int(entry.name)] = name
-    return found
+    """pid -> command name of each child of ``parent``."""
+    return {p.pid: p.name for p in processes() if p.ppid == parent}
 
 
 def test_quick_demo_passes_on_each_redis(redis_server: RedisServer, tmp_path: Path) -> None:

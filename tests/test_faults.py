@@ -11,7 +11,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 from conftest import wait_for, wait_until_queued
+from redis.backoff import ConstantBackoff, NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from celery_redislock import (
     Heartbeat,
@@ -64,54 +66,128 @@ def test_redis_restart_mid_run(own_server: RedisServer) -> None:
 
 
 def test_heartbeat_reports_loss_while_redis_is_down(own_server: RedisServer) -> None:
+    """docs/failures.md, Redis unreachable: "the heartbeat retries and reports a lease lost once
+    it may have lapsed": not before, and within one renewal interval after."""
+    ttl = 0.6
     client = redis.Redis.from_url(own_server.url, socket_connect_timeout=0.2)
-    lease = Lock(client, "outage", ttl=0.6).acquire()
-    lost: list[tuple[Lease, BaseException | None]] = []
+    lease = Lock(client, "outage", ttl=ttl).acquire()
+    lost: list[tuple[float, Lease, BaseException | None]] = []
     called = threading.Event()
-    Heartbeat.current().register(lease, on_lost=lambda x, e: (lost.append((x, e)), called.set()))
-    own_server.stop()
-    assert called.wait(3), "loss not reported while Redis was down"
-    assert isinstance(lost[0][1], LockBackendError)
+
+    def on_lost(lease: Lease, error: BaseException | None) -> None:
+        lost.append((time.monotonic(), lease, error))
+        called.set()
+
+    heartbeat = Heartbeat.current()
+    heartbeat.register(lease, on_lost=on_lost)
+    try:
+        own_server.stop()
+        assert called.wait(ttl + 2), "loss not reported while Redis was down"
+    finally:
+        heartbeat.unregister(lease)
+        own_server.start()
+    noticed_at, _, error = lost[0]
+    late = noticed_at - lease.valid_until
+    assert late >= 0, f"reported lost {-late:.3f} s before the lease could have lapsed"
+    # One interval (ttl/3), plus 0.25 s for a loaded machine.
+    assert late <= ttl / 3 + 0.25, f"reported lost {late:.3f} s after the lease lapsed"
+    assert isinstance(error, LockBackendError)
     with pytest.raises(LockLost):
         lease.check()
-    own_server.start()
 
 
 def test_redis_paused_past_the_lease(own_server: RedisServer) -> None:
+    """docs/failures.md: a lease lapses while its holder still runs (Redis hung): the heartbeat
+    reports it lost within one interval, while Redis is still frozen."""
+    ttl = 0.5
     holder_client = redis.Redis.from_url(own_server.url)
-    lock = Lock(holder_client, "paused", ttl=0.5)
+    lock = Lock(holder_client, "paused", ttl=ttl)
     lease = lock.acquire()
+    noticed: list[float] = []
     lost = threading.Event()
-    Heartbeat.current().register(lease, on_lost=lambda _lease, _e: lost.set())
+    heartbeat = Heartbeat.current()
+    heartbeat.register(
+        lease, on_lost=lambda _lease, _e: (noticed.append(time.monotonic()), lost.set())
+    )
     own_server.pause()
-    time.sleep(1.0)  # server time runs on while it is frozen: the lease lapses
-    own_server.resume()
-    assert lost.wait(3), "a lease that lapsed during the pause was not reported lost"
+    try:
+        assert lost.wait(ttl + 2), "a lease that lapsed during the pause was not reported lost"
+        # Frozen a little longer: server time runs on meanwhile, so the lease lapses in Redis
+        # too (the notice came when it may have lapsed, a round trip before it surely has).
+        time.sleep(0.1)
+    finally:
+        own_server.resume()
+        heartbeat.unregister(lease)
+    late = noticed[0] - lease.valid_until
+    # Not before it may have lapsed; within one interval (ttl/3) plus 0.25 s for a loaded machine.
+    assert 0 <= late <= ttl / 3 + 0.25, f"reported {late:.3f} s after the lease may have lapsed"
     with pytest.raises(LockLost):
         lease.check()
     other = Lock(redis.Redis.from_url(own_server.url), "paused", ttl=5).acquire(timeout=2)
     assert other.fence > lease.fence
 
 
-def test_waiter_survives_a_restart_and_gets_the_lock(own_server: RedisServer) -> None:
-    client = redis.Redis.from_url(own_server.url, socket_connect_timeout=0.5)
-    lock = Lock(client, "waiting", ttl=30)
-    lock.acquire()
-    errors: list[BaseException] = []
-
+def _waiter(
+    lock: Lock, got: list[tuple[float, Lease]], errors: list[BaseException]
+) -> threading.Thread:
     def wait() -> None:
         try:
-            lock.acquire(timeout=5)
+            lease = lock.acquire(timeout=10)
+            got.append((time.monotonic(), lease))
         except BaseException as exc:
             errors.append(exc)
 
-    waiter = threading.Thread(target=wait)
-    waiter.start()
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return thread
+
+
+def test_waiter_survives_a_restart_and_gets_the_lock(own_server: RedisServer) -> None:
+    """docs/failures.md, Redis restarted without persistence: "leases are gone (renew raises
+    LockLost); fences still increase". A waiter whose client reconnects gets the lock the
+    restart freed, at its next look (at most the 1 s fallback)."""
+    # redis-py reconnects for up to 5 s: the restart takes well under that.
+    client = redis.Redis.from_url(
+        own_server.url, socket_connect_timeout=0.5, retry=Retry(ConstantBackoff(0.05), 100)
+    )
+    lock = Lock(client, "waiting", ttl=30)
+    held = lock.acquire()
+    got: list[tuple[float, Lease]] = []
+    errors: list[BaseException] = []
+    waiter = _waiter(lock, got, errors)
     wait_until_queued(client, lock)
     own_server.restart()
-    waiter.join(6)
-    # Either the blocked call saw the outage (a clear error) or it acquired after the restart.
-    assert not errors or isinstance(errors[0], LockBackendError)
+    restarted = time.monotonic()
+    waiter.join(5)
+    assert not waiter.is_alive()
+    assert not errors
+    got_at, lease = got[0]
+    # At its next look: within the 1 s fallback of reconnecting; 0.5 s margin for a loaded machine.
+    assert got_at - restarted < 1.0 + 0.5
+    assert lease.fence > held.fence
+    with pytest.raises(LockLost):
+        held.renew()
+    lease.release()
+
+
+def test_waiter_without_retries_sees_redis_go_as_a_backend_error(own_server: RedisServer) -> None:
+    """docs/failures.md: Redis unreachable, "every call raises LockBackendError": a blocked
+    acquire too, at once, rather than waiting out its timeout."""
+    client = redis.Redis.from_url(
+        own_server.url, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+    )
+    lock = Lock(client, "waiting", ttl=30)
+    lock.acquire()
+    got: list[tuple[float, Lease]] = []
+    errors: list[BaseException] = []
+    waiter = _waiter(lock, got, errors)
+    wait_until_queued(client, lock)
+    own_server.stop()
+    # Far less than its 10 s timeout: the connection it blocks on is gone (1 s: a loaded machine).
+    waiter.join(1.0)
+    assert not waiter.is_alive()
+    assert not got and len(errors) == 1
+    assert isinstance(errors[0], LockBackendError) and errors[0].name == "waiting"
 
 
 def _port_with_free_bus() -> int:

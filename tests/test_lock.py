@@ -8,6 +8,9 @@ import time
 import pytest
 import redis
 from conftest import wait_for, wait_until_queued
+from faultproxy import FaultProxy
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from celery_redislock import (
     Lease,
@@ -21,6 +24,7 @@ from celery_redislock import (
     RedisLockError,
     iter_locks,
 )
+from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.keys import LockKeys
 
 
@@ -133,6 +137,7 @@ def test_queued_writer_is_not_starved_by_new_readers(client: redis.Redis) -> Non
         read.acquire(blocking=False)  # a new reader yields to the queued writer
     first.release()
     writer.join(5)
+    assert not writer.is_alive()
     assert got and got[0] > first.fence
 
 
@@ -154,15 +159,23 @@ def test_release_wakes_a_blocked_waiter_at_once(client: redis.Redis, fair: bool)
     released = time.monotonic()
     lease.release()
     waiter.join(10)
+    assert not waiter.is_alive()
     # The fallback would wake it after 1 s (the lease has 30 s left): this is the push.
     assert woke and woke[0] - released < 0.5
 
 
-def test_waiter_gets_the_lock_when_a_dead_holders_lease_expires(client: redis.Redis) -> None:
-    Lock(client, "crashed", ttl=0.5).acquire()  # never released
+@pytest.mark.parametrize("fair", [False, True])
+def test_waiter_gets_the_lock_when_a_dead_holders_lease_expires(
+    client: redis.Redis, fair: bool
+) -> None:
+    """docs/failures.md: a holder dies, "waiters wake at that moment" (its lease's expiry)."""
+    Lock(client, "crashed", ttl=0.3, fair=fair).acquire()  # never released
     start = time.monotonic()
-    lease = Lock(client, "crashed", ttl=5).acquire(timeout=5)
-    assert 0.4 < time.monotonic() - start < 2.5
+    lease = Lock(client, "crashed", ttl=5, fair=fair).acquire(timeout=5)
+    took = time.monotonic() - start
+    # The lease lapses at 0.3 s; 0.5 s margin for a loaded machine keeps the bound below the
+    # 1 s fallback, so a waiter that only noticed at its fallback fails here.
+    assert 0.25 < took < 0.8
     lease.release()
 
 
@@ -179,7 +192,173 @@ def test_fair_mode_serves_in_arrival_order(client: redis.Redis) -> None:
     lease.release()
     for t in threads:
         t.join(10)
+        assert not t.is_alive()
     assert order == [0, 1, 2, 3]
+
+
+def _hold_until(
+    lock: Lock, name: str, got: dict[str, Lease], order: list[str], go: threading.Event
+) -> None:
+    """A waiter that, once it holds the lock, keeps it until ``go`` is set."""
+    lease = lock.acquire(timeout=30)
+    got[name] = lease
+    order.append(name)  # while holding: the order of holders
+    go.wait(30)
+    lease.release()
+
+
+def _blocked_clients(client: redis.Redis) -> int:
+    """Clients blocked in a command such as BLPOP, as the server counts them."""
+    return int(client.info("clients")["blocked_clients"])
+
+
+def test_a_non_fair_release_wakes_one_waiter_of_three(client: redis.Redis) -> None:
+    """docs/core.md: "release pushes one signal, which wakes the longest-blocked waiter"."""
+    lock = Lock(client, "herd", ttl=30)
+    first = lock.acquire()
+    blocked = _blocked_clients(client)  # any left blocked by other tests' threads
+    got: dict[str, Lease] = {}
+    order: list[str] = []
+    go = threading.Event()
+    threads = [
+        threading.Thread(target=_hold_until, args=(lock, str(i), got, order, go)) for i in range(3)
+    ]
+    for t in threads:
+        t.start()
+    wait_until_queued(client, lock, 3)
+    wait_for(lambda: _blocked_clients(client) >= blocked + 3, "3 waiters blocked")
+    # Keyspace events count the wake-ups popped: a woken waiter that finds the lock taken again
+    # goes back to waiting, so only the pops tell one wake-up from a herd.
+    client.config_set("notify-keyspace-events", "Kl")
+    events = client.pubsub()
+    try:
+        events.subscribe(f"__keyspace@0__:{lock.keys.all[4]}")  # the wake-up list
+        assert events.get_message(timeout=5) is not None  # subscribed
+        first.release()
+        wait_for(lambda: got, "a waiter took the lock")
+        # Observation window, shorter than the 1 s fallback: time for a herd to show.
+        time.sleep(0.3)
+        popped = []
+        while (message := events.get_message(timeout=0.05)) is not None:
+            popped.append(message["data"])
+    finally:
+        events.close()
+        client.config_set("notify-keyspace-events", "")
+    assert popped.count(b"lpop") == 1, popped
+    (winner,) = got.values()
+    assert [h.token for h in lock.holders()] == [winner.token]
+    assert client.zcard(lock.keys.all[2]) == 2  # the other two still stand in line
+    assert sum(t.is_alive() for t in threads) == 3
+    go.set()  # each release now hands on to the next
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    assert sorted(order) == ["0", "1", "2"]
+
+
+def test_a_wake_up_lost_with_a_dead_waiter_costs_the_others_at_most_the_fallback(
+    client: redis.Redis, redis_server: RedisServer
+) -> None:
+    """docs/failures.md: a waiter dies while blocked; "if it took a wake-up with it, the other
+    waiters look again within 1 s". The dead waiter is a client that pops the wake-up list."""
+    lock = Lock(client, "lost-wake", ttl=30)
+    first = lock.acquire()
+    blocked = _blocked_clients(client)  # any left blocked by other tests' threads
+    thief = redis.Redis.from_url(redis_server.url)
+    stolen: list[object] = []
+    taker = threading.Thread(
+        target=lambda: stolen.append(thief.blpop([lock.keys.all[4]], timeout=10))
+    )
+    taker.start()
+    # Blocked first, the thief is served first (Redis serves the longest-blocked client).
+    wait_for(lambda: _blocked_clients(client) >= blocked + 1, "the thief blocked")
+    got_at: list[float] = []
+    waiter = threading.Thread(
+        target=lambda: (lock.acquire(timeout=10), got_at.append(time.monotonic()))
+    )
+    waiter.start()
+    wait_until_queued(client, lock)
+    wait_for(lambda: _blocked_clients(client) >= blocked + 2, "the waiter blocked")
+    released = time.monotonic()
+    first.release()
+    taker.join(5)
+    assert not taker.is_alive()
+    assert stolen and stolen[0] is not None  # the wake-up went to the dead waiter
+    waiter.join(5)
+    assert not waiter.is_alive()
+    thief.close()
+    # The waiter's own look, at most 1 s after it blocked; 0.4 s margin for a loaded machine.
+    assert got_at and got_at[0] - released < 1.0 + 0.4
+
+
+def test_fair_newcomer_never_overtakes_a_waiter_handed_the_lock(
+    client: redis.Redis, redis_server: RedisServer
+) -> None:
+    """docs/core.md, fair mode: "a newcomer never overtakes a queued waiter", also between the
+    release and the waiter waking; and "the waiter claims the full ttl as it wakes"."""
+    lock = Lock(client, "queue", ttl=30, fair=True)
+    first = lock.acquire()
+    with FaultProxy("127.0.0.1", redis_server.port) as proxy:
+        slow_client = redis.Redis.from_url(proxy.url)
+        slow = Lock(slow_client, "queue", ttl=30, fair=True)
+        got: list[Lease] = []
+        waiter = threading.Thread(target=lambda: got.append(slow.acquire(timeout=10)))
+        waiter.start()
+        wait_until_queued(client, lock)
+        # Everything the waiter sends and gets is 1 s late (its wake-up too, and a fallback look
+        # that would claim the lease), so the checks below run after the release and before it
+        # wakes.
+        proxy.delay(requests=1.0, replies=1.0)
+        first.release()
+        (handed,) = lock.holders()
+        assert handed.token != first.token and handed.expires_in <= 3.0  # a place in line's life
+        with pytest.raises(LockNotAcquired):
+            lock.acquire(blocking=False)
+        with pytest.raises(LockNotAcquired):
+            lock.acquire(timeout=0.05)
+        assert not got  # still before the waiter woke
+        proxy.heal()  # what is held back still comes late; its claim then does not
+        waiter.join(5)
+        assert not waiter.is_alive()
+        slow_client.close()
+    assert got and got[0].token == handed.token
+    (claimed,) = lock.holders()
+    assert 29 < claimed.expires_in <= 30  # the full ttl, claimed as it woke
+    lock.release(got[0])  # its own client went with the proxy
+
+
+def test_fair_release_hands_over_to_every_queued_reader_that_fits(client: redis.Redis) -> None:
+    """docs/core.md: fair mode hands the lease over to the head of the line, "several readers at
+    once, when they fit", then wakes exactly those waiters, each claiming the full ttl."""
+    write = Lock(client, "shelf", ttl=30, fair=True)
+    read = Lock(client, "shelf", ttl=30, mode="read", fair=True)
+    first = write.acquire()
+    got: dict[str, Lease] = {}
+    order: list[str] = []
+    go = threading.Event()
+    threads = []
+    for name, lock in [("r1", read), ("r2", read), ("r3", read), ("w", write), ("r4", read)]:
+        t = threading.Thread(target=_hold_until, args=(lock, name, got, order, go))
+        t.start()
+        threads.append(t)
+        wait_until_queued(client, write, len(threads))  # arrival order is line order
+    released = time.monotonic()
+    first.release()
+    # Handed over inside the release: the three readers at the head hold the lock now; the
+    # writer behind them does not fit, and the reader behind the writer keeps its place.
+    assert sorted(h.mode for h in write.holders()) == ["read"] * 3
+    assert client.zcard(write.keys.all[2]) == 2
+    wait_for(lambda: len(got) == 3, "the three readers woke")
+    # Woken by the push, not the 1 s fallback (0.5 s margin for a loaded machine).
+    assert time.monotonic() - released < 0.5
+    assert sorted(got) == ["r1", "r2", "r3"]
+    assert sorted(h.token for h in write.holders()) == sorted(lease.token for lease in got.values())
+    assert all(29 < h.expires_in <= 30 for h in write.holders())  # each claimed the full ttl
+    go.set()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    assert order[3:] == ["w", "r4"]
 
 
 def test_reentry_by_owner(client: redis.Redis) -> None:
@@ -281,7 +460,8 @@ def test_no_key_outlives_the_lock(client: redis.Redis) -> None:
     waiter.start()
     wait_until_queued(client, lock)
     lease.release()
-    waiter.join()
+    waiter.join(5)
+    assert not waiter.is_alive()
     keys = {k.decode() for k in client.keys("*")}
     assert keys <= {"redislock:{tidy}:meta"}
     # The fence mark (and the tokens last released) stay a day: a clock step back stays safe.
@@ -318,6 +498,7 @@ def test_release_where_wakes_a_waiter(client: redis.Redis) -> None:
     start = time.monotonic()
     lock.release_where(task_id="t-1")
     waiter.join(5)
+    assert not waiter.is_alive()
     assert got and time.monotonic() - start < 0.5
 
 
@@ -347,7 +528,8 @@ def test_decoded_responses_client(redis_server: object) -> None:
 
 
 def test_redis_down_is_a_backend_error_naming_the_lock() -> None:
-    c = redis.Redis(port=1, socket_connect_timeout=0.2)
+    # No redis-py retries: its default policy would spend some 7 s reconnecting first.
+    c = redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     with pytest.raises(LockBackendError, match="lock 'down': Redis failed") as info:
         Lock(c, "down", ttl=1).acquire()
     assert isinstance(info.value, RedisLockError) and info.value.name == "down"
@@ -370,6 +552,7 @@ def test_fair_waiter_granted_without_its_wake_up_leaves_nothing_behind(
     # Hand over, never notify.
     run("release", client, lock.keys.all, [first.token, lock._spec, "0", "r1"])
     waiter.join(10)
+    assert not waiter.is_alive()
     assert got and [h.token for h in lock.holders()] == [got[0].token]
     assert client.zcard(lock.keys.all[2]) == 0
     got[0].release()
@@ -402,6 +585,10 @@ def test_non_reentrant_owner_holds_at_most_one_lease(
     if mode == "read" or limit:
         other = lock.acquire(blocking=False, owner="task-2", reentrant=False)
         other.release()
+    else:  # a mutex: another owner is refused too, as held by someone else (no time left given)
+        with pytest.raises(LockNotAcquired, match=r"lock 'once' is held$") as held:
+            lock.acquire(blocking=False, owner="task-2", reentrant=False)
+        assert held.value.owner_expires_in is None
     first.release()
     again = lock.acquire(blocking=False, owner="task-1", reentrant=False)
     assert again.token != first.token and again.fence > first.fence

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
+from helpers import alive, processes
 
 from celery_redislock.contrib.redis_server import RedisServer
 
@@ -39,15 +40,7 @@ def demo_redis() -> Iterator[RedisServer]:
 
 def _demo_processes() -> list[int]:
     """Pids of live demo workers (their command line names the demo's app)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            cmdline = stat.read_bytes()
-        except OSError:
-            continue
-        if b"demos.celery.app" in cmdline:
-            pids.append(int(stat.parent.name))
-    return pids
+    return [p.pid for p in processes() if b"demos.celery.app" in p.cmdline and alive(p.pid)]
 
 
 def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:

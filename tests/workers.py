@@ -10,22 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from helpers import children_of
+
 TESTS = Path(__file__).parent
-
-
-def children_of(pid: int) -> list[int]:
-    """Live child processes of ``pid`` (the pool's children of a worker's main process)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[1]) == pid and stat[0] not in ("Z", "X"):
-            out.append(int(entry.name))
-    return out
 
 
 class Worker:

@@ -65,19 +65,46 @@ if job ~= '' then
   end
 end
 
+-- The owner's lease answers this call (re-entry, or a refusal) while this call may still have a
+-- place in line from an earlier try of the same blocking acquire: that place goes now, or it
+-- would hold up the line (a queued writer blocks readers) until its deadline. The line then
+-- advances as it would have if the waiter had left.
+local function leave_line()
+  if not (waiters and redis.call('ZSCORE', K.queue, tok)) then
+    return {}
+  end
+  dequeue(tok)
+  if fair then
+    return grant(now, now_us, tok, keep_ms)
+  end
+  if redis.call('EXISTS', K.queue) == 1 then
+    wake_one()
+  end
+  return {}
+end
+
+local function with_granted(items, granted)
+  for _, v in ipairs(granted) do
+    items[#items + 1] = v
+  end
+  return reply(items)
+end
+
 if owner ~= '' then
   local mine = redis.call('HGET', K.meta, 'o:' .. owner)
   if mine and redis.call('ZSCORE', K.leases, mine) then
     local rec = read_lease(mine)
+    local granted = leave_line()
     if applied(rec, tok) then -- this re-entry ran before: it counts once
-      return held(mine, rec.f, tonumber(redis.call('ZSCORE', K.leases, mine)), rec.c, {}, rec.m)
+      return held(mine, rec.f, tonumber(redis.call('ZSCORE', K.leases, mine)), rec.c, granted,
+        rec.m)
     end
     if once then -- the owner holds a lease already: say so, with the ms it has left
       local left = tonumber(redis.call('ZSCORE', K.leases, mine)) - now
-      return reply({3, mine, rec.f, 0, rec.c, left, rec.m})
+      return with_granted({3, mine, rec.f, 0, rec.c, left, rec.m}, granted)
     end
     if rec.m == 'r' and mode == 'w' then
-      return reply({-1, mine, rec.f, 0, rec.c, 0, rec.m})
+      return with_granted({-1, mine, rec.f, 0, rec.c, 0, rec.m}, granted)
     end
     rec.c = rec.c + 1
     note_request(rec, tok)
@@ -85,7 +112,7 @@ if owner ~= '' then
     local expiry = math.max(tonumber(redis.call('ZSCORE', K.leases, mine)), now + ttl)
     redis.call('ZADD', K.leases, int(expiry), mine)
     keep({K.leases, K.meta}, expiry - now + GRACE_MS, ttl)
-    return held(mine, rec.f, expiry, rec.c, {}, rec.m)
+    return held(mine, rec.f, expiry, rec.c, granted, rec.m)
   end
 end
 

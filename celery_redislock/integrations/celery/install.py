@@ -13,7 +13,7 @@ from ...core.unique_options import parse_unique_option
 from ...errors import LockConfigError
 from ._compat import forget_task_base, names_locked_task
 from .publish import wrap_send_task
-from .receivers import check_tasks, connect_receivers
+from .receivers import check_request_class, check_tasks, connect_receivers
 from .task import LockedTask
 
 __all__ = ["install"]
@@ -78,4 +78,7 @@ def _check_declaration(app: Celery, fun: Any, opts: dict[str, Any]) -> None:
         )
     signature = call_signature(fun, bool(opts.get("bind")))
     lock = parse_lock_option(name, signature, opts.get("lock"))
-    parse_unique_option(name, signature, opts.get("unique"), lock)
+    _, lock = parse_unique_option(name, signature, opts.get("unique"), lock)
+    if lock is not None:  # a killed child's lease is released by the parent's LockRequest
+        request = opts.get("Request", (base or app.Task).Request)
+        check_request_class(name, request, final=False)

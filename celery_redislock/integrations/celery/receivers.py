@@ -16,6 +16,7 @@ from celery.signals import (
     worker_init,
     worker_process_shutdown,
 )
+from celery.utils.imports import symbol_by_name
 
 from ...errors import LockConfigError
 from . import settings
@@ -23,14 +24,43 @@ from ._compat import is_test_worker, names_locked_task
 from .claiming import end_claim
 from .ending import end_run, release_all_held
 from .kind import LockAware, is_locked_task
+from .parent import LockRequest
 from .publish import wrap_send_task
 from .registry import publish_specs
 from .revoke import release_revoked, wrap_revoke
 from .settings import check_app
 
-__all__ = ["check_tasks", "check_worker_app", "connect_receivers"]
+__all__ = ["check_request_class", "check_tasks", "check_worker_app", "connect_receivers"]
 
 log = logging.getLogger(__name__)
+
+LOCK_REQUEST = "celery_redislock.integrations.celery.parent:LockRequest"
+
+
+def check_request_class(name: str, request: Any, *, final: bool) -> None:
+    """Raises :class:`LockConfigError` if ``request``, the ``Request`` class of the task
+    ``name`` that declares a lock, does not derive from :class:`LockRequest`: the worker's
+    parent would then never release the lease of a killed child (it would lapse only after
+    ``ttl``). A class named by a string that cannot be imported yet (its module still being
+    imported) is checked when the worker starts (``final=True``)."""
+    if request == LOCK_REQUEST:
+        return
+    if isinstance(request, str):
+        try:
+            request = symbol_by_name(request)
+        except (ImportError, AttributeError, ValueError) as exc:
+            if not final:
+                return
+            raise LockConfigError(
+                f"task {name!r}: its Request class {request!r} cannot be imported: {exc}"
+            ) from exc
+    if not (isinstance(request, type) and issubclass(request, LockRequest)):
+        raise LockConfigError(
+            f"task {name!r}: its Request class {request!r} does not derive from "
+            "celery_redislock.LockRequest, so the worker's parent could not release the lease "
+            "of a child killed while running it; derive it from celery_redislock.LockRequest"
+        )
+
 
 _connected = False
 _connecting = threading.Lock()
@@ -85,7 +115,8 @@ def _freeze_settings(sender: Any = None, **_: Any) -> None:
 
 def check_tasks(app: Celery) -> None:
     """Raises :class:`LockConfigError` naming the tasks of ``app`` that declare ``lock=`` or
-    ``unique=`` but are not LockedTasks (the option would be ignored)."""
+    ``unique=`` but are not LockedTasks (the option would be ignored), or whose ``Request``
+    class does not derive from :class:`~celery_redislock.LockRequest`."""
     unlocked = sorted(
         name
         for name, task in app.tasks.items()
@@ -98,6 +129,9 @@ def check_tasks(app: Celery) -> None:
             "celery_redislock.LockedTask: it would be ignored. Create the app with "
             "task_cls='celery_redislock:LockedTask' or call install(app) before declaring tasks"
         )
+    for task in app.tasks.values():
+        if is_locked_task(task) and task.lock_options is not None:
+            check_request_class(task.name, task.Request, final=True)
 
 
 def _uses_locks(app: Celery) -> bool:

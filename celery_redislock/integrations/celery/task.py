@@ -15,7 +15,7 @@ from .ending import held_lease, release_at_body_end, release_held
 from .execution import acquire_for
 from .kind import LockAware
 from .publish import wrap_send_task
-from .receivers import connect_receivers
+from .receivers import LOCK_REQUEST, check_request_class, connect_receivers
 from .registry import Spec
 
 __all__ = ["LockedTask"]
@@ -34,7 +34,7 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
     ... def sync_customer(customer_id): ...
     """
 
-    Request = "celery_redislock.integrations.celery.parent:LockRequest"
+    Request = LOCK_REQUEST
 
     lock: bool | str | LockOptionDict | None = None
     """The ``lock=`` option as declared: True, a key template, or a dict of options."""
@@ -59,6 +59,8 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
 
     @classmethod
     def bind(cls, app: Any) -> Any:
+        if cls.lock_options is not None:  # the final Request: class body or task options
+            check_request_class(cls.name, cls.Request, final=False)
         bound = super().bind(app)
         connect_receivers()  # the first locked task bound (or install()) connects them
         if cls.unique_options is not None and cls.unique_options.queued:

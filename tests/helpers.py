@@ -1,0 +1,81 @@
+"""Small helpers the tests share: free ports, processes read from /proc, and what the test app's
+tasks note in Redis (``started:<name>`` lists, ``stop:<name>`` flags)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import NamedTuple
+
+HAS_PROC = Path("/proc/self/stat").exists()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Process(NamedTuple):
+    pid: int
+    ppid: int
+    state: str
+    """``R``, ``S``, ... ``Z`` a zombie, ``X`` dead."""
+    name: str
+    cmdline: bytes
+
+
+def _read(pid: int) -> Process | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    name, rest = stat.split("(", 1)[1].rsplit(")", 1)
+    fields = rest.split()
+    return Process(pid, int(fields[1]), fields[0], name, cmdline)
+
+
+def processes() -> Iterator[Process]:
+    """Every process /proc shows (Linux)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (process := _read(int(entry.name))) is not None:
+            yield process
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    if HAS_PROC:
+        process = _read(pid)
+        return process is not None and process.state not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def children_of(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (the pool's children of a worker's main process)."""
+    return [p.pid for p in processes() if p.ppid == pid and p.state not in ("Z", "X")]
+
+
+def started(lockapp: ModuleType, name: str) -> list[str]:
+    """Ids of the test app's tasks that noted a start under ``name``, in order."""
+    return [t.decode() for t in lockapp.r.lrange(f"started:{name}", 0, -1)]
+
+
+def wait_started(lockapp: ModuleType, name: str, count: int = 1, timeout: float = 30) -> list[str]:
+    from conftest import wait_for  # (conftest imports this module's importers)
+
+    wait_for(lambda: len(started(lockapp, name)) >= count, f"{name} started", timeout)
+    return started(lockapp, name)
+
+
+def stop(lockapp: ModuleType, name: str) -> None:
+    """Tells the test app's tasks running under ``name`` to end now."""
+    lockapp.r.set(f"stop:{name}", 1)
