@@ -88,10 +88,12 @@ def test_release_all_frees_every_lock_of_the_namespace_only(client: redis.Redis)
     assert other.locked()
     assert client.keys("redislock:*") == []
     assert client.get("redislock-not-a-lock") == b"1" and client.get("plain") == b"1"
-    assert a.acquire(blocking=False)  # free again
-    assert held[3].lock is other
+    again = a.acquire(blocking=False)  # free again: a new lease
+    assert [h.token for h in a.holders()] == [again.token] and again.token != held[0].token
+    assert [h.token for h in other.holders()] == [held[3].token]  # the other namespace's lease
     assert release_all(client, "other") == ["sync:1"]
     assert release_all(client, "other") == []
+    assert not other.locked()
 
 
 def test_release_all_takes_the_namespace_literally(client: redis.Redis) -> None:
