@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import MovedError
 
 from ..errors import LockBackendError, LockLost, LockNotOwned, RedisLockError
 from .durations import TTL, seconds
 from .protocol import Mode, RenewArgs, RenewReply
-from .scripts import explain_denial, run, script
+from .replicas import ReplicaPolicy, pipelined, refresh
+from .scripts import explain_denial, run
 
 if TYPE_CHECKING:
     from .lock import Lock
@@ -222,14 +223,47 @@ def _calls(group: list[Lease], ttl: float | None) -> list[tuple[list[int], list[
     return calls
 
 
+def _strictest(group: list[Lease]) -> ReplicaPolicy | None:
+    """The replica acknowledgement the batch needs: the most replicas any of its locks asks
+    for, waited for as long as the longest of their timeouts."""
+    policies = [lease.lock.replicas for lease in group if lease.lock.replicas is not None]
+    if not policies:
+        return None
+    return ReplicaPolicy(max(p.count for p in policies), max(p.timeout for p in policies))
+
+
 def _run(client: RedisClient, group: list[Lease], ttl: float | None) -> list[int]:
+    policy = _strictest(group)
+    if isinstance(client, RedisCluster):
+        try:
+            return _run_cluster(client, group, ttl, policy)
+        except MovedError:
+            # A failover moved slots: ask the cluster where they are now, and try once more
+            # (renewal is safe to run twice).
+            refresh(client)
+            return _run_cluster(client, group, ttl, policy)
+        except (redis.ConnectionError, redis.TimeoutError):
+            refresh(client)  # a node is gone: the next try goes where its slots went
+            raise
     out = [0] * len(group)
-    if not isinstance(client, RedisCluster):
-        for indexes, keys, args in _calls(group, ttl):
-            reply = RenewReply.decode(run("renew", client, keys, args))
-            for i, expiry in zip(indexes, reply.expiries, strict=True):
+    if policy is not None:
+        calls = _calls(group, ttl)
+        replies = _pipelined(client, [(keys, args) for _, keys, args in calls], group, policy)
+        for (indexes, _, _), raw in zip(calls, replies, strict=True):
+            for i, expiry in zip(indexes, RenewReply.decode(raw).expiries, strict=True):
                 out[i] = expiry
         return out
+    for indexes, keys, args in _calls(group, ttl):
+        reply = RenewReply.decode(run("renew", client, keys, args))
+        for i, expiry in zip(indexes, reply.expiries, strict=True):
+            out[i] = expiry
+    return out
+
+
+def _run_cluster(
+    client: RedisCluster, group: list[Lease], ttl: float | None, policy: ReplicaPolicy | None
+) -> list[int]:
+    out = [0] * len(group)
     # A script may touch one slot only: one call per slot, pipelined to each node in one go.
     by_node: dict[str, tuple[redis.Redis, dict[int, list[int]]]] = {}
     for i, lease in enumerate(group):
@@ -242,23 +276,32 @@ def _run(client: RedisClient, group: list[Lease], ttl: float | None) -> list[int
         for indexes in by_slot.values():
             for sub, keys, args in _calls([group[i] for i in indexes], ttl):
                 calls.append(([indexes[j] for j in sub], keys, args))
-        replies = _pipelined(node_client, [(keys, args) for _, keys, args in calls])
+        replies = _pipelined(
+            node_client,
+            [(keys, args) for _, keys, args in calls],
+            [group[i] for indexes, _, _ in calls for i in indexes],
+            policy,
+            client,
+        )
         for (indexes, _, _), raw in zip(calls, replies, strict=True):
             for i, expiry in zip(indexes, RenewReply.decode(raw).expiries, strict=True):
                 out[i] = expiry
     return out
 
 
-def _pipelined(client: redis.Redis, calls: list[tuple[list[bytes], list[str]]]) -> list[Any]:
-    renew = script("renew")
-    for attempt in (1, 2):
-        pipe = client.pipeline(transaction=False)
-        for keys, args in calls:
-            pipe.evalsha(renew.sha, len(keys), *keys, *args)
-        try:
-            return pipe.execute()
-        except NoScriptError:
-            if attempt == 2:
-                raise
-            client.script_load(renew.script)
-    raise AssertionError("unreachable")
+def _pipelined(
+    client: redis.Redis,
+    calls: list[tuple[list[bytes], list[str]]],
+    group: list[Lease],
+    policy: ReplicaPolicy | None,
+    cluster: RedisCluster | None = None,
+) -> list[Any]:
+    """The renew calls on one node's connection, in one round trip (an ASK answer sends its
+    calls on to the node named). With ``policy``, WAIT follows on the same connection, and fewer
+    acknowledgements than asked raise :class:`LockBackendError`: the renewal is not counted
+    (its leases are at risk: the heartbeat tries again, and reports them lost if they lapse)."""
+    replies, acks = pipelined(client, "renew", calls, policy, cluster=cluster)
+    if policy is not None:
+        names = {lease.name for lease in group}
+        policy.check(acks or 0, names.pop() if len(names) == 1 else None, "renewal")
+    return replies

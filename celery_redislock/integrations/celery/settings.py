@@ -5,6 +5,7 @@ together (the fingerprint must cover exactly what is read)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -18,11 +19,13 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from ...core._validate import one_of
+from ...core.clients import parse_sentinels, sentinel_client
 from ...core.durations import ALLOWANCE, OTHER, TTL, Duration, seconds
 from ...core.keys import DEFAULT_NAMESPACE, check_namespace
 from ...core.lease import RedisClient
 from ...core.lock import DEFAULT_FENCE_KEEP
 from ...core.options import CONFLICT_ACTIONS, ConflictAction
+from ...core.replicas import check_policy, require_replicas
 from ...core.unique_options import ON_DUPLICATE, OnDuplicate
 from ...errors import LockConfigError
 from ._compat import SettingLookups, setting_lookups
@@ -39,6 +42,7 @@ DEFAULT_QUEUE_ALLOWANCE = 600.0
 DEFAULT_COMPLETION_TTL = 3600.0
 SOCKET_TIMEOUT = 5.0
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,16 @@ class Settings:
     """Seconds a finished ``acks_late`` delivery is remembered, so a redelivery is dropped."""
     fence_keep: float = DEFAULT_FENCE_KEEP
     """Seconds a lock's fence mark outlives its last use (server clock steps back safely)."""
+    disabled: bool = False
+    """The kill switch (``redislock_disabled`` or ``REDISLOCK_DISABLED=1``): no task takes a
+    lock or claims a unique key."""
+    sentinels: tuple[tuple[str, int], ...] | None = None
+    """Sentinel addresses: the lock client follows ``sentinel_master`` through failovers."""
+    sentinel_master: str | None = None
+    sentinel_options: tuple[tuple[str, Any], ...] = ()
+    min_replicas: int = 0
+    """Replicas that must acknowledge each acquire and renewal (``WAIT``); 0: none."""
+    replica_timeout: float | None = None
 
 
 def _setting(app: Celery, name: str, default: Any) -> Any:
@@ -85,6 +99,27 @@ def _namespace(app: Celery) -> str:
         raise LockConfigError(f"setting redislock_namespace: {exc}") from exc
 
 
+# The kill switch from the environment, for an emergency without a code change.
+DISABLED_ENV = "REDISLOCK_DISABLED"
+_ENV_FLAGS = {
+    **dict.fromkeys(("", "0", "false", "no"), False),
+    **dict.fromkeys(("1", "true", "yes"), True),
+}
+
+
+def _disabled(app: Celery) -> bool:
+    value = _setting(app, "redislock_disabled", False)
+    if not isinstance(value, bool):
+        raise LockConfigError(f"setting redislock_disabled must be True or False, got {value!r}")
+    raw = os.environ.get(DISABLED_ENV, "")
+    env = _ENV_FLAGS.get(raw.strip().lower())
+    if env is None:
+        raise LockConfigError(
+            f"environment variable {DISABLED_ENV} must be 1/true/yes or 0/false/no, got {raw!r}"
+        )
+    return value or env
+
+
 def _read(app: Celery) -> Settings:
     url = _setting(app, "redislock_url", None)
     factory = _setting(app, "redislock_client", None)
@@ -93,7 +128,8 @@ def _read(app: Celery) -> Settings:
             "setting redislock_client must be a callable returning a redis.Redis or "
             f"RedisCluster, got {type(factory).__name__}"
         )
-    if url is None and factory is None:
+    sentinels, master, options = _sentinel_settings(app)
+    if url is None and factory is None and sentinels is None:
         broker = app.conf.broker_url or ""
         if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
             url = broker.split(";", 1)[0]  # the first of a failover list
@@ -116,7 +152,51 @@ def _read(app: Celery) -> Settings:
         task_time_limit=app.conf.task_time_limit,
         completion_ttl=_seconds(app, "redislock_completion_ttl", DEFAULT_COMPLETION_TTL, ALLOWANCE),
         fence_keep=_seconds(app, "redislock_fence_keep", DEFAULT_FENCE_KEEP, OTHER),
+        disabled=_disabled(app),
+        sentinels=sentinels,
+        sentinel_master=master,
+        sentinel_options=options,
+        **_replica_settings(app),
     )
+
+
+def _sentinel_settings(
+    app: Celery,
+) -> tuple[tuple[tuple[str, int], ...] | None, str | None, tuple[tuple[str, Any], ...]]:
+    raw = _setting(app, "redislock_sentinels", None)
+    master = _setting(app, "redislock_sentinel_master", None)
+    options = _setting(app, "redislock_sentinel_options", {})
+    if raw is None:
+        if master is not None:
+            raise LockConfigError(
+                "setting redislock_sentinel_master needs redislock_sentinels (the Sentinels' "
+                "addresses)"
+            )
+        return None, None, ()
+    sentinels = tuple(parse_sentinels(raw, "setting redislock_sentinels"))
+    if not isinstance(master, str) or not master:
+        raise LockConfigError(
+            "setting redislock_sentinel_master must name the Sentinel service (e.g. "
+            f"'mymaster') when redislock_sentinels is set, got {master!r}"
+        )
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise LockConfigError(
+            "setting redislock_sentinel_options must be a dict of redis-py connection options, "
+            f"got {options!r}"
+        )
+    return sentinels, master, tuple(sorted(options.items()))
+
+
+def _replica_settings(app: Celery) -> dict[str, Any]:
+    count = _setting(app, "redislock_min_replicas", 0)
+    timeout = _setting(app, "redislock_replica_timeout", None)
+    try:
+        policy = check_policy(count, timeout)
+    except LockConfigError as exc:
+        raise LockConfigError(
+            f"setting redislock_min_replicas/redislock_replica_timeout: {exc}"
+        ) from exc
+    return {"min_replicas": policy.count, "replica_timeout": policy.timeout}
 
 
 # One client per app and Redis address: a changed setting gets a new client.
@@ -155,6 +235,12 @@ _READ_KEYS = (
     "redislock_on_conflict",
     "redislock_on_duplicate",
     "redislock_on_backend_error",
+    "redislock_disabled",
+    "redislock_sentinels",
+    "redislock_sentinel_master",
+    "redislock_sentinel_options",
+    "redislock_min_replicas",
+    "redislock_replica_timeout",
     "broker_url",
     "broker_host",  # (app.conf.broker_url falls back to it)
     "task_time_limit",
@@ -192,7 +278,12 @@ def _fingerprint(app: Celery) -> tuple[object, ...] | None:
     lookups = _lookups_of(app) if isinstance(maps, list) else None
     if maps is None or lookups is None:
         return None  # read every time: slower, never stale
-    raw: list[object] = [id(conf), len(maps), os.environ.get(_BROKER_URL_ENV)]
+    raw: list[object] = [
+        id(conf),
+        len(maps),
+        os.environ.get(_BROKER_URL_ENV),
+        os.environ.get(DISABLED_ENV),
+    ]
     for key in lookups[1]:
         # Which map holds a key matters too: an earlier map's entry takes precedence.
         # The type too: True == 1, but only 1 is a ttl.
@@ -240,7 +331,15 @@ def client_for(app: Celery, settings: Settings | None = None) -> RedisClient:
     True
     """
     settings = settings or _read(app)
-    identity = (settings.url, id(settings.client_factory))
+    identity = (
+        settings.url,
+        id(settings.client_factory),
+        settings.sentinels,
+        settings.sentinel_master,
+        settings.sentinel_options,
+        settings.min_replicas,
+        settings.replica_timeout,
+    )
     with _clients_lock:
         cached = _clients.get(app)
         if cached is not None and cached[0] == identity:
@@ -252,6 +351,13 @@ def client_for(app: Celery, settings: Settings | None = None) -> RedisClient:
                     "setting redislock_client must return a redis.Redis or RedisCluster, got "
                     f"{type(client).__name__}"
                 )
+        elif settings.sentinels is not None:
+            client = sentinel_client(
+                settings.sentinels,
+                settings.sentinel_master,
+                options=dict(settings.sentinel_options),
+                what="setting redislock_sentinels",
+            )
         elif settings.url is not None:
             client = _from_url(app, settings.url)
         else:
@@ -259,6 +365,8 @@ def client_for(app: Celery, settings: Settings | None = None) -> RedisClient:
                 "no Redis for locks: set app.conf.redislock_url (or redislock_client); "
                 f"the broker ({app.conf.broker_url!r}) is not a Redis URL"
             )
+        if settings.min_replicas:
+            require_replicas(client, settings.min_replicas, timeout=settings.replica_timeout)
         _clients[app] = (identity, client)
         return client
 
@@ -290,7 +398,19 @@ def check_app(app: Celery, *, needs_redis: bool) -> list[str]:
     Returns warnings to log (names with the prefix that no setting has)."""
     settings = _read(app)
     warnings = []
-    if needs_redis or settings.url is not None or settings.client_factory is not None:
+    if settings.disabled:
+        # Loud: a switch left on in production lets every duplicate run.
+        log.error(
+            "celery_redislock is DISABLED (setting redislock_disabled or %s): no task takes a "
+            "lock or claims a unique key, duplicates run",
+            DISABLED_ENV,
+        )
+    if (
+        needs_redis
+        or settings.url is not None
+        or settings.client_factory is not None
+        or settings.sentinels is not None
+    ):
         try:
             client_for(app, settings)
         except LockConfigError:
