@@ -42,9 +42,12 @@ if TYPE_CHECKING:
         LockRequest,
         client_for,
         install,
+        lock_acquired,
+        lock_backend_error,
         lock_conflict,
         lock_for,
         lock_lost,
+        lock_released,
     )
 
 __all__ = [
@@ -71,9 +74,12 @@ __all__ = [
     "client_for",
     "install",
     "iter_locks",
+    "lock_acquired",
+    "lock_backend_error",
     "lock_conflict",
     "lock_for",
     "lock_lost",
+    "lock_released",
     "renew_leases",
 ]
 
@@ -84,9 +90,12 @@ _CELERY_NAMES = frozenset(
         "LockedTask",
         "client_for",
         "install",
+        "lock_acquired",
+        "lock_backend_error",
         "lock_conflict",
         "lock_for",
         "lock_lost",
+        "lock_released",
     }
 )
 

@@ -11,7 +11,13 @@ from .execution import lock_for
 from .install import install
 from .parent import LockRequest
 from .settings import client_for
-from .signals import lock_conflict, lock_lost
+from .signals import (
+    lock_acquired,
+    lock_backend_error,
+    lock_conflict,
+    lock_lost,
+    lock_released,
+)
 from .task import LockedTask
 
 __all__ = [
@@ -20,7 +26,10 @@ __all__ = [
     "LockedTask",
     "client_for",
     "install",
+    "lock_acquired",
+    "lock_backend_error",
     "lock_conflict",
     "lock_for",
     "lock_lost",
+    "lock_released",
 ]

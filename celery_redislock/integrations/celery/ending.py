@@ -8,12 +8,14 @@ import contextlib
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
 from ...core.heartbeat import Heartbeat
 from ...core.lease import Lease
 from ...errors import LockBackendError, LockNotOwned
 from .settings import settings_for
+from .signals import lock_released
 
 if TYPE_CHECKING:
     from .task import LockedTask
@@ -45,15 +47,20 @@ class _Held:
 
     def __init__(self) -> None:
         self.leases: dict[str, Lease] = {}
+        # token -> (the task that took it, time.monotonic() when it did): for lock_released.
+        self.taken: dict[str, tuple[Any, float]] = {}
         self.guard = threading.Lock()
 
-    def add(self, lease: Lease) -> None:
+    def add(self, lease: Lease, task: Any = None, at: float | None = None) -> None:
         with self.guard:
             self.leases[lease.token] = lease
+            self.taken[lease.token] = (task, time.monotonic() if at is None else at)
 
-    def discard(self, lease: Lease) -> None:
+    def discard(self, lease: Lease) -> tuple[Any, float] | None:
+        """Forgets ``lease``; returns who took it and when (``None`` if not held here)."""
         with self.guard:
             self.leases.pop(lease.token, None)
+            return self.taken.pop(lease.token, None)
 
     def drain(self) -> list[Lease]:
         with self.guard:
@@ -66,8 +73,9 @@ HELD = _Held()
 
 
 def _reset_after_fork() -> None:
-    global HELD
-    HELD = _Held()  # the parent's leases are the parent's; this process holds none yet
+    # The parent's leases are the parent's; this process holds none yet. Emptied in place:
+    # other modules hold a reference to HELD (rebinding it left them adding to a stale copy).
+    HELD.__init__()  # type: ignore[misc]
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -128,7 +136,7 @@ def release_held(task: LockedTask) -> None:
 
 def release(lease: Lease, *, finish_job: str | None = None, keep: float | None = None) -> None:
     Heartbeat.current().unregister(lease)
-    HELD.discard(lease)
+    taken = HELD.discard(lease)
     if lease.released:
         return
     try:
@@ -139,6 +147,16 @@ def release(lease: Lease, *, finish_job: str | None = None, keep: float | None =
         log.warning("lock %r: lease was no longer held at release: %s", lease.name, exc)
     except Exception:  # never mask how the task itself ended
         log.exception("lock %r: release failed, the lease lapses within its ttl", lease.name)
+    else:
+        if taken is not None and lock_released.receivers:  # (no cost without receivers)
+            task, at = taken
+            lock_released.send(
+                sender=task,
+                task_id=lease.owner,
+                lock=lease.name,
+                lease=lease,
+                held=time.monotonic() - at,
+            )
 
 
 def release_all_held() -> None:

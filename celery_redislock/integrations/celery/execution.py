@@ -4,6 +4,7 @@ a conflict), have the heartbeat keep it, give up the queued claim; and ``lock_fo
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from ...core.heartbeat import Heartbeat
@@ -23,7 +24,7 @@ from .ending import FINISH_ATTR, HELD, REQUEST_ATTR
 from .kind import is_locked_task
 from .publish import CONFLICTS_HEADER
 from .settings import Settings, client_for, settings_for
-from .signals import lock_lost
+from .signals import lock_acquired, lock_backend_error, lock_lost
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -86,6 +87,8 @@ def acquire_for(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
     options = task.lock_options
     unique = task.unique_options
     settings = settings_for(task.app)
+    if settings.disabled:
+        return  # the kill switch: no lock, no claim (logged as the worker starts)
     name = None
     if options is not None:
         name = lock_name(task.name, options, task.call_signature, args, kwargs)
@@ -124,6 +127,7 @@ def _take_lease(
 ) -> None:
     action: ConflictAction = options.on_conflict or settings.on_conflict
     job = _job(task, task_id)
+    started = time.monotonic()
     try:
         lock = make_lock(task, settings, client_for(task.app, settings), name)
         # owner = task id, not re-entrant: a second delivery of a running task is a conflict.
@@ -142,9 +146,18 @@ def _take_lease(
             await_first_delivery(task, task_id, lock, exc.owner_expires_in)
         conflict(task, task_id, lock, action, options, (args, kwargs))
     except LockBackendError as exc:
+        if lock_backend_error.receivers:
+            lock_backend_error.send(
+                sender=task,
+                task_id=task_id,
+                lock=name,
+                error=exc,
+                policy=settings.on_backend_error,
+            )
         backend_down(task, task_id, name, settings, options, exc)
         return
-    HELD.add(lease)
+    taken = time.monotonic()
+    HELD.add(lease, task, taken)
     setattr(task.request, REQUEST_ATTR, lease)
     if job is not None:
         setattr(task.request, FINISH_ATTR, (lock, job))
@@ -160,3 +173,7 @@ def _take_lease(
         lock_lost.send(sender=task, task_id=task_id, lease=lost, error=error)
 
     Heartbeat.current().register(lease, on_lost=on_lost, max_hold=_max_hold(task, options))
+    if lock_acquired.receivers:  # (no cost without receivers)
+        lock_acquired.send(
+            sender=task, task_id=task_id, lock=name, lease=lease, waited=taken - started
+        )

@@ -106,6 +106,8 @@ def publish(
 ) -> Any:
     """Claims the key of a unique task's call and publishes it, or handles the duplicate."""
     settings = settings_for(app)
+    if settings.disabled:  # the kill switch
+        return send(spec.task, args, kwargs, **options)
     life = lifetime(app, spec, settings, options)
     if life <= 0 or not spec.derivable:
         if not spec.derivable:
@@ -179,7 +181,12 @@ def _give_up_claim(client: Any, namespace: str, name: str, task_id: str, after: 
 def _signal(app: Celery, spec: Spec, task_id: str, name: str, action: str, found: Claim) -> None:
     sender = app.tasks.get(spec.task) or spec.task
     lock_conflict.send(
-        sender=sender, task_id=task_id, lock=name, action=action, holders=[found.holder]
+        sender=sender,
+        task_id=task_id,
+        lock=name,
+        action=action,
+        holders=[found.holder],
+        stage="publish",
     )
 
 

@@ -23,6 +23,7 @@ from . import settings
 from ._compat import is_test_worker, names_locked_task
 from .claiming import end_claim
 from .ending import end_run, release_all_held
+from .events import enable_at_worker_start
 from .kind import LockAware, is_locked_task
 from .parent import LockRequest
 from .publish import wrap_send_task
@@ -80,6 +81,7 @@ def connect_receivers() -> None:
             (worker_init, _freeze_settings),
             (worker_init, _check_at_worker_start),
             (worker_init, wrap_revoke),
+            (worker_init, enable_at_worker_start),
             (beat_init, _beat_publishes_unique),
             (task_revoked, release_revoked),
         ):

@@ -1,0 +1,248 @@
+"""The operator commands (click), over :mod:`celery_redislock.core.admin`: ``list``, ``show``,
+``release``, ``unique`` and ``release-claim``. Framework-free: a group gives them their Redis
+client and namespace with :func:`set_target` (the ``redislock`` console script from flags and
+the environment, ``celery redislock`` from the app's settings).
+
+Exit codes: 0 done, 1 nothing matched, 2 usage error (bad arguments, a bad URL or setting),
+3 Redis unreachable or failing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+
+from ..core import admin
+from ..core.lease import RedisClient
+from ..core.lock import DEFAULT_FENCE_KEEP
+from ..errors import LockBackendError, LockConfigError
+from . import render
+
+__all__ = [
+    "COMMANDS",
+    "EXIT_BACKEND",
+    "EXIT_DONE",
+    "EXIT_NOTHING",
+    "EXIT_USAGE",
+    "Target",
+    "redacted",
+    "set_target",
+]
+
+EXIT_DONE = 0
+EXIT_NOTHING = 1
+EXIT_USAGE = 2  # click's own code for a usage error
+EXIT_BACKEND = 3
+
+_TARGET = "celery_redislock.target"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where the commands look: a Redis client (made on first use) and the lock namespace."""
+
+    client: Callable[[], RedisClient]
+    namespace: str
+    where: str
+    """The Redis named in error messages (a URL without its password, or a setting's name)."""
+    fence_keep: float = DEFAULT_FENCE_KEEP
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def set_target(ctx: click.Context, target: Target) -> None:
+    """Called by a group's callback: the commands below it use ``target``."""
+    ctx.meta[_TARGET] = target
+
+
+def _target() -> Target:
+    target = click.get_current_context().meta.get(_TARGET)
+    if not isinstance(target, Target):
+        raise click.UsageError("no Redis to look at (the group set no target)")
+    return target
+
+
+def _errors(command: F) -> F:
+    """Turns the package's errors into clear messages and exit codes."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except LockConfigError as exc:
+            raise click.UsageError(str(exc)) from exc
+        except LockBackendError as exc:
+            cause = exc.__cause__ or exc
+            click.echo(f"Error: Redis at {_target().where} failed: {cause}", err=True)
+            raise click.exceptions.Exit(EXIT_BACKEND) from exc
+
+    return run  # type: ignore[return-value]
+
+
+def _print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _done(found: bool) -> None:
+    if not found:
+        raise click.exceptions.Exit(EXIT_NOTHING)
+
+
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+@click.command(name="list")
+@click.argument("pattern", default="*")
+@_json_option
+@_errors
+def list_command(pattern: str, as_json: bool) -> None:
+    """Locks held or waited for, whose name matches PATTERN (a glob, default: all): mode,
+    holders, the nearest expiry, waiters. Exit code 1 if none."""
+    target = _target()
+    states = admin.list_locks(target.client(), pattern, target.namespace)
+    if as_json:
+        _print_json([render.lock_dict(s, detail=False) for s in states])
+    elif states:
+        rows = [render.LIST_HEADER, *(render.lock_row(s) for s in states)]
+        click.echo("\n".join(render.table(rows)))
+    else:
+        click.echo(f"no lock matches {pattern!r}", err=True)
+    _done(bool(states))
+
+
+@click.command(name="show")
+@click.argument("name")
+@_json_option
+@_errors
+def show_command(name: str, as_json: bool) -> None:
+    """Each holder of lock NAME (task name and id, host, pid, fence, held for, expires in,
+    token) and each waiter. Exit code 1 if nobody holds it or waits for it."""
+    target = _target()
+    state = admin.describe_lock(target.client(), name, target.namespace)
+    found = bool(state.holders or state.waiters)
+    if as_json:
+        _print_json(render.lock_dict(state, detail=True))
+    elif found:
+        click.echo("\n".join(render.lock_lines(state)))
+    else:
+        click.echo(f"lock {name!r} is not held and nobody waits for it", err=True)
+    _done(found)
+
+
+@click.command(name="release")
+@click.argument("name")
+@click.option("--task-id", help="Free the leases held by this task id.")
+@click.option("--token", help="Free the lease with this token (see `show`).")
+@click.option("--all", "everything", is_flag=True, help="Free every lease of the lock.")
+@click.option("--dry-run", is_flag=True, help="Print what would be freed; free nothing.")
+@_json_option
+@_errors
+def release_command(
+    name: str,
+    task_id: str | None,
+    token: str | None,
+    everything: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Free leases of lock NAME that their holders cannot free (a stuck or lost worker): the
+    one with --token, those of --task-id, or --all. Each is checked in Redis against the token
+    or task id, so a lease taken meanwhile by another task is never freed. Prints what it
+    freed; exit code 1 if nothing matched."""
+    if [task_id is not None, token is not None, everything].count(True) != 1:
+        raise click.UsageError("give exactly one of --task-id, --token or --all")
+    target = _target()
+    released = admin.force_release(
+        target.client(),
+        name,
+        token=token,
+        task_id=task_id,
+        everything=everything,
+        dry_run=dry_run,
+        namespace=target.namespace,
+        fence_keep=target.fence_keep,
+    )
+    if as_json:
+        _print_json(
+            {
+                "name": released.name,
+                "dry_run": dry_run,
+                "released": [render.holder_dict(h) for h in released.holders],
+            }
+        )
+    elif released.holders:
+        click.echo("\n".join(render.released_lines(released)))
+    else:
+        click.echo(f"no lease of lock {name!r} matched; nothing freed", err=True)
+    _done(bool(released.holders))
+
+
+@click.command(name="unique")
+@click.argument("pattern", default="*")
+@_json_option
+@_errors
+def unique_command(pattern: str, as_json: bool) -> None:
+    """Queued unique tasks' claims whose key matches PATTERN (a glob, default: all): key,
+    task id, time left. Exit code 1 if none."""
+    target = _target()
+    claims = admin.list_claims(target.client(), pattern, target.namespace)
+    if as_json:
+        _print_json([render.claim_dict(c) for c in claims])
+    elif claims:
+        rows = [render.CLAIM_HEADER, *(render.claim_row(c) for c in claims)]
+        click.echo("\n".join(render.table(rows)))
+    else:
+        click.echo(f"no queued claim matches {pattern!r}", err=True)
+    _done(bool(claims))
+
+
+@click.command(name="release-claim")
+@click.argument("key")
+@click.option("--task-id", help="Free it only if this task id holds it.")
+@click.option("--dry-run", is_flag=True, help="Print what would be freed; free nothing.")
+@_json_option
+@_errors
+def release_claim_command(key: str, task_id: str | None, dry_run: bool, as_json: bool) -> None:
+    """Free the queued claim on unique key KEY, so the next call of its task is published
+    (the queued message itself still runs when delivered). Exit code 1 if no claim matched."""
+    target = _target()
+    freed = admin.force_release_claim(
+        target.client(), key, task_id=task_id, dry_run=dry_run, namespace=target.namespace
+    )
+    if as_json:
+        _print_json(
+            {
+                "name": key,
+                "dry_run": dry_run,
+                "released": [] if freed is None else [render.claim_dict(freed)],
+            }
+        )
+    elif freed is not None:
+        click.echo("\n".join(render.claim_lines(freed, dry_run=dry_run)))
+    else:
+        click.echo(f"no queued claim on unique key {key!r} matched; nothing freed", err=True)
+    _done(freed is not None)
+
+
+COMMANDS: tuple[click.Command, ...] = (
+    list_command,
+    show_command,
+    release_command,
+    unique_command,
+    release_claim_command,
+)
+"""Every operator command, to add to a group."""

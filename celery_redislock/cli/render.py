@@ -1,0 +1,166 @@
+"""What the CLI prints: each admin result as plain lines for people and as JSON for scripts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.admin import ClaimState, LockState, Released, Waiter
+from ..core.lease import Holder
+
+__all__ = [
+    "CLAIM_HEADER",
+    "LIST_HEADER",
+    "claim_dict",
+    "claim_lines",
+    "claim_row",
+    "holder_dict",
+    "holder_line",
+    "lock_dict",
+    "lock_lines",
+    "lock_row",
+    "released_lines",
+    "table",
+    "waiter_dict",
+]
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def holder_dict(holder: Holder, state: LockState | None = None) -> dict[str, Any]:
+    info = holder.info
+    return {
+        "token": holder.token,
+        "mode": holder.mode,
+        "fence": holder.fence,
+        "owner": holder.owner,
+        "task_id": info.get("task_id"),
+        "task": info.get("task"),
+        "host": info.get("host"),
+        "pid": int(info["pid"]) if info.get("pid", "").isdigit() else info.get("pid"),
+        "count": holder.count,
+        "held_for": state.held_for(holder) if state is not None else None,
+        "expires_in": round(holder.expires_in, 3),
+        "info": info,
+    }
+
+
+def waiter_dict(waiter: Waiter) -> dict[str, Any]:
+    info = waiter.info
+    return {
+        "position": waiter.position,
+        "token": waiter.token,
+        "mode": waiter.mode,
+        "owner": waiter.owner,
+        "task_id": info.get("task_id"),
+        "task": info.get("task"),
+        "host": info.get("host"),
+        "pid": int(info["pid"]) if info.get("pid", "").isdigit() else info.get("pid"),
+        "expires_in": None if waiter.expires_in is None else round(waiter.expires_in, 3),
+        "info": info,
+    }
+
+
+def lock_dict(state: LockState, *, detail: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": state.name,
+        "mode": state.mode,
+        "expires_in": None if state.expires_in is None else round(state.expires_in, 3),
+    }
+    if detail:
+        out["holders"] = [holder_dict(h, state) for h in state.holders]
+        out["waiters"] = [waiter_dict(w) for w in state.waiters]
+    else:
+        out["holders"] = len(state.holders)
+        out["waiters"] = len(state.waiters)
+    return out
+
+
+LIST_HEADER = ("NAME", "MODE", "HOLDERS", "EXPIRES IN", "WAITERS")
+
+
+def lock_row(state: LockState) -> tuple[str, ...]:
+    return (
+        state.name,
+        state.mode or "-",
+        str(len(state.holders)),
+        _seconds(state.expires_in),
+        str(len(state.waiters)),
+    )
+
+
+def table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Columns padded to their widest cell; the last column is not padded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1]
+        for row in rows
+    ]
+
+
+def _who(info: dict[str, str], token: str) -> str:
+    if "task_id" in info:
+        return f"task {info.get('task', '?')}[{info['task_id']}]"
+    return f"lease {token}"
+
+
+def _where(info: dict[str, str]) -> str:
+    return f"host {info.get('host', '?')}, pid {info.get('pid', '?')}"
+
+
+def holder_line(holder: Holder, state: LockState | None = None) -> str:
+    parts = [
+        _who(holder.info, holder.token),
+        f"{holder.mode}",
+        _where(holder.info),
+        f"fence {holder.fence}",
+    ]
+    if holder.count > 1:
+        parts.append(f"entered {holder.count} times")
+    if state is not None:
+        parts.append(f"held for {_seconds(state.held_for(holder))}")
+    parts += [f"expires in {_seconds(holder.expires_in)}", f"token {holder.token}"]
+    return ", ".join(parts)
+
+
+def lock_lines(state: LockState) -> list[str]:
+    lines = [
+        f"lock {state.name!r}: {state.mode or 'not held'}, {len(state.holders)} holder(s), "
+        f"{len(state.waiters)} waiter(s)"
+    ]
+    lines += [f"  holder {i}: {holder_line(h, state)}" for i, h in enumerate(state.holders, 1)]
+    lines += [
+        f"  waiter {w.position}: {_who(w.info, w.token)}, {w.mode}, {_where(w.info)}, "
+        f"place lapses in {_seconds(w.expires_in)} unless refreshed, token {w.token}"
+        for w in state.waiters
+    ]
+    return lines
+
+
+def released_lines(released: Released) -> list[str]:
+    verb = "would free" if released.dry_run else "freed"
+    return [f"{verb} lock {released.name!r}: {holder_line(h)}" for h in released.holders]
+
+
+CLAIM_HEADER = ("KEY", "TASK ID", "TIME LEFT")
+
+
+def claim_row(claim: ClaimState) -> tuple[str, ...]:
+    return (claim.name, claim.task_id, _seconds(claim.expires_in))
+
+
+def claim_dict(claim: ClaimState) -> dict[str, Any]:
+    return {
+        "name": claim.name,
+        "task_id": claim.task_id,
+        "expires_in": None if claim.expires_in is None else round(claim.expires_in, 3),
+    }
+
+
+def claim_lines(claim: ClaimState, *, dry_run: bool) -> list[str]:
+    verb = "would free" if dry_run else "freed"
+    return [
+        f"{verb} the queued claim on unique key {claim.name!r}: task {claim.task_id}, "
+        f"{_seconds(claim.expires_in)} left"
+    ]

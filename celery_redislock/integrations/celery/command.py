@@ -1,0 +1,55 @@
+"""``celery -A proj redislock ...``: the operator commands (see :mod:`celery_redislock.cli`) on
+the Redis and namespace of the app's lock settings. Registered through Celery's
+``celery.commands`` entry point, so Celery's own ``-A``/``--config`` pick the app.
+
+>>> # celery -A proj redislock show sync:42          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import click
+
+from ...cli.commands import COMMANDS, Target, redacted, set_target
+from ...core.lease import RedisClient
+from ...errors import LockConfigError
+from .settings import client_for, settings_for
+
+__all__ = ["redislock"]
+
+
+@click.group(
+    name="redislock",
+    epilog="Exit codes: 0 done, 1 nothing matched, 2 usage error, 3 Redis unreachable or failing.",
+)
+@click.pass_context
+def redislock(ctx: click.Context) -> None:
+    """See and free celery-redislock locks and unique tasks' queued claims, on the Redis of
+    the app's lock settings."""
+    app = getattr(ctx.obj, "app", None)
+    if app is None:
+        raise click.UsageError("no Celery app: run it as `celery -A proj redislock ...`")
+    try:
+        settings = settings_for(app)
+    except LockConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    where = "setting redislock_client" if settings.client_factory else redacted(settings.url or "")
+
+    def client() -> RedisClient:
+        try:
+            return client_for(app, settings)
+        except LockConfigError as exc:
+            raise click.UsageError(str(exc)) from exc
+
+    set_target(
+        ctx,
+        Target(
+            client=client,
+            namespace=settings.namespace,
+            where=where,
+            fence_keep=settings.fence_keep,
+        ),
+    )
+
+
+for _command in COMMANDS:
+    redislock.add_command(_command)

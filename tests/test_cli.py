@@ -1,0 +1,179 @@
+"""The ``redislock`` console script, run as a subprocess on a real Redis: what it prints, what
+it frees, its exit codes (0 done, 1 nothing matched, 2 usage error, 3 Redis failing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from helpers import free_port
+
+from celery_redislock import Lock
+from celery_redislock.contrib.redis_server import RedisServer
+from celery_redislock.core.claims import ClaimKind, claim
+
+SCRIPT = Path(sys.executable).parent / "redislock"
+
+
+def run(
+    *args: str, url: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("REDISLOCK_")}
+    if url is not None:
+        environ["REDISLOCK_URL"] = url
+    return subprocess.run(
+        [str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**environ, **(env or {})},
+    )
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(result.stdout)
+
+
+def test_the_console_script_is_installed() -> None:
+    assert SCRIPT.exists(), "pip install -e . registers the redislock console script"
+
+
+def test_list_and_show_a_holder(client: redis.Redis, redis_server: RedisServer) -> None:
+    url = redis_server.url
+    lease = Lock(client, "sync:42", ttl=30).acquire(info={"task_id": "t-1", "task": "proj.sync"})
+    Lock(client, "other", ttl=30, mode="read").acquire()
+    listed = run("list", "sync:*", url=url)
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["NAME", "MODE", "HOLDERS", "EXPIRES", "IN", "WAITERS"]
+    assert row.split()[:3] == ["sync:42", "write", "1"] and row.split()[-1] == "0"
+    (entry,) = as_json(run("list", "sync:*", "--json", url=url))
+    assert entry["name"] == "sync:42" and entry["holders"] == 1 and entry["waiters"] == 0
+    assert 0 < entry["expires_in"] <= 30
+    assert [e["name"] for e in as_json(run("list", "--json", url=url))] == ["other", "sync:42"]
+
+    shown = run("show", "sync:42", url=url)
+    assert shown.returncode == 0, shown.stderr
+    assert "task proj.sync[t-1]" in shown.stdout and f"fence {lease.fence}" in shown.stdout
+    assert f"pid {os.getpid()}" in shown.stdout and f"token {lease.token}" in shown.stdout
+    detail = as_json(run("show", "sync:42", "--json", url=url))
+    (holder,) = detail["holders"]
+    assert holder["task_id"] == "t-1" and holder["task"] == "proj.sync"
+    assert holder["pid"] == os.getpid() and holder["fence"] == lease.fence
+    assert holder["token"] == lease.token and 0 <= holder["held_for"] < 30
+    assert detail["waiters"] == [] and detail["mode"] == "write"
+
+
+def test_nothing_matched_is_exit_code_1(client: redis.Redis, redis_server: RedisServer) -> None:
+    url = redis_server.url
+    for args in (["list"], ["show", "nope"], ["unique"], ["release-claim", "nope"]):
+        result = run(*args, url=url)
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+    Lock(client, "job", ttl=30).acquire(info={"task_id": "t-1"})
+    result = run("release", "job", "--task-id", "t-2", "--json", url=url)
+    assert result.returncode == 1 and as_json(result)["released"] == []
+    assert Lock(client, "job", ttl=30).locked()
+
+
+def test_release_frees_what_it_names_and_dry_run_frees_nothing(
+    client: redis.Redis, redis_server: RedisServer
+) -> None:
+    url = redis_server.url
+    lock = Lock(client, "cap", ttl=30, limit=3)
+    first = lock.acquire(info={"task_id": "t-1"})
+    second = lock.acquire(info={"task_id": "t-2"})
+    third = lock.acquire(info={"task_id": "t-3"})
+
+    dry = run("release", "cap", "--task-id", "t-1", "--dry-run", url=url)
+    assert dry.returncode == 0 and dry.stdout.startswith("would free lock 'cap'"), dry.stderr
+    assert len(lock.holders()) == 3
+
+    freed = run("release", "cap", "--task-id", "t-1", url=url)
+    assert freed.returncode == 0, freed.stderr
+    assert freed.stdout.startswith("freed lock 'cap': task ?[t-1]") and first.token in freed.stdout
+    assert {h.token for h in lock.holders()} == {second.token, third.token}
+
+    by_token = as_json(run("release", "cap", "--token", second.token, "--json", url=url))
+    assert [h["token"] for h in by_token["released"]] == [second.token]
+    assert by_token["dry_run"] is False
+    assert [h.token for h in lock.holders()] == [third.token]
+
+    everything = run("release", "cap", "--all", url=url)
+    assert everything.returncode == 0 and third.token in everything.stdout
+    assert lock.holders() == []
+
+
+def test_unique_claims_listed_and_freed(client: redis.Redis, redis_server: RedisServer) -> None:
+    url = redis_server.url
+    for name, task_id in (("report:daily", "t-1"), ("report:weekly", "t-2")):
+        claim(
+            client,
+            "redislock",
+            name,
+            task_id=task_id,
+            lifetime=60,
+            kind=ClaimKind.NEW,
+            running_counts=False,
+        )
+    listed = run("unique", "report:*", url=url)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[:2] for line in listed.stdout.splitlines()[1:]] == [
+        ["report:daily", "t-1"],
+        ["report:weekly", "t-2"],
+    ]
+    entries = as_json(run("unique", "--json", url=url))
+    assert [(e["name"], e["task_id"]) for e in entries] == [
+        ("report:daily", "t-1"),
+        ("report:weekly", "t-2"),
+    ]
+    wrong = run("release-claim", "report:daily", "--task-id", "t-2", url=url)
+    assert wrong.returncode == 1 and client.exists("redislock:{report:daily}:queued")
+    dry = run("release-claim", "report:daily", "--dry-run", url=url)
+    assert dry.returncode == 0 and client.exists("redislock:{report:daily}:queued")
+    freed = as_json(run("release-claim", "report:daily", "--json", url=url))
+    assert [c["task_id"] for c in freed["released"]] == ["t-1"]
+    assert not client.exists("redislock:{report:daily}:queued")
+    assert client.exists("redislock:{report:weekly}:queued")
+
+
+def test_settings_from_the_environment(client: redis.Redis, redis_server: RedisServer) -> None:
+    Lock(client, "job", ttl=30, namespace="jobs").acquire()
+    env = {"REDISLOCK_NAMESPACE": "jobs"}
+    assert [e["name"] for e in as_json(run("list", "--json", url=redis_server.url, env=env))] == [
+        "job"
+    ]
+    assert run("list", url=redis_server.url).returncode == 1  # the default namespace: none
+    flags = run("--url", redis_server.url, "--namespace", "jobs", "list", "--json")
+    assert flags.returncode == 0 and [e["name"] for e in as_json(flags)] == ["job"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["release", "job"], "exactly one of --task-id, --token or --all"),
+        (["release", "job", "--all", "--token", "x"], "exactly one of"),
+        (["--url", "http://example.com", "list"], "is not a Redis URL"),
+        (["--url", "redis://localhost:notaport/0", "list"], "is not a Redis URL"),
+        (["--namespace", "a{b", "list"], "namespace must be"),
+        (["list", ""], "pattern must be"),
+        (["frobnicate"], "No such command"),
+    ],
+)
+def test_usage_errors_are_exit_code_2(args: list[str], message: str) -> None:
+    result = run(*args, url=f"redis://127.0.0.1:{free_port()}/0")
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert message in result.stderr
+
+
+def test_unreachable_redis_is_exit_code_3() -> None:
+    url = f"redis://:secret@127.0.0.1:{free_port()}/0"
+    result = run("list", url=url)
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert result.stderr.startswith(f"Error: Redis at redis://:***@127.0.0.1:{url.split(':')[-1]}")
+    assert "secret" not in result.stderr and "Connection refused" in result.stderr
