@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 
 LOWEST ?= .venv-lowest
 
-.PHONY: demo demo-core test test-lowest lint bench bench-celery soak clean docs
+.PHONY: demo demo-core test test-lowest test-topologies lint bench bench-celery bench-rq soak clean docs
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -28,7 +28,8 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.demo $(VENV)/.docs
 
 # The demos use REDIS_URL when set, else redis-server on PATH, else the embedded binary.
-# `make demo`: two Celery workers under bursts of calls; `make demo-core`: the lock core alone.
+# `make demo`: Celery workers, then RQ workers, under bursts of calls; `make demo-core`: the lock
+# core alone.
 demo: $(VENV)/.demo
 	$(BIN)/python -m demos.celery $(ARGS)
 
@@ -45,13 +46,19 @@ lint: $(VENV)/.dev
 # redis-server on PATH and the embedded 6.2. Then the Celery tests once more on the lowest
 # supported versions.
 test: lint docs
-	$(BIN)/pytest --cov --cov-report=term-missing:skip-covered $(ARGS)
+	$(BIN)/pytest -m "not topology" --cov --cov-report=term-missing:skip-covered $(ARGS)
+	$(MAKE) test-topologies
 	$(MAKE) test-lowest
 
-# The Celery tests (marker `celery`: every tests/test_celery_*.py) again on the lowest supported
-# Celery, kombu, billiard and redis-py.
+# The Celery and RQ tests (markers `celery` and `rq`: every tests/test_celery_*.py and
+# tests/test_rq_*.py) again on the lowest supported Celery, kombu, billiard, RQ and redis-py.
 test-lowest: $(LOWEST)/.done
-	$(LOWEST)/bin/pytest -p no:hypothesispytest -q -m celery
+	$(LOWEST)/bin/pytest -p no:hypothesispytest -q -m "celery or rq"
+
+# Sentinel (1 master, 1 replica, 3 sentinels) and a Redis Cluster (3 masters, 3 replicas) from
+# local redis-server processes, with real failovers (marker `topology`, tests/test_topology_*.py).
+test-topologies: $(VENV)/.dev
+	$(BIN)/pytest -q -m topology
 
 bench: $(VENV)/.dev
 	$(BIN)/python benchmarks/lock_core.py $(ARGS)
@@ -59,6 +66,9 @@ bench: $(VENV)/.dev
 bench-celery: $(VENV)/.dev
 	$(BIN)/python benchmarks/celery_overhead.py $(ARGS)
 	$(BIN)/python benchmarks/celery_enqueue.py $(ARGS)
+
+bench-rq: $(VENV)/.dev
+	$(BIN)/python benchmarks/rq_overhead.py $(ARGS)
 
 # Two workers under chaos (kills, lost replies) for 5 minutes: nothing lost, no two holders at
 # once. `make soak ARGS="--minutes 1 --json soak.json"` for a shorter one.

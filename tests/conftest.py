@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import redis
+from rqworkers import RQWorker
 from workers import Worker
 
 from celery_redislock import Heartbeat, Lock
@@ -45,6 +46,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name.startswith("test_celery_"):
             item.add_marker(pytest.mark.celery)
+        if item.path.name.startswith("test_rq_"):
+            item.add_marker(pytest.mark.rq)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -151,6 +154,43 @@ def workers(
 
     def start(**kwargs: Any) -> Worker:
         worker = Worker(celery_server.url, tmp_path, **kwargs)
+        started.append(worker)
+        return worker.start()
+
+    yield start
+    for worker in started:
+        worker.kill()
+
+
+@pytest.fixture(scope="session")
+def rq_server() -> Iterator[RedisServer]:
+    """One Redis for the RQ tests (queues and locks), as for the Celery tests."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def rq_conn(rq_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of the RQ tests' Redis, emptied before and after the test."""
+    conn = redis.Redis.from_url(rq_server.url)
+    conn.flushall()
+    yield conn
+    conn.flushall()
+    conn.close()
+
+
+@pytest.fixture
+def rq_workers(
+    rq_server: RedisServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., RQWorker]]:
+    """Starts real ``rq worker`` subprocesses (``rq_workers(name="w1", worker_class=...)``);
+    every one, and every horse it forked, is killed at the end of the test. A failing test's
+    report shows their logs."""
+    started: list[RQWorker] = []
+    request.node.stash[STARTED_WORKERS] = started  # type: ignore[arg-type]
+
+    def start(**kwargs: Any) -> RQWorker:
+        worker = RQWorker(rq_server.url, tmp_path, **kwargs)
         started.append(worker)
         return worker.start()
 

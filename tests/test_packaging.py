@@ -311,3 +311,54 @@ def test_a_locked_task_runs_from_a_clean_install_with_the_celery_extra(
     assert str(out["module"]).startswith(str(venv)), out
     assert out["result"] == {"doubled": 42, "holders": 1}, out
     assert out["free_after"] is True, out
+
+
+RQ_MODULE = """
+    from celery_redislock.integrations.rq import locked
+
+
+    @locked(lock="pkg:{n}", unique="until_finished")
+    def double(n):
+        return n * 2
+"""
+
+RQ_SNIPPET = """
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import redis
+    from celery_redislock.integrations.rq import UniqueQueue
+    from rqpkg import double
+
+    conn = redis.Redis.from_url(os.environ["PKG_REDIS_URL"])
+    queue = UniqueQueue("pkg", connection=conn)
+    first, second = queue.enqueue(double, 21), queue.enqueue(double, 21)
+    rq = os.path.join(os.path.dirname(sys.executable), "rq")
+    subprocess.run(
+        [rq, "worker", "--burst", "--url", os.environ["PKG_REDIS_URL"], "-w",
+         "celery_redislock.integrations.rq.LockWorker", "pkg"],
+        check=True, capture_output=True, timeout=60,
+    )
+    first.refresh()
+    print(json.dumps({
+        "same_job": first.id == second.id,
+        "status": str(getattr(first.get_status(), "value", first.get_status())),
+        "result": first.return_value(),
+        "celery": importlib.util.find_spec("celery") is not None,
+    }))
+"""
+
+
+def test_a_locked_rq_job_runs_from_a_clean_install_with_the_rq_extra(
+    wheel: Path, redis_url: str, tmp_path: Path
+) -> None:
+    venv = fresh_venv(tmp_path / "venv", f"{wheel}[rq]")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "rqpkg.py").write_text(textwrap.dedent(RQ_MODULE))
+    env = isolated_env(venv, PKG_REDIS_URL=url_of_db(redis_url, 3), PYTHONPATH=str(work))
+    out = run_snippet(venv, RQ_SNIPPET, cwd=work, env=env)
+    assert out == {"same_job": True, "status": "finished", "result": 42, "celery": False}, out

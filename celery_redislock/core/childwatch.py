@@ -9,14 +9,15 @@ import threading
 import time
 from typing import Protocol
 
-__all__ = ["ChildWatch", "Watched"]
+__all__ = ["ChildWatch", "Watched", "alive"]
 
 # How often the watch picks up newly started jobs (and, without pidfds, looks at /proc).
 # A framework may notice a lost child only seconds later; the lease must not wait for that.
 _WATCH_INTERVAL_S = 0.05
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not reaped, does not)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
@@ -100,7 +101,7 @@ class ChildWatch:
                 dead.add(pid)
             except (AttributeError, OSError):  # no pidfds here: read /proc after a pause
                 time.sleep(_WATCH_INTERVAL_S)
-                return dead | {p for p in pids if not _alive(p)}
+                return dead | {p for p in pids if not alive(p)}
         poller = select.poll()
         for pid in pids - dead:
             poller.register(pidfds[pid], select.POLLIN)

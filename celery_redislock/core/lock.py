@@ -53,6 +53,7 @@ from .protocol import (
     RenewReply,
     Wake,
 )
+from .replicas import ReplicaPolicy, acknowledged, check_policy, policy_of
 from .scripts import run
 
 __all__ = ["DEFAULT_FENCE_KEEP", "Lock"]
@@ -83,7 +84,9 @@ class Lock:
     (``limit=None`` means 1: a mutex). ``mode="read"`` holders share with each other (at most
     ``limit`` when given) and are excluded by any writer; a queued writer is not starved by new
     readers. ``fair=True`` serves waiters strictly in arrival order, handing the lock over
-    directly on release.
+    directly on release. ``min_replicas=n`` makes each acquire and renewal wait (at most
+    ``replica_timeout`` seconds) until ``n`` replicas acknowledged it, and fail closed otherwise
+    (see :mod:`celery_redislock.core.replicas`).
 
     >>> lock = Lock(redis.Redis(), "nightly-report", ttl=30)   # doctest: +SKIP
     >>> with lock.acquire(timeout=5) as lease:                  # doctest: +SKIP
@@ -101,6 +104,8 @@ class Lock:
         fair: bool = False,
         namespace: str = DEFAULT_NAMESPACE,
         fence_keep: float = DEFAULT_FENCE_KEEP,
+        min_replicas: int | None = None,
+        replica_timeout: float | None = None,
     ) -> None:
         self.name = check_name(name)
         if not isinstance(client, redis.Redis | RedisCluster):
@@ -121,6 +126,15 @@ class Lock:
         if not isinstance(fair, bool):
             raise LockConfigError(f"fair must be True or False, got {fair!r}", name=self.name)
         self.client = client
+        # After each acquire and renewal, this many replicas must acknowledge the lease (see
+        # core/replicas.py); None: the client's policy (require_replicas), else none.
+        self.replicas: ReplicaPolicy | None = (
+            policy_of(client)
+            if min_replicas is None
+            else check_policy(min_replicas, replica_timeout, name=self.name)
+        )
+        if self.replicas is not None and self.replicas.count == 0:
+            self.replicas = None
         self.mode: Mode = mode
         self.limit = limit
         self.fair = fair
@@ -172,7 +186,8 @@ class Lock:
         count raised, and must release as many times. ``info`` is stored with the lease (for
         :meth:`holders` and :meth:`release_where`); host and pid are always recorded.
         ``reentrant=False`` makes ``owner`` an identity that holds at most one lease at a time:
-        while it holds one, acquiring again is a conflict (as if the lock were held by another).
+        while it holds one, acquiring again raises :class:`LockNotAcquired` at once, even when
+        blocking, with ``owner_expires_in`` set to the time that lease has left.
         ``job`` names the unit of work this lease is for: if :meth:`finish_job` recorded it as
         finished, :class:`JobFinished` is raised instead (a redelivered message that already ran).
 
@@ -213,7 +228,7 @@ class Lock:
         while True:
             sent = time.monotonic()
             try:
-                reply = AcquireReply.decode(run("acquire", self.client, self.encoded_keys, args))
+                reply = self._run_acquire(args)
                 self._notify(reply.granted)
             except redis.RedisError as exc:
                 raise _backend_error(self.name, exc) from exc
@@ -234,12 +249,14 @@ class Lock:
                     "release the read lease first",
                     name=self.name,
                 )
-            if not request.wait:
-                own = reply.ms_left / 1000 if status is AcquireStatus.OWNER_HOLDS else None
+            # The owner's own lease refuses it: waiting would wait on itself (or on another
+            # copy of its job, which the caller must tell apart), so it is said at once.
+            own = reply.ms_left / 1000 if status is AcquireStatus.OWNER_HOLDS else None
+            if not request.wait or own is not None:
                 raise LockNotAcquired(
                     f"lock {self.name!r} is held"
                     + (f" by owner {owner!r} already" if own is not None else "")
-                    + (f" (gave up after {timeout}s)" if timeout else ""),
+                    + (f" (gave up after {timeout}s)" if timeout and own is None else ""),
                     name=self.name,
                     timeout=timeout,
                     owner_expires_in=own,
@@ -262,6 +279,29 @@ class Lock:
             lease = self._await_grant(block, request.token, owner)
             if lease is not None:
                 return lease
+
+    def _run_acquire(self, args: list[str]) -> AcquireReply:
+        if self.replicas is None:
+            return AcquireReply.decode(run("acquire", self.client, self.encoded_keys, args))
+        raw, acks = acknowledged(
+            self.client,
+            "acquire",
+            self.encoded_keys,
+            args,
+            self.replicas,
+            slot_key=self.keys.leases,
+        )
+        reply = AcquireReply.decode(raw)
+        if reply.status is AcquireStatus.HELD and acks < self.replicas.count:
+            # Fails closed: acquire() drops a new lease (args[0] is its token) before the error
+            # reaches the caller; an owner's re-entry into its lease is undone here, one level.
+            if reply.token != args[0]:
+                undo = ReleaseArgs(
+                    token=reply.token, spec=self._spec, whole=False, request=os.urandom(8).hex()
+                )
+                run("release", self.client, self.encoded_keys, undo.encode())
+            self.replicas.check(acks, self.name, "acquire")
+        return reply
 
     def _abandon(self, token: str) -> None:
         """After a failed call that may have run: drop the lease it may have made for ``token``
@@ -306,10 +346,20 @@ class Lock:
             # ttl. Too late (paused for seconds): the next try queues again.
             sent = time.monotonic()
             wake = Wake.decode(popped[1])
-            renew = RenewArgs(ttl_ms=self._ttl_ms, tokens=[token])
-            reply = RenewReply.decode(
-                run("renew", self.client, self.encoded_keys[:2], renew.encode())
-            )
+            renew = RenewArgs(ttl_ms=self._ttl_ms, tokens=[token]).encode()
+            if self.replicas is None:
+                raw = run("renew", self.client, self.encoded_keys[:2], renew)
+            else:
+                raw, acks = acknowledged(
+                    self.client,
+                    "renew",
+                    self.encoded_keys[:2],
+                    renew,
+                    self.replicas,
+                    slot_key=self.keys.leases,
+                )
+                self.replicas.check(acks, self.name, "acquire")
+            reply = RenewReply.decode(raw)
         claimed = reply.expiries[0]
         return self._lease(token, wake.fence, claimed, self.mode, owner, sent) if claimed else None
 

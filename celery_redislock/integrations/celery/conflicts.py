@@ -5,11 +5,11 @@ and Redis failing (``redislock_on_backend_error``)."""
 from __future__ import annotations
 
 import logging
-import random
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
+from ...core.backoff import conflict_delay, first_delivery_delay
 from ...core.lock import Lock
 from ...core.options import ConflictAction, LockOptions
 from ...errors import LockBackendError, LockNotAcquired
@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 __all__ = ["await_first_delivery", "backend_down", "conflict", "drop_finished"]
 
 log = logging.getLogger(__name__)
-
-_MAX_BACKOFF_DOUBLINGS = 5
 
 
 def _holder_ids(lock: Lock) -> list[str]:
@@ -64,8 +62,7 @@ def await_first_delivery(task: LockedTask, task_id: str, lock: Lock, expires_in:
     waits = int((request.headers or {}).get(REDELIVERY_HEADER, 0) or 0)
     # Look again when the lease would lapse if its holder is dead, or sooner, as a live holder
     # may finish any moment: after a third of the ttl, doubling while it keeps running.
-    backoff = lock.ttl / 3 * 2 ** min(waits, _MAX_BACKOFF_DOUBLINGS)
-    countdown = min(max(expires_in, 0.0), backoff) + random.uniform(0.1, 0.5)
+    countdown = first_delivery_delay(lock.ttl, expires_in, waits)
     log.info(
         "task %s[%s]: another delivery of this task holds lock %r (running, or its worker "
         "died); this one looks again in %.1fs",
@@ -126,8 +123,7 @@ def conflict(
 def _retry(task: LockedTask, task_id: str, options: LockOptions, name: str, why: str) -> NoReturn:
     request = task.request
     conflicts = int((request.headers or {}).get(CONFLICTS_HEADER, 0) or 0)
-    base = options.countdown * 2 ** min(conflicts, _MAX_BACKOFF_DOUBLINGS)
-    countdown = random.uniform(base / 2, base)  # jitter: duplicates do not come back together
+    countdown = conflict_delay(options.countdown, conflicts)
     log.info("task %s[%s] retries in %.1fs: %s", task.name, task_id, countdown, why)
     if options.count_retries:
         # Past the task's own max_retries, Celery raises ``exc``: a LockNotAcquired naming the lock.

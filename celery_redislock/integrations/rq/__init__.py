@@ -1,0 +1,32 @@
+"""The RQ integration: the same ``lock=`` and ``unique=`` options as on Celery tasks, for RQ
+jobs, on the same lock core.
+
+>>> from celery_redislock.integrations.rq import locked, UniqueQueue
+>>> @locked(lock="sync:{customer_id}", unique="until_finished")
+... def sync_customer(customer_id: int) -> None: ...
+
+Enqueue through :class:`UniqueQueue` for enqueue-time uniqueness; run workers with
+``-w celery_redislock.integrations.rq.LockWorker`` to free a killed horse's leases at once.
+"""
+
+from .job import JobSpec, lock_for, locked, spec_of
+from .queue import UniqueQueue
+from .running import OUTCOME_META, SKIPPED, outcome_of
+from .settings import Settings
+from .worker import LockSpawnWorker, LockWorker, ReleasesDeadHorses, release_dead_horse
+
+__all__ = [
+    "OUTCOME_META",
+    "SKIPPED",
+    "JobSpec",
+    "LockSpawnWorker",
+    "LockWorker",
+    "ReleasesDeadHorses",
+    "Settings",
+    "UniqueQueue",
+    "lock_for",
+    "locked",
+    "outcome_of",
+    "release_dead_horse",
+    "spec_of",
+]

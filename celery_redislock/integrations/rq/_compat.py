@@ -1,0 +1,58 @@
+"""Every use of RQ's API that differs between the RQ versions we support (2.1 and 3.0 checked):
+keep them here, each with what it relies on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rq import get_current_job
+from rq.job import Job, Retry
+from rq.worker import Worker
+
+from ...errors import LockConfigError
+
+try:
+    from rq.worker import SpawnWorker
+except ImportError:  # RQ 2.1: SpawnWorker came in 2.2
+
+    class SpawnWorker(Worker):  # type: ignore[no-redef]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise LockConfigError("SpawnWorker needs RQ 2.2 or newer")
+
+
+__all__ = [
+    "Job",
+    "Retry",
+    "SpawnWorker",
+    "Worker",
+    "current_job",
+    "retries_left",
+    "retry_after",
+    "save_meta",
+]
+
+
+def current_job() -> Job | None:
+    """The job this process runs now (set by the worker in the horse, or by a synchronous
+    queue); ``None`` when the function is called directly."""
+    return get_current_job()
+
+
+def retry_after(job: Job, seconds: float) -> Retry:
+    """A ``Retry`` the worker honours once more, ``seconds`` from now (whole seconds, at least
+    one: RQ 2.x refuses a float interval). The worker fails a job whose ``number_of_retries``
+    reached ``max``, so ``max`` is one past the retries it has had (which count RQ's own
+    retries after failures too). A delayed retry needs the RQ scheduler (``--with-scheduler``)."""
+    done = int(job.number_of_retries or 0)
+    return Retry(max=done + 1, interval=max(1, round(seconds)))
+
+
+def retries_left(job: Job) -> int:
+    """Retries RQ still grants this job after a failure (its ``retry=`` option)."""
+    left: Any = job.retries_left
+    return int(left or 0)
+
+
+def save_meta(job: Job) -> None:
+    """Writes ``job.meta`` to its job hash (RQ's ``save_meta`` is untyped)."""
+    job.save_meta()  # type: ignore[no-untyped-call]

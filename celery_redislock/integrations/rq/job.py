@@ -1,0 +1,147 @@
+"""Declaring a locked RQ job: the ``locked`` decorator, checked when the function is defined."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, ParamSpec, TypeVar
+
+from ...core.lease import RedisClient
+from ...core.lock import Lock
+from ...core.naming import lock_name
+from ...core.options import LockOptionDict, LockOptions, call_signature, parse_lock_option
+from ...core.unique_options import (
+    Lifecycle,
+    UniqueOptionDict,
+    UniqueOptions,
+    parse_unique_option,
+)
+from ...errors import LockConfigError
+from .running import run
+from .settings import Settings, client_for, default_settings
+
+__all__ = ["JobSpec", "lock_for", "lock_for_job", "locked", "spec_of"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+SPEC_ATTR = "redislock"
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What ``@locked`` declared on a job function."""
+
+    name: str
+    """The function's import path, as RQ records it (``module.qualname``)."""
+    lock: LockOptions | None
+    unique: UniqueOptions | None
+    signature: inspect.Signature | None
+    own_settings: Settings | None
+
+    @property
+    def settings(self) -> Settings:
+        return self.own_settings or default_settings()
+
+    def lock_name(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        assert self.lock is not None
+        return lock_name(self.name, self.lock, self.signature, args, kwargs)
+
+    def unique_name(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        assert self.unique is not None
+        return lock_name(self.name, self.unique.keying, self.signature, args, kwargs)
+
+    def make_lock(self, client: RedisClient, name: str) -> Lock:
+        assert self.lock is not None
+        settings = self.settings
+        return Lock(
+            client,
+            name,
+            ttl=self.lock.ttl or settings.ttl,
+            mode=self.lock.mode,
+            limit=self.lock.limit,
+            namespace=settings.namespace,
+            fence_keep=settings.fence_keep,
+        )
+
+
+def locked(
+    lock: bool | str | LockOptionDict | None = None,
+    unique: Lifecycle | UniqueOptionDict | Literal[False] | None = None,
+    *,
+    settings: Settings | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Declares a job function's lock and/or uniqueness, with the same ``lock=`` and
+    ``unique=`` options as a Celery task (see docs/rq.md). Bad options raise
+    :class:`LockConfigError` here, naming the function and the option.
+
+    The lease is taken in the process that runs the job (RQ's work horse), kept by the
+    heartbeat, and given back as the call ends, however it ends. Enqueue-time uniqueness
+    needs :class:`UniqueQueue` on the producer side.
+
+    >>> from celery_redislock.integrations.rq import locked
+    >>> @locked(lock="sync:{customer_id}", unique="until_finished")
+    ... def sync_customer(customer_id: int) -> None: ...
+    """
+
+    def decorate(fun: Callable[P, R]) -> Callable[P, R]:
+        if not callable(fun) or not hasattr(fun, "__qualname__"):
+            raise LockConfigError(f"@locked decorates a function, got {fun!r}")
+        name = f"{fun.__module__}.{fun.__qualname__}"
+        if "<locals>" in fun.__qualname__ or "<lambda>" in fun.__qualname__:
+            raise LockConfigError(
+                f"job {name!r}: RQ runs a job by its import path, so a locked job must be a "
+                "module-level function"
+            )
+        if hasattr(fun, SPEC_ATTR):
+            raise LockConfigError(f"job {name!r}: @locked is applied twice")
+        if settings is not None and not isinstance(settings, Settings):
+            raise LockConfigError(
+                f"job {name!r}: settings must be a celery_redislock.integrations.rq.Settings, "
+                f"got {type(settings).__name__}"
+            )
+        signature = call_signature(fun, bound=False)
+        lock_opts = parse_lock_option(name, signature, lock)
+        unique_opts, lock_opts = parse_unique_option(name, signature, unique, lock_opts)
+        if lock_opts is None and unique_opts is None:
+            raise LockConfigError(f"job {name!r}: @locked needs lock= or unique= (or both)")
+        spec = JobSpec(name, lock_opts, unique_opts, signature, settings)
+
+        @functools.wraps(fun)
+        def run_locked(*args: P.args, **kwargs: P.kwargs) -> R:
+            result: R = run(spec, fun, args, kwargs)
+            return result
+
+        setattr(run_locked, SPEC_ATTR, spec)
+        return run_locked
+
+    return decorate
+
+
+def spec_of(fun: object) -> JobSpec | None:
+    """The spec ``@locked`` put on ``fun`` (``None`` for any other callable)."""
+    spec = getattr(fun, SPEC_ATTR, None)
+    return spec if isinstance(spec, JobSpec) else None
+
+
+def lock_for(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Lock:
+    """The lock a call of the locked job ``fun`` with these arguments takes, e.g. to look at
+    its holders. The lock Redis is ``REDISLOCK_URL``'s (this one needs a URL set).
+
+    >>> lock_for(sync_customer, 42).holders()   # doctest: +SKIP
+    """
+    spec = spec_of(fun)
+    if spec is None or spec.lock is None:
+        raise LockConfigError(f"{getattr(fun, '__qualname__', fun)!r} has no lock= option")
+    return spec.make_lock(client_for(spec.settings, None), spec.lock_name(args, kwargs))
+
+
+def lock_for_job(job: Any) -> Lock | None:
+    """The lock an RQ job's call takes (``None`` if its function declares no lock); the lock
+    Redis is the settings' URL, else the job's connection."""
+    spec = spec_of(job.func)
+    if spec is None or spec.lock is None:
+        return None
+    client = client_for(spec.settings, job.connection)
+    return spec.make_lock(client, spec.lock_name(job.args or (), job.kwargs or {}))

@@ -1,0 +1,354 @@
+"""What a locked job does in the process that runs it (RQ's work horse): take the lease or act
+on the conflict, give up the queued unique claim, run, and give the lease back however the call
+ends (the horse leaves with ``os._exit``: ``atexit`` never runs, so the ``finally`` here is the
+release)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...core.backoff import conflict_delay, first_delivery_delay
+from ...core.claims import ClaimKind, claim, release_claim
+from ...core.heartbeat import Heartbeat
+from ...core.lease import Lease, RedisClient
+from ...core.lock import Lock
+from ...errors import (
+    JobFinished,
+    LockBackendError,
+    LockConfigError,
+    LockNotAcquired,
+    LockNotOwned,
+)
+from ._compat import Job, Retry, current_job, retries_left, retry_after, save_meta
+from .settings import Settings, client_for
+
+if TYPE_CHECKING:
+    from .job import JobSpec
+
+__all__ = ["OUTCOME_META", "SKIPPED", "outcome_of", "republished", "run"]
+
+log = logging.getLogger(__name__)
+
+SKIPPED = "SKIPPED"
+"""What a job returns when it did not run because of its lock: ``on_conflict="skip"``, a copy
+superseded under its unique key, or a copy of a run that already finished. The job's
+``meta["redislock"]`` says which (see :func:`outcome_of`)."""
+
+OUTCOME_META = "redislock"
+_CONFLICTS_META = "redislock_conflicts"
+_WAITS_META = "redislock_waits"
+# RQ's default job timeout; the parent kills a horse 60 s past its job's timeout.
+_RQ_DEFAULT_TIMEOUT = 180
+_KILL_GRACE = 60
+
+
+def outcome_of(job: Job) -> dict[str, Any] | None:
+    """Why a job did not run (``{"outcome": "skipped" | "superseded" | "finished", "lock": ...,
+    "holders": [...]}``), or ``None`` if it ran.
+
+    >>> outcome_of(job)   # doctest: +SKIP
+    {'outcome': 'skipped', 'lock': 'sync:42', 'holders': ['9b1c…']}
+    """
+    value = (job.meta or {}).get(OUTCOME_META)
+    return value if isinstance(value, dict) else None
+
+
+def republished(job: Job) -> bool:
+    """Whether ``job`` runs again (an RQ retry, a conflict retry, a wait for its first copy)
+    rather than for the first time."""
+    meta = job.meta or {}
+    return bool(job.number_of_retries) or _CONFLICTS_META in meta or _WAITS_META in meta
+
+
+class _Run:
+    """One call of a locked job, in the process that runs it."""
+
+    def __init__(self, spec: JobSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        self.spec = spec
+        self.args = args
+        self.kwargs = kwargs
+        self.job = current_job()
+        self.settings: Settings = spec.settings
+        self.job_id = self.job.id if self.job is not None else uuid.uuid4().hex
+        connection = self.job.connection if self.job is not None else None
+        self.client: RedisClient = client_for(self.settings, connection)
+        self.lease: Lease | None = None
+
+    # -- the lease ---------------------------------------------------------------------------
+
+    def take(self) -> object:
+        """Takes the lease (``None``: go on and run) or returns what the job returns instead:
+        ``SKIPPED`` or a ``Retry``. Raises for ``raise``, ``wait`` past its timeout, and a
+        backend error under the ``fail`` policy."""
+        spec, options = self.spec, self.spec.lock
+        assert options is not None
+        action = options.on_conflict or self.settings.on_conflict
+        name = spec.lock_name(self.args, self.kwargs)
+        lock = spec.make_lock(self.client, name)
+        try:
+            self.lease = lock.acquire(
+                blocking=action == "wait",
+                timeout=options.timeout if action == "wait" else None,
+                owner=self.job_id,
+                reentrant=False,  # a second copy of a running job is a conflict
+                info={"task_id": self.job_id, "task": spec.name},
+                job=self.job_id if self.job is not None else None,
+            )
+        except JobFinished:
+            log.info("job %s[%s] dropped: a copy of it already ran", spec.name, self.job_id)
+            self.mark("finished", name, [self.job_id])
+            return SKIPPED
+        except LockNotAcquired as exc:
+            if exc.owner_expires_in is not None and self.job is not None:
+                return self.await_first_copy(lock, exc.owner_expires_in)
+            return self.conflict(lock, action)
+        except LockBackendError as exc:
+            return self.backend_down(name, exc)
+        Heartbeat.current().register(self.lease, on_lost=self.on_lost, max_hold=self.max_hold())
+        return None
+
+    def max_hold(self) -> float | None:
+        assert self.spec.lock is not None
+        if self.spec.lock.max_hold is not None:
+            return self.spec.lock.max_hold
+        if self.job is None:
+            return None
+        timeout = self.job.timeout or _RQ_DEFAULT_TIMEOUT
+        return None if timeout == -1 else float(timeout) + _KILL_GRACE
+
+    def on_lost(self, lost: Lease, error: BaseException | None) -> None:
+        log.error(
+            "job %s[%s]: lease on lock %r lost%s; the job goes on without it",
+            self.spec.name,
+            self.job_id,
+            lost.name,
+            f" ({error})" if error else "",
+        )
+
+    def release(self, finished: bool) -> None:
+        """Gives the lease back; for a run that finished, records it so in the same step (a
+        copy of this job requeued meanwhile is then dropped, not run twice). Never raises."""
+        lease, self.lease = self.lease, None
+        if lease is None:
+            return
+        Heartbeat.current().unregister(lease)
+        job = self.job_id if finished and self.job is not None else None
+        try:
+            lease.release(finish_job=job, keep=self.settings.completion_ttl if job else None)
+        except LockNotOwned:
+            log.warning(
+                "job %s[%s]: its lease on lock %r had lapsed before the job ended",
+                self.spec.name,
+                self.job_id,
+                lease.name,
+            )
+        except LockBackendError as exc:
+            log.warning(
+                "job %s[%s]: could not release lock %r (it lapses within its ttl): %s",
+                self.spec.name,
+                self.job_id,
+                lease.name,
+                exc,
+            )
+
+    # -- not running now ---------------------------------------------------------------------
+
+    def await_first_copy(self, lock: Lock, expires_in: float) -> Retry:
+        """Another copy of this very job holds the lease: RQ requeued it while the first one
+        still runs (its worker was killed, the horse lives on) or died. Neither run beside it
+        nor dropped: look again when that lease may have lapsed."""
+        assert self.job is not None
+        waits = self.bump(_WAITS_META)
+        delay = first_delivery_delay(lock.ttl, expires_in, waits)
+        log.info(
+            "job %s[%s]: another copy of this job holds lock %r; this one looks again in %.0fs",
+            self.spec.name,
+            self.job_id,
+            lock.name,
+            max(1, round(delay)),
+        )
+        self.keep_claim(delay)
+        return retry_after(self.job, delay)
+
+    def conflict(self, lock: Lock, action: str) -> object:
+        spec, options = self.spec, self.spec.lock
+        assert options is not None
+        holders = self.holder_ids(lock)
+        held_by = ", ".join(holders) or "a job that just finished"
+        why = f"lock {lock.name!r} is held by {held_by}"
+        if action == "skip":
+            log.info("job %s[%s] skipped: %s", spec.name, self.job_id, why)
+            self.mark("skipped", lock.name, holders)
+            self.end_claim()
+            return SKIPPED
+        if action == "retry" and self.job is not None and not options.count_retries:
+            conflicts = int((self.job.meta or {}).get(_CONFLICTS_META, 0))
+            limit = options.max_retries
+            if limit is None:
+                limit = self.settings.max_conflict_retries
+            if conflicts < limit:
+                self.bump(_CONFLICTS_META)
+                delay = conflict_delay(options.countdown, conflicts)
+                log.info("job %s[%s] retries in %.0fs: %s", spec.name, self.job_id, delay, why)
+                self.keep_claim(delay)
+                return retry_after(self.job, delay)
+            why = f"gave up after {conflicts} conflict retries: {why}"
+        waited = f" after waiting {options.timeout}s" if action == "wait" else ""
+        self.end_claim()
+        raise LockNotAcquired(
+            f"job {spec.name}[{self.job_id}]: {why}{waited}",
+            name=lock.name,
+            timeout=options.timeout if action == "wait" else None,
+        )
+
+    def backend_down(self, name: str, exc: LockBackendError) -> object:
+        policy = self.settings.on_backend_error
+        if policy == "run":
+            log.error(
+                "job %s[%s] runs WITHOUT lock %r: Redis failed: %s",
+                self.spec.name,
+                self.job_id,
+                name,
+                exc,
+            )
+            return None
+        if policy == "retry" and self.job is not None:
+            assert self.spec.lock is not None
+            conflicts = self.bump(_CONFLICTS_META)
+            return retry_after(self.job, conflict_delay(self.spec.lock.countdown, conflicts))
+        self.end_claim()
+        raise exc
+
+    def holder_ids(self, lock: Lock) -> list[str]:
+        try:
+            return [str(h.info.get("task_id", h.token)) for h in lock.holders()]
+        except LockBackendError:
+            return []
+
+    def bump(self, field: str) -> int:
+        """Counts one more in the job's meta; returns the count before."""
+        assert self.job is not None
+        before = int((self.job.meta or {}).get(field, 0))
+        self.job.meta[field] = before + 1
+        save_meta(self.job)
+        return before
+
+    def mark(self, outcome: str, name: str, holders: list[str]) -> None:
+        """Records in the job's meta why it did not run (RQ stores what it returns, SKIPPED)."""
+        if self.job is None:
+            return
+        self.job.meta[OUTCOME_META] = {"outcome": outcome, "lock": name, "holders": holders}
+        try:
+            save_meta(self.job)
+        except Exception as exc:  # the outcome is informative; the job's ending must not fail
+            log.warning(
+                "job %s[%s]: could not record its outcome: %s", self.spec.name, self.job_id, exc
+            )
+
+    # -- the queued unique claim ---------------------------------------------------------------
+
+    def unique_name(self) -> str:
+        unique, lease = self.spec.unique, self.lease
+        assert unique is not None
+        options = self.spec.lock
+        if (
+            lease is not None
+            and options is not None
+            and (unique.keying.key, unique.keying.scope) == (options.key, options.scope)
+        ):
+            return lease.name
+        return self.spec.unique_name(self.args, self.kwargs)
+
+    def start_claim(self) -> str | None:
+        """Gives up the claim this job's enqueue made, now that it runs (with its lease held, so
+        a job unique until finished is never free in between). Returns the id of the job that
+        superseded this one (it then does not run), or ``None``."""
+        if self.spec.unique is None or not self.spec.unique.queued or self.job is None:
+            return None
+        name = self.unique_name()
+        try:
+            holder = release_claim(self.client, self.settings.namespace, name, self.job_id)
+        except LockBackendError as exc:
+            log.warning(
+                "unique key %r: could not release as job %s started: %s", name, self.job_id, exc
+            )
+            return None
+        meta = self.job.meta or {}
+        if (
+            holder is None
+            or self.job.number_of_retries
+            or _CONFLICTS_META in meta
+            or _WAITS_META in meta
+        ):
+            return None  # a retry runs even though a newer copy was enqueued after it started
+        log.info(
+            "job %s[%s] skipped: superseded by %s under unique key %r",
+            self.spec.name,
+            self.job_id,
+            holder,
+            name,
+        )
+        self.mark("superseded", name, [holder])
+        return holder
+
+    def end_claim(self) -> None:
+        """The job ends without running: its queued claim goes (never raises)."""
+        unique = self.spec.unique
+        if unique is None or not unique.queued or self.job is None:
+            return
+        try:
+            release_claim(self.client, self.settings.namespace, self.unique_name(), self.job_id)
+        except (LockBackendError, LockConfigError) as exc:
+            log.warning(
+                "job %s[%s]: could not release its unique key: %s", self.spec.name, self.job_id, exc
+            )
+
+    def keep_claim(self, delay: float) -> None:
+        """The job will run later (a retry): it holds its unique key meanwhile, as if queued."""
+        unique = self.spec.unique
+        if unique is None or not unique.queued or self.job is None:
+            return
+        try:
+            claim(
+                self.client,
+                self.settings.namespace,
+                self.unique_name(),
+                task_id=self.job_id,
+                lifetime=delay + (unique.allowance or self.settings.queue_allowance),
+                kind=ClaimKind.REPUBLISH,
+                running_counts=unique.running_counts,
+            )
+        except (LockBackendError, LockConfigError) as exc:
+            log.warning(
+                "job %s[%s]: could not keep its unique key across a retry: %s",
+                self.spec.name,
+                self.job_id,
+                exc,
+            )
+
+
+def run(
+    spec: JobSpec, fun: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> Any:
+    """Runs one call of a locked job: see the module's docstring."""
+    call = _Run(spec, args, kwargs)
+    if spec.lock is not None:
+        instead = call.take()
+        if instead is not None:
+            return instead
+    finished = False
+    try:
+        if call.start_claim() is not None:
+            return SKIPPED
+        result = fun(*args, **kwargs)
+        finished = not isinstance(result, Retry)  # the job's own Retry: it runs again
+        return result
+    finally:
+        unique = spec.unique
+        retrying = not finished and call.job is not None and retries_left(call.job) > 0
+        if retrying and unique is not None and unique.running_counts:
+            call.keep_claim(0.0)  # RQ retries the failed job: still a duplicate meanwhile
+        call.release(finished)

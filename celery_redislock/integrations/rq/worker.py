@@ -1,0 +1,96 @@
+"""Parent-side release for RQ: a worker class that frees what a dead work horse held as soon as
+RQ's own ``wait4`` on the horse returns, instead of leaving it to lapse within ``ttl``."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Any
+
+from ...core.childwatch import alive
+from ...errors import LockBackendError, LockConfigError
+from ._compat import Job, SpawnWorker, Worker
+from .job import lock_for_job
+
+__all__ = ["LockSpawnWorker", "LockWorker", "ReleasesDeadHorses"]
+
+log = logging.getLogger(__name__)
+
+_HOST = socket.gethostname()
+# A horse SIGKILLed from outside (OOM, kill -9) is reaped by RQ's wait4; a horse the parent is
+# killing during a cold shutdown may take a moment to die: never release before it has.
+_DEATH_WAIT_S = 5.0
+
+
+class ReleasesDeadHorses:
+    """Mix into an RQ worker class with work horses (``Worker``, ``SpawnWorker``): when a horse
+    ends without its ``finally`` having run (SIGKILL, OOM, the kill past the job timeout, a
+    stop-job command, a cold shutdown), releases the leases it held for its job. Each is matched
+    by job id, host and the horse's pid: never a lease of another copy of the job."""
+
+    _redislock_horse = 0
+    _redislock_status: int | None = None
+
+    def fork_work_horse(self, job: Job, queue: Any, *args: Any, **kwargs: Any) -> None:
+        super().fork_work_horse(job, queue, *args, **kwargs)  # type: ignore[misc]
+        self._redislock_horse = self.horse_pid  # type: ignore[attr-defined]
+
+    def wait_for_horse(self, *args: Any, **kwargs: Any) -> Any:
+        reaped = super().wait_for_horse(*args, **kwargs)  # type: ignore[misc]
+        self._redislock_status = reaped[1]  # (pid, status, rusage); None: not reaped here
+        return reaped
+
+    def monitor_work_horse(self, job: Job, queue: Any, *args: Any, **kwargs: Any) -> None:
+        self._redislock_status = None
+        try:
+            super().monitor_work_horse(job, queue, *args, **kwargs)  # type: ignore[misc]
+        finally:
+            pid = self._redislock_horse
+            self._redislock_horse = 0
+            # Status 0: the horse left through os._exit(0) after perform_job, whose finally
+            # released what it held. Anything else (killed, unknown) is looked at.
+            if pid and self._redislock_status != 0:
+                release_dead_horse(job, pid)
+
+
+def release_dead_horse(job: Job, pid: int) -> list[str]:
+    """Releases the leases the dead horse ``pid`` took for ``job`` (none if it released them
+    itself, as every horse that ends normally does); returns the released tokens."""
+    deadline = time.monotonic() + _DEATH_WAIT_S
+    while alive(pid):
+        if time.monotonic() > deadline:
+            log.warning(
+                "job %s: horse %d still alive; its leases lapse within their ttl", job.id, pid
+            )
+            return []
+        time.sleep(0.01)
+    try:
+        lock = lock_for_job(job)
+        if lock is None:
+            return []
+        released = lock.release_where(task_id=job.id, host=_HOST, pid=str(pid))
+    except (LockBackendError, LockConfigError) as exc:
+        log.warning(
+            "job %s: could not release the lease of dead horse %d (it lapses within its ttl): %s",
+            job.id,
+            pid,
+            exc,
+        )
+        return []
+    except Exception as exc:  # the job's function could not be imported here, ...
+        log.warning("job %s: no lease released for dead horse %d: %s", job.id, pid, exc)
+        return []
+    if released:
+        log.info("lock %r released: horse %d running job %s died", lock.name, pid, job.id)
+    return released
+
+
+class LockWorker(ReleasesDeadHorses, Worker):
+    """RQ's forking ``Worker`` with parent-side release: ``rq worker -w
+    celery_redislock.integrations.rq.LockWorker``."""
+
+
+class LockSpawnWorker(ReleasesDeadHorses, SpawnWorker):
+    """RQ's ``SpawnWorker`` with parent-side release (its horse is a plain ``Worker`` that this
+    class never reaches: the release runs here, in the parent)."""
