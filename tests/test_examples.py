@@ -113,3 +113,16 @@ def test_fenced_writes(celery_server: RedisServer) -> None:
     assert stored is not None, out
     assert stored.groups() == ("250", "B", str(fences["B"]))
     assert summary(out)["invariant"] == "held"
+
+
+def test_rq_singleton(celery_server: RedisServer) -> None:
+    s = summary(run_example(celery_server, "rq_singleton", db=5))
+    assert s["enqueue calls through UniqueQueue"] == "21"
+    # One job while queued or running, a new one once it finished.
+    assert s["jobs queued"] == "2"
+    assert s["refused while queued"] == "9"
+    assert s["refused while running"] == "10"
+    assert s["copy around UniqueQueue"] == "SKIPPED, its lock held by the running report"
+    assert s["report runs"] == "2"
+    assert number(s["max running at once"]) == 1
+    assert s["invariant"] == "held"

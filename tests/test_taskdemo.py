@@ -39,8 +39,13 @@ def demo_redis() -> Iterator[RedisServer]:
 
 
 def _demo_processes() -> list[int]:
-    """Pids of live demo workers (their command line names the demo's app)."""
-    return [p.pid for p in processes() if b"demos.celery.app" in p.cmdline and alive(p.pid)]
+    """Pids of live demo workers and RQ work horses (their command line names the demo's app,
+    or an RQ demo worker: ``rqdemo<n>-<pid>``)."""
+    return [
+        p.pid
+        for p in processes()
+        if (b"demos.celery.app" in p.cmdline or b"\0rqdemo" in p.cmdline) and alive(p.pid)
+    ]
 
 
 def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
@@ -56,7 +61,10 @@ def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     summary: dict[str, Any] = json.loads(summary_path.read_text())
     cases = summary["cases"]
-    assert set(cases) == {"singleton", "per-customer", "cap", "read-write", "recovery"}
+    assert set(cases) == {
+        *("singleton", "per-customer", "cap", "read-write", "recovery"),
+        *("rq-singleton", "rq-cap", "rq-recovery"),
+    }
     assert all(case["passed"] for case in cases.values())
     singleton = cases["singleton"]
     assert singleton["queued"] == 1 and singleton["ran"] == 1 and singleton["sent"] > 1
@@ -66,20 +74,30 @@ def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
     assert cases["read-write"]["notes"]["reader beside a writer"] == 0
     assert cases["read-write"]["notes"]["readers at once (max)"] > 1
     assert 0 < cases["recovery"]["notes"]["recovery seconds"] < 5
+    rq_singleton = cases["rq-singleton"]
+    assert rq_singleton["queued"] == 1 and rq_singleton["ran"] == 1 and rq_singleton["sent"] > 1
+    assert cases["rq-cap"]["max_together"] == cases["rq-cap"]["allowed"] == 3
+    assert cases["rq-cap"]["ran"] == cases["rq-cap"]["sent"]
+    # Well within the lease's ttl (10 s): the dead horse's worker released it.
+    assert 0 < cases["rq-recovery"]["notes"]["recovery seconds"] < 5
+    assert cases["rq-recovery"]["ran"] == 2
     for case in cases.values():
         assert case["fences"] == case["ran"]
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
     assert _demo_processes() == []
 
 
-def test_ctrl_c_stops_every_worker(demo_redis: RedisServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("during", ["- per-customer", "- rq-recovery"])
+def test_ctrl_c_stops_every_worker(demo_redis: RedisServer, tmp_path: Path, during: str) -> None:
+    """During the Celery part, and during the RQ part (a work horse, in a process group of its
+    own, runs a long import then)."""
     log = tmp_path / "out.log"
     with open(log, "wb") as out:
         demo = subprocess.Popen(
             DEMO, env=_env(demo_redis.url), stdout=out, stderr=out, cwd=tmp_path,
         )  # fmt: skip
     try:
-        wait_for(lambda: "- per-customer" in log.read_text(), "the workers run tasks", 90)
+        wait_for(lambda: during in log.read_text(), "the workers run tasks", 120)
         assert _demo_processes(), "the workers are running"
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=30) == 130

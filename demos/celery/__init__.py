@@ -1,4 +1,4 @@
-"""The main demo: two real Celery workers run locked and unique tasks under bursts of calls.
+"""The main demo: real Celery, then RQ, workers run locked and unique tasks under bursts of calls.
 
 ``python -m demos.celery`` (``make demo``; about a minute, ``--quick``: about half) runs on
 ``REDIS_URL``, else on a redis-server it starts and stops. Use cases, one after another:
@@ -12,9 +12,11 @@
 5. recovery      the pool process running a long import is SIGKILLed; a copy waiting for the
                  lock takes over as soon as the worker's parent releases the dead one's lease.
 
-Every run notes where and when it ran and its fence; the demo judges each use case on those
-notes, prints a summary, draws ``demo-timeline.png`` (with matplotlib) and exits 1 if a use case
-failed. Ctrl-C stops every worker process, then the Redis server if the demo started it.
+Then the same singleton, cap and recovery (a work horse SIGKILLed) on four RQ workers
+(:mod:`demos.rq`). Every run notes where and when it ran and its fence; the demo judges each
+use case on those notes, prints a summary, draws ``demo-timeline.png`` (with matplotlib) and
+exits 1 if a use case failed. Ctrl-C stops every worker process, then the Redis server if the
+demo started it.
 
 Modules: ``app`` (the Celery app and its tasks; ``celery -A demos.celery.app worker``),
 ``workers`` (the worker processes, as :class:`demos._common.processes.Children`), ``cases`` (the

@@ -7,42 +7,20 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import redis
 from celery.result import AsyncResult
 
 from celery_redislock import lock_for
 
+from .._common.runs import Outcome, judge_runs
 from .._common.spans import most_at_once, overlapping_pairs
 from . import app as tasks
-from .runs import TaskRun, actions, by_key, load, spans
+from .runs import TaskRun, actions, load, spans
 
 Progress = Callable[[str, int, int], None]
 """Called as calls are sent and runs end: (use case, done, of how many)."""
-
-
-@dataclass
-class Outcome:
-    """A use case's figures, as the summary prints them."""
-
-    case: str
-    title: str
-    sent: int
-    queued: int
-    ran: int = 0
-    skipped: int = 0
-    retried: int = 0
-    max_together: int = 0
-    allowed: int = 1
-    fences: int = 0
-    checks: dict[str, bool] = field(default_factory=dict)
-    notes: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def passed(self) -> bool:
-        return all(self.checks.values())
 
 
 @dataclass(frozen=True)
@@ -75,20 +53,10 @@ def _wait(results: list[AsyncResult], case: str, progress: Progress, timeout: fl
 def _judge(
     outcome: Outcome, runs: list[TaskRun], client: redis.Redis, now: float, allowed: int
 ) -> Outcome:
-    mine = [r for r in runs if r.case == outcome.case]
     counted = actions(client)
-    outcome.ran = len(mine)
     outcome.skipped = counted.get(f"{outcome.case}:skip", 0)
     outcome.retried = counted.get(f"{outcome.case}:retry", 0)
-    outcome.allowed = allowed
-    outcome.max_together = max(
-        (most_at_once(spans(rs, now)) for rs in by_key(mine).values()), default=0
-    )
-    fences = [r.fence for r in mine if r.fence is not None]
-    outcome.fences = len(set(fences))
-    outcome.checks["never more than allowed at once"] = outcome.max_together <= allowed
-    outcome.checks["every run got a fence of its own"] = len(set(fences)) == len(mine)
-    return outcome
+    return judge_runs(outcome, runs, now, allowed)
 
 
 def singleton(client: redis.Redis, size: Size, progress: Progress) -> Outcome:

@@ -77,6 +77,8 @@ def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     os.environ["REDIS_URL"] = url
     scale = "0.5" if args.quick else "1"
     os.environ["TASKDEMO_SCALE"] = scale
+    from ..rq.cases import load as load_rq
+    from ..rq.cases import run_cases as run_rq_cases
     from .cases import CASES, FULL, QUICK
     from .runs import load
     from .timeline import draw
@@ -98,11 +100,12 @@ def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             progress.end()
     finally:
         workers.stop()
+    # The same use cases on RQ, judged alike and drawn in the same picture.
+    outcomes += run_rq_cases(url, args.quick, log_dir, progress, progress.end)
     print()
     _print(outcomes)
-    recovery = next((o for o in outcomes if o.case == "recovery"), None)
-    runs = load(client)
-    drawn = draw(runs, [o.case for o in outcomes], args.png, _kill_time(runs, recovery))
+    runs = [*load(client), *load_rq(client)]
+    drawn = draw(runs, [o.case for o in outcomes], args.png, _kill_times(runs, outcomes))
     print(f"\ntimeline: {args.png}" if drawn else "\ntimeline: skipped (pip install matplotlib)")
 
     return {
@@ -114,14 +117,16 @@ def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     }
 
 
-def _kill_time(runs: Sequence[Any], recovery: Any) -> float | None:
-    if recovery is None:
-        return None
-    successor = [r for r in runs if r.case == "recovery" and r.end is not None]
-    seconds = recovery.notes.get("recovery seconds")
-    if not successor or seconds is None:
-        return None
-    return float(successor[0].start - seconds)
+def _kill_times(runs: Sequence[Any], outcomes: Sequence[Any]) -> dict[str, float]:
+    """Use case -> when its run was killed: the start of the copy that took over, less the
+    recovery time."""
+    found = {}
+    for outcome in outcomes:
+        seconds = outcome.notes.get("recovery seconds")
+        successor = [r for r in runs if r.case == outcome.case and r.end is not None]
+        if successor and seconds is not None:
+            found[outcome.case] = float(successor[0].start - seconds)
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:

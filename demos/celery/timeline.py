@@ -4,7 +4,7 @@ extra); without it the demo says so and goes on."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .runs import TaskRun
@@ -25,9 +25,10 @@ def lanes(runs: Sequence[TaskRun], now: float) -> list[tuple[int, TaskRun]]:
 
 
 def draw(
-    runs: Sequence[TaskRun], cases: Sequence[str], path: Path, killed_at: float | None
+    runs: Sequence[TaskRun], cases: Sequence[str], path: Path, killed_at: Mapping[str, float]
 ) -> bool:
-    """Writes the PNG; returns False if matplotlib is missing."""
+    """Writes the PNG (``killed_at``: use case -> when its run was killed); returns False if
+    matplotlib is missing."""
     try:
         import matplotlib
 
@@ -38,13 +39,13 @@ def draw(
         return False
     shown = [c for c in cases if any(r.case == c for r in runs)]
     fig, axes = plt.subplots(len(shown), 1, figsize=(11, 2.2 * len(shown)), squeeze=False)
-    workers = sorted({f"{r.worker} pid {r.pid}" for r in runs})
+    workers = sorted({r.process for r in runs if r.case in shown})
     colours = {w: plt.get_cmap("tab10")(i % 10) for i, w in enumerate(workers)}
     for ax, case in zip(axes[:, 0], shown, strict=True):
         mine = [r for r in runs if r.case == case]
         origin = min(r.start for r in mine)
         # A run killed midway ends at the kill; the picture ends with the last run.
-        now = killed_at if killed_at is not None else max(r.until(r.start) for r in mine)
+        now = killed_at.get(case, max(r.until(r.start) for r in mine))
         ticks, labels, row = [], [], 0
         for key in sorted({r.key for r in mine}):
             placed = lanes([r for r in mine if r.key == key], now)
@@ -54,7 +55,7 @@ def draw(
                     row + lane,
                     end - run.start,
                     left=run.start - origin,
-                    color=colours[f"{run.worker} pid {run.pid}"],
+                    color=colours[run.process],
                     edgecolor="red" if run.end is None else "black",
                     hatch="//" if run.end is None else None,
                     height=0.8,

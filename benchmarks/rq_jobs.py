@@ -1,0 +1,52 @@
+"""The jobs of the RQ benchmark (``rq_overhead.py``); its workers import them from here.
+
+``plain`` and ``locked`` do the same one ``INCR``; ``locked`` takes a lease on a lock of its own
+(``rqbench:<run>:<i>``: distinct per call, so no call ever conflicts). ``hold`` is the long
+locked job of the recovery measurement: it notes its pid and start time, then sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from rq import get_current_job
+
+from celery_redislock.integrations.rq import locked
+
+TTL_S = 5.0  # the lease ttl of ``hold`` (the default is 15 s)
+
+
+def _connection() -> Any:
+    job = get_current_job()
+    assert job is not None, "run by an RQ worker"
+    return job.connection
+
+
+def done_key(run: str, variant: str) -> str:
+    return f"rqbench:{run}:done:{variant}"
+
+
+def events_key(run: str) -> str:
+    return f"rqbench:{run}:events"
+
+
+def plain(run: str, i: int) -> None:
+    _connection().incr(done_key(run, "plain"))
+
+
+@locked(lock="rqbench:{run}:{i}")
+def locked_noop(run: str, i: int) -> None:
+    _connection().incr(done_key(run, "locked"))
+
+
+@locked(
+    lock={"key": "rqbench:{run}:hold:{key}", "ttl": TTL_S, "on_conflict": "wait", "timeout": 120}
+)
+def hold(run: str, key: str, tag: str, seconds: float) -> None:
+    """Notes ``{"tag", "pid", "t"}`` (its horse's pid, its start) once it holds the lease."""
+    event = {"tag": tag, "pid": os.getpid(), "t": time.time()}
+    _connection().rpush(events_key(run), json.dumps(event))
+    time.sleep(seconds)
