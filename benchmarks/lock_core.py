@@ -24,9 +24,14 @@ Everything runs in one run on one Redis: a throwaway ``redis-server`` started he
    Round trips are the commands the client sent for it, checked against the server's EVALSHA
    count.
 
+The pairs table has a physical floor row, ``ping_x2``: two loopback PING round trips from Python
+per "pair" (a pair costs at least two round trips), and prints one PING's round trip under it.
+``--load N`` runs N CPU-burning processes during every measurement (a loaded machine).
+
 Run from the repository root::
 
     python benchmarks/lock_core.py [--json out.json] [--quick] [--url redis://...] [--duration 10]
+        [--load N]
 
 A full run takes about 90 s on 2 cores and ``--quick`` about 20 s. Against ``--url`` the
 benchmark resets the server's statistics (CONFIG RESETSTAT) and, at the end, deletes the keys it
@@ -158,6 +163,20 @@ def _raw_floor(client: redis.Redis, name: str) -> Acquire:
     return acquire
 
 
+def _ping_floor(client: redis.Redis, name: str) -> Acquire:
+    """Not a lock: the physical floor, one PING round trip for the acquire and one for the
+    release."""
+
+    def release() -> None:
+        client.ping()
+
+    def acquire() -> Release:
+        client.ping()
+        return release
+
+    return acquire
+
+
 LOCKS: dict[str, Factory] = {
     OURS: _celery_redislock(fair=False),
     "celery_redislock_fair": _celery_redislock(fair=True),
@@ -165,8 +184,9 @@ LOCKS: dict[str, Factory] = {
     "python_redis_lock": _python_redis_lock,
     "pottery": _pottery,
     "raw_floor": _raw_floor,
+    "ping_x2": _ping_floor,
 }
-PAIRS_LOCKS = (OURS, "redis_py", "python_redis_lock", "pottery", "raw_floor")
+PAIRS_LOCKS = (OURS, "redis_py", "python_redis_lock", "pottery", "raw_floor", "ping_x2")
 HANDOFF_LOCKS = (OURS, "celery_redislock_fair", "redis_py", "python_redis_lock", "pottery")
 CONTENTION_LOCKS = (OURS, "celery_redislock_fair", "redis_py", "python_redis_lock")
 
@@ -523,6 +543,11 @@ def print_pairs(pairs: dict[str, PairsResult], rounds: int, seconds: float) -> N
             f"  {lib:<22}{r.pairs_per_s:>9,.0f}{ours / r.pairs_per_s:>10.2f}x{r.wall_us:>10.1f}"
             f"{r.client_cpu_us:>10.1f}us{r.server_cpu_us:>10.1f}us{r.server_commands:>13.1f}"
         )
+    if "ping_x2" in pairs:
+        print(
+            f"  ping_x2: two loopback PINGs per pair, the physical floor; one PING round trip "
+            f"{pairs['ping_x2'].wall_us / 2:.1f} us"
+        )
     print(
         "  client/server CPU: per pair (this process incl. threads / redis-server user+sys); "
         "server cmds: per pair, incl. commands run inside Lua scripts"
@@ -614,6 +639,18 @@ def targets(
             True,
             "x",
         ),
+        Target(
+            "commands Redis ran per contended acquisition, celery_redislock",
+            contention[OURS].server_per_acquisition,
+            15,
+            False,
+        ),
+        Target(
+            "commands Redis ran per contended acquisition, celery_redislock_fair",
+            contention["celery_redislock_fair"].server_per_acquisition,
+            20,
+            False,
+        ),
         Target("handoff mean, celery_redislock", handoffs[OURS].mean, 1.5, False, " ms"),
         Target("handoff p99, celery_redislock", handoffs[OURS].p99, 5.0, False, " ms"),
         Target(
@@ -682,7 +719,38 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--duration", type=float, help="seconds of each contention run (default 10, quick 2)"
     )
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N CPU-burning processes during the measurements (default 0)",
+    )
     return parser.parse_args(argv)
+
+
+def _burn() -> None:
+    while True:
+        pass
+
+
+class Load:
+    """``count`` processes that burn CPU until stopped (a loaded machine)."""
+
+    def __init__(self, count: int) -> None:
+        ctx = mp.get_context("fork")
+        self.processes = [ctx.Process(target=_burn, daemon=True) for _ in range(count)]
+
+    def __enter__(self) -> Load:
+        for process in self.processes:
+            process.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self.processes:
+            process.kill()
+        for process in self.processes:
+            process.join(5)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -704,21 +772,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             package = Path(celery_redislock.__file__).parent
             print(f"celery_redislock {celery_redislock.__version__} from {package}", flush=True)
-            pairs = run_pairs(url, admin, prefix, settings.rounds, settings.pair_seconds)
-            print_pairs(pairs, settings.rounds, settings.pair_seconds)
-            handoffs = run_handoffs(url, prefix, settings.handoffs, settings.polling_handoffs)
-            print_handoffs(handoffs)
-            contention = run_contention(url, prefix, settings.duration)
-            print_contention(contention, settings.duration)
-            renew = measure_renew(url, admin, prefix, RENEW_LEASES)
-            print_renew(renew)
+            if args.load:
+                print(f"under load: {args.load} CPU-burning process(es) run throughout", flush=True)
+            with Load(args.load):
+                pairs = run_pairs(url, admin, prefix, settings.rounds, settings.pair_seconds)
+                print_pairs(pairs, settings.rounds, settings.pair_seconds)
+                handoffs = run_handoffs(url, prefix, settings.handoffs, settings.polling_handoffs)
+                print_handoffs(handoffs)
+                contention = run_contention(url, prefix, settings.duration)
+                print_contention(contention, settings.duration)
+                renew = measure_renew(url, admin, prefix, RENEW_LEASES)
+                print_renew(renew)
         finally:
             delete_keys(admin, prefix)
             admin.close()
     checks = targets(pairs, handoffs, contention, renew)
     print_targets(checks, began)
     if args.json:
-        args.json.write_text(json.dumps(to_json(pairs, handoffs, contention, renew), indent=2))
+        out = to_json(pairs, handoffs, contention, renew)
+        out["load_processes"] = args.load
+        args.json.write_text(json.dumps(out, indent=2))
         print(f"wrote {args.json}")
     return 0
 

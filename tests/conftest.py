@@ -7,9 +7,12 @@ Set ``REDISLOCK_REQUIRE_VERSIONS=6,7`` to fail instead of running with fewer ver
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +21,7 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import children_of
 from rqworkers import RQWorker
 from workers import Worker
 
@@ -40,6 +44,10 @@ BINARIES = _binaries()
 STARTED_WORKERS = pytest.StashKey[list[Worker]]()
 
 
+# Files whose every test is a fault test, by name: test_faults.py, test_rq_faults.py, ...
+_FAULT_FILE_WORDS = ("fault", "lost_replies", "backend_down")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Every test_celery_* module runs again on the lowest supported versions (`-m celery`):
     # a new file cannot miss that run.
@@ -48,6 +56,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.celery)
         if item.path.name.startswith("test_rq_"):
             item.add_marker(pytest.mark.rq)
+        # `faults` by rule where one holds (the other fault tests carry the marker in their
+        # module); `slow` for what is slow by kind (the rest is marked as measured).
+        if any(word in item.path.name for word in _FAULT_FILE_WORDS) or (
+            "own_server" in getattr(item, "fixturenames", ())  # stopped, restarted or paused
+        ):
+            item.add_marker(pytest.mark.faults)
+        if item.get_closest_marker("soak") or item.get_closest_marker("topology"):
+            item.add_marker(pytest.mark.slow)
+
+
+# A test over this long without the `slow` marker is named at the end of the run (not failed:
+# a loaded machine must not fail a run), so that a new slow test does not go unmarked.
+UNMARKED_SLOW_S = 10.0
+_unmarked_times: dict[str, float] = {}  # test id -> seconds of setup, call and teardown
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "slow" not in report.keywords:
+        _unmarked_times[report.nodeid] = _unmarked_times.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    times = _unmarked_times
+    over = sorted(((t, n) for n, t in times.items() if t > UNMARKED_SLOW_S), reverse=True)
+    if over:
+        terminalreporter.write_sep("=", f"over {UNMARKED_SLOW_S:g} s, not marked slow: mark them")
+        for took, nodeid in over:
+            terminalreporter.write_line(f"{took:6.1f} s {nodeid}")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -70,6 +106,67 @@ def _no_lease_left_on_the_heartbeat() -> Iterator[None]:
         heartbeat.unregister(lease)
     if left:
         pytest.fail(f"the test left {len(left)} lease(s) on the heartbeat: {left}", pytrace=False)
+
+
+# Daemon threads meant to outlive a test: this process's heartbeat and its renewal calls (one
+# stuck on a paused Redis ends with its socket timeout), and the child watch.
+_LONG_LIVED_THREADS = ("redislock-heartbeat", "redislock-renewal-call", "redislock-childwatch")
+# multiprocessing's helper processes stay for the session once a spawn context started one.
+_LONG_LIVED_CHILDREN = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+LEAK_GRACE_S = 2.0
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()[:200]
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_or_process_left() -> Iterator[None]:
+    """A test that leaves a thread running or a child process alive changes what later tests
+    see (and the load they run under): fail it, naming what it left, and kill the processes."""
+    threads_before = set(threading.enumerate())
+    children_before = set(children_of(os.getpid()))
+    yield
+
+    def threads_left() -> list[threading.Thread]:
+        return [
+            t
+            for t in threading.enumerate()
+            if t not in threads_before
+            and t.is_alive()
+            and not (t.daemon and t.name.startswith(_LONG_LIVED_THREADS))
+        ]
+
+    def children_left() -> list[int]:
+        return [
+            pid
+            for pid in children_of(os.getpid())
+            if pid not in children_before
+            and not any(name in _cmdline(pid) for name in _LONG_LIVED_CHILDREN)
+        ]
+
+    deadline = time.monotonic() + LEAK_GRACE_S  # threads and processes that are ending
+    while (threads_left() or children_left()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    threads, children = threads_left(), children_left()
+    named = [f"{pid} ({_cmdline(pid)})" for pid in children]
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            # A process group of its own (a worker): its pool children go with it.
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    # A thread cannot be killed: it stays in the next test's "before", which is not failed for it.
+    problems = [f"thread {t.name!r} (daemon={t.daemon})" for t in threads]
+    problems += [f"child process {n}" for n in named]
+    if problems:
+        pytest.fail(f"the test left running: {'; '.join(problems)}", pytrace=False)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -219,9 +219,9 @@ lock_conflict.connect(_note_conflict, weak=False)
 @inspect_command()
 def redislock_watched(state: Any) -> dict[str, int]:
     """Remote control, answered by a worker's parent: how many children it watches."""
-    from celery_redislock.integrations.celery import parent as request
+    from celery_redislock.integrations.celery.parent import watched_tasks
 
-    return {"watched": len(request._watch._watched)}
+    return {"watched": len(watched_tasks())}
 
 
 @app.task(bind=True, lock={"key": "hold:{name}", "ttl": 1, "max_hold": 0.5})

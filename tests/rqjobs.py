@@ -7,6 +7,7 @@ import json
 import os
 import time
 
+import rqsignals  # noqa: F401  (connects the test receivers in every worker and horse)
 from rq import get_current_job
 
 from celery_redislock.integrations.rq import locked

@@ -166,6 +166,7 @@ def test_claims_listed_and_freed_only_for_their_holder(client: redis.Redis) -> N
     assert [c.task_id for c in admin.list_claims(client, "report:*")] == ["t-4", "t-2"]
 
 
+@pytest.mark.slow
 def test_unreachable_redis_is_a_backend_error() -> None:
     client = redis.Redis(port=free_port(), socket_connect_timeout=2)
     with pytest.raises(LockBackendError, match="Redis failed"):

@@ -22,6 +22,8 @@ from workers import Worker
 from celery_redislock import Lock
 from celery_redislock.contrib.redis_server import RedisServer
 
+pytestmark = pytest.mark.faults  # the lock Redis made unreachable
+
 TTL = 6.0  # long enough that the lease surely outlives the task's end, short to watch lapse
 
 
@@ -39,6 +41,7 @@ def proxy(lock_redis: RedisServer) -> Iterator[FaultProxy]:
         yield through
 
 
+@pytest.mark.slow
 def test_lock_redis_unreachable_at_release_and_at_start_under_run(
     lockapp: ModuleType,
     workers: Callable[..., Worker],

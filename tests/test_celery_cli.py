@@ -49,6 +49,7 @@ def cliapp(lockapp: ModuleType) -> ModuleType:
     return module
 
 
+@pytest.mark.slow
 def test_show_and_release_a_running_tasks_lock(
     lockapp: ModuleType, cliapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:

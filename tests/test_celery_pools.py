@@ -165,6 +165,8 @@ def test_locks_on_another_redis_than_the_broker(
         wait_for(lambda: not lock.locked(), "released", 5)
 
 
+@pytest.mark.faults
+@pytest.mark.slow
 def test_lock_redis_paused_past_the_lease_the_task_sees_it_lost(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:

@@ -18,6 +18,8 @@ from workers import Worker
 
 from celery_redislock import SKIPPED, lock_for
 
+pytestmark = [pytest.mark.faults, pytest.mark.slow]  # both kill a child or a whole worker
+
 if not os.path.exists(RabbitServer.binary):
     if os.environ.get("REDISLOCK_REQUIRE_RABBITMQ") == "1":
         raise RuntimeError("rabbitmq-server is required (REDISLOCK_REQUIRE_RABBITMQ=1)")

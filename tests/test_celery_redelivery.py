@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from types import ModuleType
 
+import pytest
 import redis
 from conftest import wait_for
 from faultproxy import FaultProxy
@@ -42,6 +43,8 @@ def _watch_lease_gone(lockapp: ModuleType, name: str, token: str) -> float:
     return time.time()
 
 
+@pytest.mark.faults
+@pytest.mark.slow
 def test_whole_worker_killed_redelivery_runs_after_the_dead_lease_lapses(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -101,6 +104,7 @@ def test_retry_of_a_finished_delivery_still_runs(
     ]
 
 
+@pytest.mark.slow
 def test_visibility_timeout_copy_waits_for_the_running_delivery_then_is_dropped(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -133,6 +137,7 @@ def test_visibility_timeout_copy_waits_for_the_running_delivery_then_is_dropped(
     assert first.state == "SUCCESS"
 
 
+@pytest.mark.slow
 def test_copy_of_a_task_that_is_not_acks_late_runs_after_the_first(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -150,6 +155,7 @@ def test_copy_of_a_task_that_is_not_acks_late_runs_after_the_first(
     assert "await" in _signals(lockapp, first.id)
 
 
+@pytest.mark.faults
 def test_lost_reply_on_acquire_under_retry_policy_runs_the_task_once(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -177,6 +183,7 @@ def test_lost_reply_on_acquire_under_retry_policy_runs_the_task_once(
     assert not lock_for(lockapp.hold, ("o",)).holders()
 
 
+@pytest.mark.faults
 def test_lock_redis_restarted_mid_run_the_task_sees_it_lost_and_fences_grow(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:

@@ -145,6 +145,7 @@ def test_soft_time_limit_releases_at_once(
     _duplicate_runs(lockapp, "c")
 
 
+@pytest.mark.faults
 def test_hard_time_limit_parent_releases(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -158,6 +159,7 @@ def test_hard_time_limit_parent_releases(
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.faults
 def test_killed_child_parent_releases(
     lockapp: ModuleType, workers: Callable[..., Worker], signum: int
 ) -> None:
@@ -188,6 +190,7 @@ def test_killed_child_parent_releases(
     assert worker.proc is not None and worker.proc.poll() is None  # the worker lives on
 
 
+@pytest.mark.faults
 def test_revoke_terminate_parent_releases(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -202,6 +205,7 @@ def test_revoke_terminate_parent_releases(
     _duplicate_runs(lockapp, "f")
 
 
+@pytest.mark.faults
 def test_whole_worker_killed_lease_expires_within_ttl(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -217,6 +221,7 @@ def test_whole_worker_killed_lease_expires_within_ttl(
     _duplicate_runs(lockapp, "g")
 
 
+@pytest.mark.faults
 def test_warm_shutdown_lets_the_task_finish_and_release(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -229,6 +234,7 @@ def test_warm_shutdown_lets_the_task_finish_and_release(
     assert not _lock(lockapp, "h").locked()
 
 
+@pytest.mark.faults
 def test_cold_shutdown_releases(lockapp: ModuleType, workers: Callable[..., Worker]) -> None:
     worker = workers()
     lockapp.hold.delay("i", 60)
@@ -268,6 +274,7 @@ def test_parent_stops_watching_children_once_their_tasks_end(
     wait_for(lambda: watched() == {node: 0}, "the parent watches no finished task", 10)
 
 
+@pytest.mark.faults
 def test_revoke_terminate_of_a_child_slow_to_die_releases_once_it_is_dead(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:

@@ -109,6 +109,7 @@ def events(lockapp: ModuleType) -> Iterator[Events]:
     capture.thread.join(10)
 
 
+@pytest.mark.slow
 def test_task_events_when_the_worker_sends_them(
     lockapp: ModuleType,
     cliapp: ModuleType,

@@ -218,6 +218,7 @@ def test_replace_runs_only_the_last_of_a_burst(
     assert started(lockapp, "deb") == [ids[-1]]
 
 
+@pytest.mark.slow
 def test_replace_revokes_a_waiting_copy(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -237,6 +238,7 @@ def test_replace_revokes_a_waiting_copy(
 # -- faults ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_publish_failure_leaves_no_claim(lockapp: ModuleType, free_port: int) -> None:
     lockapp.app.conf.broker_url = f"redis://127.0.0.1:{free_port}/0"
     try:
@@ -247,6 +249,7 @@ def test_publish_failure_leaves_no_claim(lockapp: ModuleType, free_port: int) ->
     assert not lockapp.r.exists(claim_key("fin:nobroker"))
 
 
+@pytest.mark.faults
 def test_killed_worker_does_not_block_past_the_lease(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -267,6 +270,7 @@ def a_free_port() -> int:
     return free_port()
 
 
+@pytest.mark.slow
 def test_revoke_of_a_message_still_in_the_broker_frees_the_key_when_discarded(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:

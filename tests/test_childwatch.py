@@ -10,6 +10,8 @@ import pytest
 
 from celery_redislock.core.childwatch import ChildWatch
 
+pytestmark = pytest.mark.faults  # the watched children are killed
+
 
 @pytest.mark.parametrize("pidfd", [True, False])
 def test_wait_for_deaths_reports_the_dead_and_only_them(

@@ -191,6 +191,7 @@ class ClaimModel(RuleBasedStateMachine):
             self.running[1].release()
 
 
+@pytest.mark.slow
 def test_claims_match_model(redis_server: RedisServer) -> None:
     """Random claims, releases, runs and lapses agree with the model."""
     client = redis.Redis.from_url(redis_server.url)

@@ -112,6 +112,7 @@ def _kill_queued_waiters(client: redis.Redis, url: str, lock: Lock, count: int =
         assert process.exitcode is not None
 
 
+@pytest.mark.faults
 def test_a_killed_waiter_drops_out_of_line_within_3s(
     client: redis.Redis, redis_server: RedisServer
 ) -> None:
@@ -134,6 +135,7 @@ def test_a_killed_waiter_drops_out_of_line_within_3s(
     lock.acquire(blocking=False).release()
 
 
+@pytest.mark.faults
 def test_a_lease_handed_to_a_killed_fair_waiter_lapses_within_3s(
     client: redis.Redis, redis_server: RedisServer
 ) -> None:

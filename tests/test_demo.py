@@ -63,6 +63,7 @@ def _children(parent: int) -> dict[int, str]:
     return {p.pid: p.name for p in processes() if p.ppid == parent}
 
 
+@pytest.mark.slow
 def test_quick_demo_passes_on_each_redis(redis_server: RedisServer, tmp_path: Path) -> None:
     summary = _run_demo(tmp_path, redis_server.url)
     assert summary["passed"] is True
@@ -84,6 +85,7 @@ def test_quick_demo_passes_on_each_redis(redis_server: RedisServer, tmp_path: Pa
     assert summary["seconds"] < 45  # --quick aims at under 15 s; this only guards against creep
 
 
+@pytest.mark.slow
 def test_demo_without_redis_url_starts_and_stops_its_own_server(tmp_path: Path) -> None:
     summary = _run_demo(tmp_path, None)
     assert summary["passed"] is True
@@ -98,6 +100,7 @@ def test_demo_without_redis_url_starts_and_stops_its_own_server(tmp_path: Path) 
 
 @pytest.mark.skipif(not HAS_PROC, reason="finds the demo's children in /proc")
 @pytest.mark.parametrize("target", ["demo", "process group"])
+@pytest.mark.faults
 def test_ctrl_c_stops_every_process_the_demo_started(target: str) -> None:
     """SIGINT to the demo alone (its cleanup does everything), or to its whole process group
     as a terminal's Ctrl-C does (the workers ignore it and are stopped by the demo)."""

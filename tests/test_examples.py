@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 
 from celery_redislock.contrib.redis_server import RedisServer
@@ -65,6 +66,7 @@ def number(text: str) -> int:
     return int(found.group())
 
 
+@pytest.mark.slow
 def test_singleton_report(celery_server: RedisServer) -> None:
     s = summary(run_example(celery_server, "singleton_report", db=1))
     fired, queued = number(s["beat fired"]), number(s["reports queued"])
@@ -79,6 +81,7 @@ def test_singleton_report(celery_server: RedisServer) -> None:
     assert s["invariant"] == "held"
 
 
+@pytest.mark.slow
 def test_customer_sync(celery_server: RedisServer) -> None:
     out = run_example(celery_server, "customer_sync", db=2)
     customers = re.findall(r"^customer:(\d+): (\d+) syncs, at most (\d+) at once$", out, re.M)
@@ -102,6 +105,7 @@ def test_cache_rebuild(celery_server: RedisServer) -> None:
     assert s["invariant"] == "held"
 
 
+@pytest.mark.slow
 def test_fenced_writes(celery_server: RedisServer) -> None:
     out = run_example(celery_server, "fenced_writes", db=4)
     writes = re.findall(r"^write ([AB]) \(fence (\d+)\): (accepted|rejected)$", out, re.M)

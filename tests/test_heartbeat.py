@@ -192,6 +192,7 @@ def test_a_short_freeze_is_not_reported(own_server: RedisServer) -> None:
     lease.release()
 
 
+@pytest.mark.faults
 def test_a_failed_renewal_is_retried_not_reported(
     redis_server: RedisServer, client: redis.Redis
 ) -> None:
@@ -222,6 +223,7 @@ def test_a_failed_renewal_is_retried_not_reported(
             flaky.close()
 
 
+@pytest.mark.faults
 def test_a_late_answer_does_not_revive_a_lost_lease(
     redis_server: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:

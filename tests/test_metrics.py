@@ -42,6 +42,7 @@ def cliapp(lockapp: ModuleType) -> ModuleType:
     return module
 
 
+@pytest.mark.slow
 def test_counters_after_real_tasks_in_a_prefork_worker(
     lockapp: ModuleType,
     cliapp: ModuleType,

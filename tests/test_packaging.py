@@ -293,6 +293,7 @@ def worker(venv: Path, cwd: Path, env: dict[str, str]) -> Iterator[Path]:
         proc.wait(10)
 
 
+@pytest.mark.slow
 def test_a_locked_task_runs_from_a_clean_install_with_the_celery_extra(
     wheel: Path, redis_url: str, tmp_path: Path
 ) -> None:
@@ -352,6 +353,7 @@ RQ_SNIPPET = """
 """
 
 
+@pytest.mark.slow
 def test_a_locked_rq_job_runs_from_a_clean_install_with_the_rq_extra(
     wheel: Path, redis_url: str, tmp_path: Path
 ) -> None:

@@ -68,6 +68,7 @@ def test_readers_overlap_and_no_writer_beside_them(rq_conn, rq_server, rq_worker
     assert all(r["end"] <= w["start"] for r in spans(rq_conn, "reader"))
 
 
+@pytest.mark.slow
 def test_conflict_retries_are_never_dropped(rq_conn, rq_workers):
     for n in range(2):
         rq_workers(name=f"w{n}")

@@ -68,6 +68,7 @@ def test_a_killed_horse_is_released_by_the_parent_at_once(
     assert wait_ended([waiting]) == ["finished"]
 
 
+@pytest.mark.slow
 def test_without_the_worker_class_a_killed_horse_lapses_within_ttl(rq_conn, rq_server, rq_workers):
     rq_workers(name="w0", worker_class="Worker")
     q = Queue("default", connection=rq_conn)
@@ -97,6 +98,7 @@ def test_the_job_timeout_ends_the_hold(rq_conn, rq_server, rq_workers, worker_cl
     assert not lock.locked()
 
 
+@pytest.mark.slow
 def test_a_copy_requeued_beside_its_orphaned_horse_waits_and_is_dropped_once_it_finished(
     rq_conn, rq_server, rq_workers, orphans
 ):
@@ -133,6 +135,7 @@ def test_a_copy_requeued_beside_its_orphaned_horse_waits_and_is_dropped_once_it_
     assert len(spans(rq_conn, "hold")) == 1
 
 
+@pytest.mark.slow
 def test_a_copy_requeued_beside_its_orphaned_horse_runs_once_the_orphan_died(
     rq_conn, rq_server, rq_workers, orphans
 ):

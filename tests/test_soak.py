@@ -311,6 +311,7 @@ def test_the_soak_knows_where_rabbitmq_is() -> None:
 
 
 @pytest.mark.soak
+@pytest.mark.faults  # chaos: workers killed, replies lost
 @pytest.mark.timeout(240)
 def test_one_minute_soak_loses_nothing_and_never_overlaps(tmp_path: Path) -> None:
     broker = _broker()

@@ -48,6 +48,7 @@ def _demo_processes() -> list[int]:
     ]
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
     summary_path, png = tmp_path / "summary.json", tmp_path / "timeline.png"
     done = subprocess.run(
@@ -88,6 +89,8 @@ def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("during", ["- per-customer", "- rq-recovery"])
+@pytest.mark.faults
+@pytest.mark.slow
 def test_ctrl_c_stops_every_worker(demo_redis: RedisServer, tmp_path: Path, during: str) -> None:
     """During the Celery part, and during the RQ part (a work horse, in a process group of its
     own, runs a long import then)."""
@@ -106,6 +109,7 @@ def test_ctrl_c_stops_every_worker(demo_redis: RedisServer, tmp_path: Path, duri
     wait_for(lambda: _demo_processes() == [], "every worker process is gone", 10)
 
 
+@pytest.mark.faults
 def test_workers_hear_their_own_sigterm(
     demo_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -277,6 +277,7 @@ def test_clean_fixture_and_namespace_option(
 # -- with Celery ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_assertions_on_a_locked_app(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -346,6 +347,7 @@ def test_assertions_on_a_locked_app(
     result.assert_outcomes(passed=3)
 
 
+@pytest.mark.slow
 def test_failure_messages_name_the_lock_and_its_holders(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -430,6 +432,7 @@ def test_failure_messages_name_the_lock_and_its_holders(
     result.stdout.no_fnmatch_line("*celery_redislock/testing.py:*")
 
 
+@pytest.mark.slow
 def test_with_celerys_own_fixtures(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -172,6 +172,7 @@ def test_batched_renewal_is_one_round_trip_per_node(
         lease.release()
 
 
+@pytest.mark.faults
 def test_replica_acknowledgement_waits_on_the_keys_own_node(
     group: ClusterGroup, cluster: RedisCluster
 ) -> None:
@@ -284,6 +285,7 @@ def test_unique_task_specs_registry_on_the_cluster(cluster: RedisCluster) -> Non
     assert spec is not None and spec.unique.lifecycle == "until_finished"
 
 
+@pytest.mark.faults
 def test_master_failover_under_load() -> None:
     """Clients take and give back leases (acknowledged by a replica) on names over every node
     while one master is killed: no two holders of a name at once, calls during the failover end

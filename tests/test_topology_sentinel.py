@@ -25,6 +25,7 @@ from celery_redislock.integrations.celery import client_for, install
 
 pytestmark = [
     pytest.mark.topology,
+    pytest.mark.faults,  # both tests kill the master
     pytest.mark.skipif(redis_binary() is None and not REQUIRED, reason="needs redis-server"),
 ]
 

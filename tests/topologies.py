@@ -13,6 +13,7 @@ finished their first sync.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import select
@@ -168,7 +169,9 @@ class Link:
                 continue
             upstream.settimeout(None)
             self.sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(
+                target=self._pump, args=(client, upstream), daemon=True, name="link-pump"
+            ).start()
 
     def _pump(self, a: socket.socket, b: socket.socket) -> None:
         peers = {a: b, b: a}
@@ -189,6 +192,8 @@ class Link:
 
     def close(self) -> None:
         self.closed.set()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept thread; close() does not
         self.listener.close()
         for s in self.sockets:
             s.close()  # (closing a closed socket is fine)

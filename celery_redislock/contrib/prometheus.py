@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,7 +176,9 @@ def _process_ends(**_: Any) -> None:
         multiprocess.mark_process_dead(os.getpid(), path)  # type: ignore[no-untyped-call]
 
 
-_installed: dict[int, Metrics] = {}
+# By registry (weakly): a registry that is gone must not hand its metrics to a new one that
+# happens to get the same id().
+_installed: weakref.WeakKeyDictionary[CollectorRegistry, Metrics] = weakref.WeakKeyDictionary()
 _installing = threading.Lock()
 
 
@@ -187,9 +190,9 @@ def install(registry: CollectorRegistry | None = None) -> Metrics:
     """
     registry = REGISTRY if registry is None else registry
     with _installing:
-        metrics = _installed.get(id(registry))
+        metrics = _installed.get(registry)
         if metrics is None:
-            metrics = _installed[id(registry)] = Metrics.create(registry)
+            metrics = _installed[registry] = Metrics.create(registry)
             metrics.connect()
         return metrics
 

@@ -70,6 +70,15 @@ class ChildWatch:
             if idle:
                 self._cond.notify()
 
+    def watching(self) -> list[str]:
+        """Ids of the jobs whose children are watched now (a snapshot, for inspection).
+
+        >>> ChildWatch().watching()
+        []
+        """
+        with self._cond:
+            return list(self._watched)
+
     def _forget(self, job_id: str) -> bool:
         with self._cond:
             return self._watched.pop(job_id, None) is not None

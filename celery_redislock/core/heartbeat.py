@@ -4,6 +4,7 @@ notice), and says at once when one is lost."""
 
 from __future__ import annotations
 
+import _thread
 import logging
 import os
 import queue
@@ -89,7 +90,9 @@ class Heartbeat:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
+        # Set once the thread is started, and when it has ended.
+        self._started = False
+        self._ended = threading.Event()
         self._stopped = False
         # When the thread next wakes by itself (monotonic). A lease registered as due later
         # needs no wake-up: each task start would otherwise cost the thread a wake-up.
@@ -128,11 +131,14 @@ class Heartbeat:
         entry = _Entry(lease, on_lost, hold_until, due=time.monotonic() + lease.lock.ttl / 3)
         with self._cond:
             self._entries[lease.token] = entry
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="redislock-heartbeat", daemon=True
-                )
-                self._thread.start()
+            if not self._started:
+                # A bare thread: threading.Thread.start() waits until the new thread runs,
+                # which costs the first registration in each forked process (an RQ work horse,
+                # a pool child) about half a millisecond. This one runs as soon as it is
+                # scheduled, long before its first lease falls due (ttl/3). It dies with the
+                # process, as a daemon thread does.
+                _thread.start_new_thread(self._run_thread, ())
+                self._started = True
             if entry.due < self._wake_at:
                 self._cond.notify()  # due before the thread means to wake: it must look again
 
@@ -154,8 +160,18 @@ class Heartbeat:
                 helper.jobs.put(None)
             self._idle.clear()
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._started:
+            self._ended.wait(timeout=5)
+
+    def _run_thread(self) -> None:
+        # Named as a threading.Thread would be (log records, thread listings).
+        threading.current_thread().name = "redislock-heartbeat"
+        try:
+            self._run()
+        except Exception:
+            log.exception("the lease heartbeat failed; its leases are no longer renewed")
+        finally:
+            self._ended.set()
 
     def _run(self) -> None:
         while True:

@@ -194,7 +194,11 @@ def renew_leases(leases: Iterable[Lease], *, ttl: float | None = None) -> RenewR
 def _by_client(leases: Iterable[Lease]) -> dict[int, tuple[RedisClient, list[Lease]]]:
     by_client: dict[int, tuple[RedisClient, list[Lease]]] = {}
     for lease in leases:
-        by_client.setdefault(id(lease.lock.client), (lease.lock.client, []))[1].append(lease)
+        client = lease.lock.client
+        entry = by_client.get(id(client))
+        if entry is None:
+            entry = by_client[id(client)] = (client, [])
+        entry[1].append(lease)
     return by_client
 
 
@@ -208,19 +212,22 @@ def _send(client: RedisClient, group: list[Lease], ttl: float | None) -> tuple[f
 
 def _calls(group: list[Lease], ttl: float | None) -> list[tuple[list[int], list[bytes], list[str]]]:
     """Script calls for ``group``: one per distinct ttl (index list, keys, args)."""
-    by_ttl: dict[int, list[int]] = {}
+    # One pass, building each call's keys and tokens as it goes: thousands of leases a call.
+    fixed = None if ttl is None else max(1, round(ttl * 1000))
+    by_ttl: dict[int, tuple[list[int], list[bytes], list[str]]] = {}
     for i, lease in enumerate(group):
-        ms = max(1, round((ttl if ttl is not None else lease.lock.ttl) * 1000))
-        by_ttl.setdefault(ms, []).append(i)
-    calls = []
-    for ms, indexes in by_ttl.items():
-        keys: list[bytes] = []
-        for i in indexes:
-            lock_keys = group[i].lock.encoded_keys
-            keys += (lock_keys[0], lock_keys[1])
-        args = RenewArgs(ttl_ms=ms, tokens=[group[i].token for i in indexes]).encode()
-        calls.append((indexes, keys, args))
-    return calls
+        lock = lease.lock
+        ms = lock._ttl_ms if fixed is None else fixed
+        entry = by_ttl.get(ms)
+        if entry is None:
+            entry = by_ttl[ms] = ([], [], [])
+        entry[0].append(i)
+        entry[1].extend(lock.encoded_keys[:2])
+        entry[2].append(lease.token)
+    return [
+        (indexes, keys, RenewArgs(ttl_ms=ms, tokens=tokens).encode())
+        for ms, (indexes, keys, tokens) in by_ttl.items()
+    ]
 
 
 def _strictest(group: list[Lease]) -> ReplicaPolicy | None:

@@ -277,8 +277,9 @@ class RenewReply(NamedTuple):
     """Each lease's new expiry (server ms), in the order asked; 0: it was lost."""
 
     @classmethod
-    def decode(cls, raw: Sequence[Any]) -> RenewReply:
-        return cls(expiries=tuple(int(e) for e in raw))
+    def decode(cls, raw: Any) -> RenewReply:
+        # One space-separated string (one reply element to parse for thousands of leases).
+        return cls(expiries=tuple(map(int, raw.split())))
 
 
 class NotifyArgs(NamedTuple):

@@ -20,6 +20,21 @@ local mode, limit, ttl, fair, entry_ms, keep_ms = parse_spec(ARGV[2])
 local wait, woke = string.sub(ARGV[3], 1, 1) == '1', string.sub(ARGV[3], 2, 2) == '1'
 local once = string.sub(ARGV[3], 3, 3) == '1'
 local now, now_us = server_now()
+
+-- Fast path: no lease (not even a lapsed one) and nobody waits. Then this token has no lease
+-- yet (a second run of this call finds the first run's lease and takes the path below), the
+-- owner holds none, and the lease is taken at once, in fair mode too (an empty line).
+if redis.call('EXISTS', K.leases, K.queue) == 0 then
+  if job ~= '' then
+    local until_ms = redis.call('ZSCORE', K.done, job)
+    if until_ms and tonumber(until_ms) > now then
+      return reply({2, '-', 0, 0, 0, 0, mode})
+    end
+  end
+  local fence, expiry = first_lease(tok, mode, ttl, owner, info, now, now_us, keep_ms)
+  return reply({1, tok, fence, expiry, 1, 0, mode})
+end
+
 local waiters = start(now)
 
 local function held(token, fence, expiry, count, granted, lease_mode)

@@ -106,8 +106,9 @@ local function was_released(id)
   return prev ~= false and string.find(' ' .. prev .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
 end
 
-local function drop_lease(tok)
-  local rec = read_lease(tok)
+-- `rec`: the lease's record, when the caller read it already.
+local function drop_lease(tok, rec)
+  rec = rec or read_lease(tok)
   if rec and rec.o ~= '' and redis.call('HGET', K.meta, 'o:' .. rec.o) == tok then
     redis.call('HDEL', K.meta, 'o:' .. rec.o)
   end
@@ -196,6 +197,30 @@ local function new_lease(tok, mode, ttl, owner, info, now, now_us, first, keep_m
   if first or redis.call('PTTL', K.leases) < need then
     redis.call('PEXPIRE', K.leases, need + ttl)
   end
+  return fence, expiry
+end
+
+-- The uncontended fast path: creates the first lease of a lock that has no lease (not even a
+-- lapsed one) and no waiter, so nothing needs purging or checking first. It writes what
+-- new_lease writes, in fewer calls; the fence still follows the fence mark.
+local function first_lease(tok, mode, ttl, owner, info, now, now_us, keep_ms)
+  local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
+  local fence = int(math.max(last + 1, now_us))
+  local expiry = now + ttl
+  redis.call('ZADD', K.leases, int(expiry), tok)
+  local rec = mode .. '|1|' .. fence .. '||' .. owner
+  if owner ~= '' then
+    redis.call('HSET', K.meta, 'fence', fence, 'm', mode, 'l:' .. tok, rec, 'i:' .. tok, info,
+      'o:' .. owner, tok)
+  else
+    redis.call('HSET', K.meta, 'fence', fence, 'm', mode, 'l:' .. tok, rec, 'i:' .. tok, info)
+  end
+  -- Nothing else lives in the lock's keys now: the meta key (the fence mark) is set to live
+  -- `keep_ms` from this use (at least as long as the lease), as tidy() sets it after the last
+  -- release; the leases key is new.
+  local need = ttl + GRACE_MS
+  redis.call('PEXPIRE', K.meta, int(math.max(need + ttl, keep_ms)))
+  redis.call('PEXPIRE', K.leases, need + ttl)
   return fence, expiry
 end
 

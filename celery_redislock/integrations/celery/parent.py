@@ -16,7 +16,7 @@ from ...core.childwatch import ChildWatch
 from .execution import lock_for
 from .settings import client_for
 
-__all__ = ["LockRequest"]
+__all__ = ["LockRequest", "watched_tasks"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,16 @@ def _reset_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def watched_tasks() -> list[str]:
+    """Ids of the locked tasks whose pool children this worker's parent watches now (a worker's
+    remote-control command can report it; a task whose child ended normally leaves the list).
+
+    >>> watched_tasks()  # in a process that runs no pool
+    []
+    """
+    return _watch.watching()
 
 
 class LockRequest(Request):  # type: ignore[misc]

@@ -13,6 +13,7 @@ from .job import JobSpec, lock_for, locked, spec_of
 from .queue import UniqueQueue
 from .running import OUTCOME_META, SKIPPED, outcome_of
 from .settings import Settings
+from .signals import lock_acquired, lock_backend_error, lock_conflict, lock_lost, lock_released
 from .worker import LockSpawnWorker, LockWorker, ReleasesDeadHorses, release_dead_horse
 
 __all__ = [
@@ -24,7 +25,12 @@ __all__ = [
     "ReleasesDeadHorses",
     "Settings",
     "UniqueQueue",
+    "lock_acquired",
+    "lock_backend_error",
+    "lock_conflict",
     "lock_for",
+    "lock_lost",
+    "lock_released",
     "locked",
     "outcome_of",
     "release_dead_horse",

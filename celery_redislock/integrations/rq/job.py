@@ -52,9 +52,11 @@ class JobSpec:
         assert self.unique is not None
         return lock_name(self.name, self.unique.keying, self.signature, args, kwargs)
 
-    def make_lock(self, client: RedisClient, name: str) -> Lock:
+    def make_lock(self, client: RedisClient, name: str, settings: Settings | None = None) -> Lock:
+        """The lock ``name``; ``settings``: the ones the caller read already (read once per job)."""
         assert self.lock is not None
-        settings = self.settings
+        if settings is None:
+            settings = self.settings
         return Lock(
             client,
             name,

@@ -18,6 +18,7 @@ from ._compat import Job
 from .job import JobSpec, spec_of
 from .running import republished
 from .settings import client_for
+from .signals import lock_conflict
 
 __all__ = ["UniqueQueue"]
 
@@ -68,6 +69,8 @@ class UniqueQueue(Queue):
         unique = spec.unique
         assert unique is not None
         settings = spec.settings
+        if settings.disabled:
+            return enqueue()  # type: ignore[no-any-return]
         client = client_for(settings, self.connection)
         name = spec.unique_name(job.args or (), job.kwargs or {})
         action = unique.on_duplicate or settings.on_duplicate
@@ -90,6 +93,7 @@ class UniqueQueue(Queue):
             log.error("job %s[%s] enqueued WITHOUT unique key %r: %s", spec.name, job.id, name, exc)
             return enqueue()  # type: ignore[no-any-return]
         if found.duplicate:
+            _signal(spec, job.id, name, "raise" if action == "raise" else "existing", found)
             return self._duplicate(spec, name, job, found, action)
         try:
             result: Job = enqueue()
@@ -100,6 +104,7 @@ class UniqueQueue(Queue):
             log.info(
                 "job %s[%s] replaces %s under unique key %r", spec.name, job.id, found.holder, name
             )
+            _signal(spec, job.id, name, "replace", found)
             self._cancel(found.holder)
         return result
 
@@ -182,4 +187,16 @@ def _give_up(client: RedisClient, namespace: str, name: str, job_id: str, after:
             job_id,
             after,
             exc,
+        )
+
+
+def _signal(spec: JobSpec, job_id: str, name: str, action: str, found: Claim) -> None:
+    if lock_conflict.receivers:
+        lock_conflict.send(
+            sender=spec.name,
+            task_id=job_id,
+            lock=name,
+            action=action,
+            holders=[found.holder],
+            stage="enqueue",
         )

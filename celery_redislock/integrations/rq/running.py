@@ -6,6 +6,7 @@ release)."""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from ...errors import (
 )
 from ._compat import Job, Retry, current_job, retries_left, retry_after, save_meta
 from .settings import Settings, client_for
+from .signals import lock_acquired, lock_backend_error, lock_conflict, lock_lost, lock_released
 
 if TYPE_CHECKING:
     from .job import JobSpec
@@ -76,6 +78,7 @@ class _Run:
         connection = self.job.connection if self.job is not None else None
         self.client: RedisClient = client_for(self.settings, connection)
         self.lease: Lease | None = None
+        self.taken = 0.0
 
     # -- the lease ---------------------------------------------------------------------------
 
@@ -87,7 +90,8 @@ class _Run:
         assert options is not None
         action = options.on_conflict or self.settings.on_conflict
         name = spec.lock_name(self.args, self.kwargs)
-        lock = spec.make_lock(self.client, name)
+        lock = spec.make_lock(self.client, name, self.settings)
+        asked = time.monotonic()
         try:
             self.lease = lock.acquire(
                 blocking=action == "wait",
@@ -100,6 +104,7 @@ class _Run:
         except JobFinished:
             log.info("job %s[%s] dropped: a copy of it already ran", spec.name, self.job_id)
             self.mark("finished", name, [self.job_id])
+            self.signal_conflict(name, "drop", [self.job_id])
             return SKIPPED
         except LockNotAcquired as exc:
             if exc.owner_expires_in is not None and self.job is not None:
@@ -108,6 +113,15 @@ class _Run:
         except LockBackendError as exc:
             return self.backend_down(name, exc)
         Heartbeat.current().register(self.lease, on_lost=self.on_lost, max_hold=self.max_hold())
+        self.taken = time.monotonic()
+        if lock_acquired.receivers:
+            lock_acquired.send(
+                sender=spec.name,
+                task_id=self.job_id,
+                lock=name,
+                lease=self.lease,
+                waited=self.taken - asked,
+            )
         return None
 
     def max_hold(self) -> float | None:
@@ -127,6 +141,8 @@ class _Run:
             lost.name,
             f" ({error})" if error else "",
         )
+        if lock_lost.receivers:
+            lock_lost.send(sender=self.spec.name, task_id=self.job_id, lease=lost, error=error)
 
     def release(self, finished: bool) -> None:
         """Gives the lease back; for a run that finished, records it so in the same step (a
@@ -153,6 +169,14 @@ class _Run:
                 lease.name,
                 exc,
             )
+        if lock_released.receivers:
+            lock_released.send(
+                sender=self.spec.name,
+                task_id=self.job_id,
+                lock=lease.name,
+                lease=lease,
+                held=time.monotonic() - self.taken,
+            )
 
     # -- not running now ---------------------------------------------------------------------
 
@@ -171,7 +195,18 @@ class _Run:
             max(1, round(delay)),
         )
         self.keep_claim(delay)
+        self.signal_conflict(lock.name, "await", [self.job_id])
         return retry_after(self.job, delay)
+
+    def signal_conflict(self, name: str, action: str, holders: list[str]) -> None:
+        if lock_conflict.receivers:
+            lock_conflict.send(
+                sender=self.spec.name,
+                task_id=self.job_id,
+                lock=name,
+                action=action,
+                holders=holders,
+            )
 
     def conflict(self, lock: Lock, action: str) -> object:
         spec, options = self.spec, self.spec.lock
@@ -179,6 +214,7 @@ class _Run:
         holders = self.holder_ids(lock)
         held_by = ", ".join(holders) or "a job that just finished"
         why = f"lock {lock.name!r} is held by {held_by}"
+        self.signal_conflict(lock.name, action, holders)
         if action == "skip":
             log.info("job %s[%s] skipped: %s", spec.name, self.job_id, why)
             self.mark("skipped", lock.name, holders)
@@ -206,6 +242,10 @@ class _Run:
 
     def backend_down(self, name: str, exc: LockBackendError) -> object:
         policy = self.settings.on_backend_error
+        if lock_backend_error.receivers:
+            lock_backend_error.send(
+                sender=self.spec.name, task_id=self.job_id, lock=name, error=exc, policy=policy
+            )
         if policy == "run":
             log.error(
                 "job %s[%s] runs WITHOUT lock %r: Redis failed: %s",
@@ -292,6 +332,7 @@ class _Run:
             name,
         )
         self.mark("superseded", name, [holder])
+        self.signal_conflict(name, "superseded", [holder])
         return holder
 
     def end_claim(self) -> None:
@@ -330,10 +371,26 @@ class _Run:
             )
 
 
+_said_disabled = False
+
+
+def _say_disabled() -> None:
+    global _said_disabled
+    if not _said_disabled:
+        _said_disabled = True
+        log.error(
+            "celery_redislock is DISABLED (REDISLOCK_DISABLED or Settings(disabled=True)): "
+            "jobs run without their locks and unique claims"
+        )
+
+
 def run(
     spec: JobSpec, fun: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> Any:
     """Runs one call of a locked job: see the module's docstring."""
+    if spec.settings.disabled:
+        _say_disabled()
+        return fun(*args, **kwargs)
     call = _Run(spec, args, kwargs)
     if spec.lock is not None:
         instead = call.take()

@@ -65,6 +65,9 @@ class Settings:
     min_replicas: int = 0
     """Replicas that must acknowledge each acquire and renewal (see docs/topologies.md)."""
     replica_timeout: float | None = None
+    disabled: bool = False
+    """The kill switch (``REDISLOCK_DISABLED=1``): no job takes a lease or a unique claim; jobs
+    run unlocked. For users' unit tests and emergencies; logged at ERROR when a worker starts."""
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -91,6 +94,8 @@ class Settings:
                 )
         policy = check_policy(self.min_replicas, self.replica_timeout)
         put("replica_timeout", None if self.replica_timeout is None else policy.timeout)
+        if not isinstance(self.disabled, bool):
+            raise LockConfigError(f"setting disabled must be True or False, got {self.disabled!r}")
         retries = self.max_conflict_retries
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 1:
             raise LockConfigError(
@@ -132,6 +137,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+_FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
+
+
 def _seconds_text(name: str, raw: str) -> float:
     try:
         return float(raw)
@@ -144,6 +152,13 @@ def _seconds_text(name: str, raw: str) -> float:
 def _parse(name: str, raw: str) -> object:
     if name in _DURATIONS:
         return _seconds_text(name, raw)
+    if name == "disabled":
+        flag = _FLAGS.get(raw.strip().lower())
+        if flag is None:
+            raise LockConfigError(
+                f"environment {_PREFIX}DISABLED must be 1/true/yes or 0/false/no, got {raw!r}"
+            )
+        return flag
     if name == "replica_timeout":
         return _seconds_text(name, raw)
     if name in ("max_conflict_retries", "min_replicas"):

@@ -12,6 +12,7 @@ from ...core.childwatch import alive
 from ...errors import LockBackendError, LockConfigError
 from ._compat import Job, SpawnWorker, Worker
 from .job import lock_for_job
+from .settings import default_settings
 
 __all__ = ["LockSpawnWorker", "LockWorker", "ReleasesDeadHorses"]
 
@@ -32,7 +33,18 @@ class ReleasesDeadHorses:
     _redislock_horse = 0
     _redislock_status: int | None = None
 
+    def work(self, *args: Any, **kwargs: Any) -> Any:
+        if default_settings().disabled:
+            log.error(
+                "celery_redislock is DISABLED (REDISLOCK_DISABLED): this worker's jobs run "
+                "without their locks and unique claims"
+            )
+        return super().work(*args, **kwargs)  # type: ignore[misc]
+
     def fork_work_horse(self, job: Job, queue: Any, *args: Any, **kwargs: Any) -> None:
+        # Read here, before the fork, so that each horse inherits them instead of reading
+        # the environment again (it is read again only when a REDISLOCK_* variable changed).
+        default_settings()
         super().fork_work_horse(job, queue, *args, **kwargs)  # type: ignore[misc]
         self._redislock_horse = self.horse_pid  # type: ignore[attr-defined]
 
