@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import pytest
 from celery import group
 from workers import Worker
 
 from celery_redislock import lock_for
+
+
+def _run_all(calls: Any, timeout: float) -> None:
+    """Runs the group and waits until every member succeeded, reading each result's state
+    from the backend (Celery 5.3's result consumer can miss a group member's message when the
+    first get() of a process subscribes late, and then waits for ever)."""
+    result = group(calls).apply_async()
+    deadline = time.monotonic() + timeout
+    while True:
+        states = [r.state for r in result.results]
+        if all(state == "SUCCESS" for state in states):
+            return
+        assert time.monotonic() < deadline, f"not all succeeded: {sorted(set(states))}"
+        time.sleep(0.1)
 
 
 def _seen(lockapp: ModuleType, key: str) -> list[int]:
@@ -28,7 +44,7 @@ def test_read_modify_write_loses_no_update(lockapp: ModuleType) -> None:
     keys = [f"k{i}" for i in range(10)]
     calls = [key for key in keys for _ in range(20)]
     random.Random(7).shuffle(calls)
-    group(lockapp.increment.s(key) for key in calls).apply_async().get(timeout=240)
+    _run_all([lockapp.increment.s(key) for key in calls], timeout=240)
     for key in keys:
         assert int(lockapp.r.get(f"counter:{key}")) == 20, key  # no lost update
         seen = _seen(lockapp, key)
@@ -39,7 +55,7 @@ def test_read_modify_write_loses_no_update(lockapp: ModuleType) -> None:
 
 @pytest.mark.usefixtures("four_processes")
 def test_limit_caps_concurrency_and_reaches_it(lockapp: ModuleType) -> None:
-    group(lockapp.capped.s(i) for i in range(30)).apply_async().get(timeout=120)
+    _run_all([lockapp.capped.s(i) for i in range(30)], timeout=120)
     seen = _seen(lockapp, "cap")
     assert len(seen) == 30
     assert max(seen) == 3, seen  # never more than 3, and 3 reached (4 processes compete)
@@ -49,7 +65,7 @@ def test_limit_caps_concurrency_and_reaches_it(lockapp: ModuleType) -> None:
 def test_readers_share_and_a_writer_runs_alone(lockapp: ModuleType) -> None:
     calls = [lockapp.read.s("db") for _ in range(24)] + [lockapp.write.s("db") for _ in range(6)]
     random.Random(3).shuffle(calls)
-    group(calls).apply_async().get(timeout=120)
+    _run_all(calls, timeout=120)
     readers_seen = _seen(lockapp, "read:db")
     writers_seen = _seen(lockapp, "write:db")
     assert len(readers_seen) == 24 and len(writers_seen) == 6
