@@ -66,6 +66,7 @@ bench: $(VENV)/.dev
 bench-celery: $(VENV)/.dev
 	$(BIN)/python benchmarks/celery_overhead.py $(ARGS)
 	$(BIN)/python benchmarks/celery_enqueue.py $(ARGS)
+	$(BIN)/python benchmarks/celery_contended.py $(ARGS)
 
 bench-rq: $(VENV)/.dev
 	$(BIN)/python benchmarks/rq_overhead.py $(ARGS)

@@ -26,6 +26,7 @@ from .core.unique_options import UniqueOptions
 from .errors import (
     DuplicateTask,
     JobFinished,
+    LineFull,
     LockBackendError,
     LockConfigError,
     LockLost,
@@ -57,6 +58,7 @@ __all__ = [
     "Holder",
     "JobFinished",
     "Lease",
+    "LineFull",
     "Lock",
     "LockBackendError",
     "LockConfigError",

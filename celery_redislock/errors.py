@@ -5,6 +5,7 @@ Every error the package raises derives from :class:`RedisLockError`::
     RedisLockError                  base; ``.name`` is the lock's name (or None)
     ├── LockConfigError             bad arguments (also a ValueError)
     ├── LockNotAcquired             acquire() gave up: non-blocking, or the timeout passed
+    │   └── LineFull                the task line holds its maximum of parked tasks
     ├── LockNotOwned                release/renew of a lease this token does not hold
     │   └── LockLost                a lease held earlier expired or was removed
     ├── LockUpgradeError            an owner holding a read lease asked for write
@@ -20,6 +21,7 @@ from typing import Any
 __all__ = [
     "DuplicateTask",
     "JobFinished",
+    "LineFull",
     "LockBackendError",
     "LockConfigError",
     "LockLost",
@@ -77,6 +79,15 @@ class LockNotAcquired(RedisLockError):
         super().__init__(message, name=name)
         self.timeout = timeout
         self.owner_expires_in = owner_expires_in
+
+
+class LineFull(LockNotAcquired):
+    """A task could not park in the lock's task line: it holds ``max_waiting`` parked tasks
+    already (``parked``: how many)."""
+
+    def __init__(self, message: str, *, name: str | None = None, parked: int = 0) -> None:
+        super().__init__(message, name=name)
+        self.parked = parked
 
 
 class LockNotOwned(RedisLockError):

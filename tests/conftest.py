@@ -110,7 +110,12 @@ def _no_lease_left_on_the_heartbeat() -> Iterator[None]:
 
 # Daemon threads meant to outlive a test: this process's heartbeat and its renewal calls (one
 # stuck on a paused Redis ends with its socket timeout), and the child watch.
-_LONG_LIVED_THREADS = ("redislock-heartbeat", "redislock-renewal-call", "redislock-childwatch")
+_LONG_LIVED_THREADS = (
+    "redislock-heartbeat",
+    "redislock-renewal-call",
+    "redislock-childwatch",
+    "redislock-redlock-call",  # RedLock's calls to its masters (they end after 30 s idle)
+)
 # multiprocessing's helper processes stay for the session once a spawn context started one.
 _LONG_LIVED_CHILDREN = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 LEAK_GRACE_S = 2.0

@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject
-from celery.signals import task_failure, task_postrun, task_success
+from celery.signals import task_failure, task_postrun, task_prerun, task_success
 from celery.worker.control import inspect_command
 
 from celery_redislock import LockedTask, LockLost, install, lock_conflict, lock_for, lock_lost
@@ -502,3 +502,69 @@ def waits_and_notes(self: Any, name: str) -> str:
     """``waiting``, noting when it started (``started-at:waited:<name>``)."""
     started(f"waited:{name}", self.request.id)
     return "ran"
+
+
+LINE = {"on_conflict": "queue"}
+
+
+@app.task(bind=True, lock={"key": "line:{name}", **LINE})
+def in_line(self: Any, name: str, i: int, seconds: float = 0.0) -> int:
+    """Waits in its lock's task line when the lock is taken; notes the order runs start in."""
+    started(f"line:{name}", self.request.id)
+    r.rpush(f"order:{name}", i)
+    with Active(f"line:{name}"):
+        _sleep(seconds, name)
+    return i
+
+
+@app.task(bind=True, lock={"key": "linecap", "limit": 3, **LINE})
+def capped_in_line(self: Any, i: int, seconds: float) -> int:
+    started("linecap", self.request.id)
+    with Active("linecap"):
+        _sleep(seconds, "linecap")
+    return i
+
+
+@app.task(bind=True, lock={"key": "line:{name}", **LINE, "max_wait": 1})
+def impatient(self: Any, name: str) -> str:
+    started(f"line:{name}", self.request.id)
+    return "ran"
+
+
+@app.task(bind=True, lock={"key": "line:{name}", **LINE, "max_waiting": 2})
+def short_line(self: Any, name: str) -> str:
+    started(f"line:{name}", self.request.id)
+    return "ran"
+
+
+@app.task(bind=True, unique="until_started", lock={"key": "line:{name}", **LINE})
+def unique_in_line(self: Any, name: str) -> str:
+    started(f"line:{name}", self.request.id)
+    return "ran"
+
+
+@app.task(bind=True, rate="5/s")
+def rated(self: Any, i: int) -> int:
+    """At most 5 starts a second across every worker."""
+    r.rpush("rated:starts", repr(time.time()))
+    return i
+
+
+@app.task(bind=True, rate={"rate": "2/s", "key": "account:{account}"})
+def rated_by_account(self: Any, account: str, i: int) -> int:
+    r.rpush(f"rated:starts:{account}", repr(time.time()))
+    return i
+
+
+@app.task(bind=True, rate={"rate": "1/10s", "max_delay": 1})
+def rated_impatient(self: Any) -> str:
+    r.rpush("rated:impatient", repr(time.time()))
+    return "ran"
+
+
+def _note_delivery(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    if getattr(sender, "name", "").startswith("lockapp.rated"):
+        r.hincrby("deliveries", task_id, 1)
+
+
+task_prerun.connect(_note_delivery, weak=False)

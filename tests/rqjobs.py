@@ -103,3 +103,51 @@ def flaky(day: str) -> str:
     if job.connection.incr(f"runs:flaky:{day}") == 1:
         raise RuntimeError("first run fails")
     return _run("flaky", day)
+
+
+# The task line (on_conflict="queue"): all on lock "q:<key>", so a test may mix them on one key.
+
+
+@locked(lock={"key": "q:{key}", "on_conflict": "queue"})
+def in_line(key: str, seconds: float = 0.05, hold: bool = False) -> str:
+    return _run("in_line", key, seconds, until_stopped=hold)
+
+
+@locked(lock={"key": "q:{key}", "on_conflict": "queue", "ttl": 3})
+def in_line_short_ttl(key: str, hold: bool = False) -> str:
+    return _run("in_line", key, until_stopped=hold)
+
+
+@locked(lock={"key": "q:{key}", "on_conflict": "queue", "max_wait": 1})
+def impatient(key: str) -> str:
+    return _run("impatient", key)
+
+
+@locked(lock={"key": "q:{key}", "on_conflict": "queue", "max_waiting": 2})
+def short_line(key: str) -> str:
+    return _run("in_line", key)
+
+
+# A queued claim of 1 s past the enqueue: a job parked longer holds it only by keeping it.
+@locked(
+    lock={"key": "q:{key}", "on_conflict": "queue"},
+    unique={"lifecycle": "until_started", "allowance": 1},
+)
+def unique_in_line(key: str) -> str:
+    return _run("in_line", key)
+
+
+@locked(lock={"key": "qcap", "limit": 3, "on_conflict": "queue"})
+def capped_in_line(i: int, seconds: float = 0.3, hold: bool = False) -> str:
+    return _run("capped_in_line", "qcap", seconds, until_stopped=hold)
+
+
+@locked(rate="1/1.2s")
+def rated(n: int) -> str:
+    """At most 1 start per 1.2 s, fleet-wide (waited for in the horse, or back via Retry)."""
+    return _run("rated", "rate", 0.0)
+
+
+@locked(rate={"rate": "1/4s", "max_delay": 1})
+def rated_impatient() -> str:
+    return _run("rated_impatient", "rate", 0.0)

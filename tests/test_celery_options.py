@@ -96,7 +96,7 @@ def test_lock_on_a_task_that_is_not_locked_is_refused() -> None:
 
 
 def test_lock_with_a_base_that_is_not_locked_is_refused(app: Celery) -> None:
-    with pytest.raises(LockConfigError, match="lock= and unique= need a base class derived from"):
+    with pytest.raises(LockConfigError, match="lock=, unique= and rate= need a base class"):
 
         @app.task(name="opts.i", base=Task, lock=True)
         def i() -> None: ...
@@ -340,3 +340,27 @@ def test_worker_start_leaves_apps_without_locks_alone(monkeypatch: pytest.Monkey
     for name in [n for n, task in other.tasks.items() if isinstance(task, LockedTask)]:
         del other.tasks[name]  # shared tasks other test modules declared with LockedTask
     installing.check_worker_app(other)
+
+
+def test_a_worker_refuses_the_task_line_over_redlock_masters(app: Celery) -> None:
+    from celery_redislock.integrations.celery.receivers import check_worker_app
+
+    @app.task(name="opts.line", lock={"key": "l", "on_conflict": "queue"})
+    def parks() -> None: ...
+
+    check_worker_app(app)  # one Redis: fine
+    app.conf.redislock_redlock_urls = [f"redis://127.0.0.1:{p}/0" for p in (1, 2, 3)]
+    with pytest.raises(LockConfigError, match="not available over RedLock masters"):
+        check_worker_app(app)
+
+
+def test_max_wait_with_another_action_is_refused(app: Celery) -> None:
+    with pytest.raises(LockConfigError, match="applies to on_conflict='queue' only"):
+
+        @app.task(name="opts.mw", lock={"key": "l", "on_conflict": "skip", "max_wait": 5})
+        def mw() -> None: ...
+
+    with pytest.raises(LockConfigError, match="max_wait"):
+
+        @app.task(name="opts.mw2", lock={"key": "l", "on_conflict": "queue", "max_wait": 0.5})
+        def mw2() -> None: ...

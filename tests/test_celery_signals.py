@@ -159,6 +159,51 @@ def test_no_lock_events_without_task_events(
     assert set(ours) == {"task-lock-probe"}
 
 
+@pytest.mark.slow
+def test_task_events_switched_on_and_off_at_run_time(
+    lockapp: ModuleType,
+    cliapp: ModuleType,
+    workers: Callable[..., Worker],
+    events: Events,
+) -> None:
+    """A worker started without -E (its dispatcher enabled by its heartbeats, as in production):
+    `celery control enable_events` turns the lock events on, `disable_events` off again, as it
+    does Celery's own task events."""
+    events.barrier("before")
+    workers(app="cliapp", concurrency=2, heartbeat=True)
+    holder = lockapp.hold.delay("rt", 60)
+    wait_started(lockapp, "rt")
+
+    def skipped_copy() -> str:
+        copy = lockapp.hold.delay("rt")
+        # Its conflict event, if any, was published before its SKIPPED state was stored.
+        wait_for(lambda: copy.state == "SKIPPED", "the copy skipped", 30)
+        return str(copy.id)
+
+    def control(command: str) -> None:
+        replies = getattr(lockapp.app.control, command)(reply=True, limit=1, timeout=30)
+        assert len(replies) == 1 and "ok" in next(iter(replies[0].values())), replies
+
+    quiet = skipped_copy()
+    events.barrier("off")  # everything the worker sent before the probe has arrived
+    assert not events.of("task-lock-conflict", quiet)
+    assert not events.of("task-started", quiet)  # Celery's own task events were off too
+
+    control("enable_events")
+    loud = skipped_copy()
+    conflict = events.wait("task-lock-conflict", loud)
+    assert conflict["lock"] == "hold:rt" and conflict["action"] == "skip"
+    assert conflict["holders"] == [holder.id] and conflict["hostname"].startswith("w1@")
+    events.wait("task-started", loud)
+
+    control("disable_events")
+    quiet_again = skipped_copy()
+    events.barrier("off again")
+    assert not events.of("task-lock-conflict", quiet_again)
+    stop(lockapp, "rt")
+    assert holder.get(timeout=30) == "return"
+
+
 def test_kill_switch_turns_every_lock_and_claim_off(
     lockapp: ModuleType,
     cliapp: ModuleType,

@@ -1,24 +1,34 @@
 """The Prometheus metrics (celery_redislock.contrib.prometheus): scraped after real tasks ran in
-a prefork worker (prometheus_client's multiprocess mode), the counters moved by the right
-amounts; the publish side's duplicates and a failing Redis in this process."""
+a prefork Celery worker and real jobs in an RQ worker's horses (prometheus_client's multiprocess
+mode), the counters moved by the right amounts; the publish and enqueue side's duplicates and a
+failing Redis in this process; and the module imports no framework of its own accord."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import redis
+import rqjobs
 from conftest import wait_for
 from helpers import free_port, wait_started
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from rq import Queue
+from rqcheck import started, wait_ended
+from rqworkers import RQWorker
 from workers import Worker
 
-from celery_redislock import DuplicateTask, LockBackendError
+from celery_redislock import DuplicateTask, Lock, LockBackendError
 from celery_redislock.contrib import prometheus
 from celery_redislock.core import admin
 from celery_redislock.integrations.celery.settings import set_setting
+from celery_redislock.integrations.rq import UniqueQueue
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -138,3 +148,133 @@ def test_backend_errors(
     found = samples(generate_latest(registry))
     assert value(found, "redislock_backend_errors_total", task="lockapp.hold") == 1
     assert value(found, "redislock_acquisitions_total", task="lockapp.hold") == 0
+
+
+@pytest.mark.slow
+def test_counters_after_real_jobs_in_an_rq_worker(
+    rq_conn: redis.Redis, rq_workers: Callable[..., RQWorker], tmp_path: Path
+) -> None:
+    metrics_dir = tmp_path / "prometheus"
+    metrics_dir.mkdir()
+    # The worker's main process installs the metrics (tests/rqmetrics.py); each job runs in a
+    # horse forked from it, which writes its samples into the directory.
+    rq_workers(
+        name="m1",
+        worker_class="rqmetrics.MetricsWorker",
+        env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
+    )
+
+    def scrape() -> Samples:
+        return samples(prometheus.exposition(str(metrics_dir)))
+
+    q = Queue("default", connection=rq_conn)
+    ran = [q.enqueue(rqjobs.exclusive, f"m{i}", seconds) for i, seconds in enumerate((0, 0, 0.3))]
+    assert wait_ended(ran) == ["finished"] * 3
+    exclusive = {"task": "rqjobs.exclusive"}
+    wait_for(lambda: value(scrape(), "redislock_hold_seconds_count", **exclusive) == 3, "3", 30)
+    found = scrape()
+    assert value(found, "redislock_acquisitions_total", **exclusive) == 3
+    assert value(found, "redislock_wait_seconds_count", **exclusive) == 3
+    assert 0.3 <= value(found, "redislock_hold_seconds_sum", **exclusive) < 30
+    assert value(found, "redislock_leases_held") == 0
+
+    with Lock(rq_conn, "s:busy", ttl=30).acquire(info={"task_id": "the-test"}):
+        skipped = q.enqueue(rqjobs.exclusive_skip, "busy")
+        assert wait_ended([skipped]) == ["finished"]
+    skip = {"task": "rqjobs.exclusive_skip", "action": "skip"}
+    wait_for(lambda: value(scrape(), "redislock_conflicts_total", **skip) == 1, "a skip", 30)
+
+    holder = q.enqueue(rqjobs.hold, "mh")
+    wait_for(lambda: started(rq_conn, "hold"), "the holder runs", 30)
+    wait_for(lambda: value(scrape(), "redislock_leases_held") == 1, "one lease held", 30)
+    assert admin.force_release(rq_conn, "h:mh", task_id=holder.id).holders
+    hold = {"task": "rqjobs.hold"}
+    wait_for(lambda: value(scrape(), "redislock_lost_total", **hold) == 1, "the loss", 30)
+    assert value(scrape(), "redislock_leases_held") == 0
+    rq_conn.set("stop:mh", 1)
+    assert wait_ended([holder]) == ["finished"]
+    found = scrape()
+    assert value(found, "redislock_acquisitions_total", **hold) == 1
+    # Lost, so not counted as held when the job ended (RQ reports it released then).
+    assert value(found, "redislock_hold_seconds_count", **hold) == 0
+    assert value(found, "redislock_leases_held") == 0
+    assert value(found, "redislock_acquisitions_total", **exclusive) == 3
+    assert not any(name.startswith("redislock_duplicates") for name, _ in found)
+    assert not any(name.startswith("redislock_backend_errors") for name, _ in found)
+
+
+def test_rq_duplicates_at_enqueue(
+    rq_conn: redis.Redis, local_metrics: tuple[prometheus.Metrics, CollectorRegistry]
+) -> None:
+    metrics, registry = local_metrics
+    assert metrics.frameworks == ("celery", "rq")
+    # No worker: the first copies stay queued, so the next ones are duplicates.
+    q = UniqueQueue("default", connection=rq_conn)
+    first = q.enqueue(rqjobs.report, "dup")
+    assert q.enqueue(rqjobs.report, "dup").id == first.id
+    q.enqueue(rqjobs.refresh, "dup")
+    with pytest.raises(DuplicateTask):
+        q.enqueue(rqjobs.refresh, "dup")
+    found = samples(generate_latest(registry))
+    report = {"task": "rqjobs.report", "action": "existing"}
+    assert value(found, "redislock_duplicates_total", **report) == 1
+    refresh = {"task": "rqjobs.refresh", "action": "raise"}
+    assert value(found, "redislock_duplicates_total", **refresh) == 1
+    assert not any(name.startswith("redislock_conflicts") for name, _ in found)
+
+
+def _run_without(blocked: tuple[str, ...], code: str) -> None:
+    """Runs ``code`` in a fresh interpreter where importing ``blocked`` fails, as it does when
+    a package is not installed (a None entry in sys.modules)."""
+    script = "import sys\n"
+    script += "".join(f"sys.modules[{name!r}] = None\n" for name in blocked)
+    script += textwrap.dedent(code)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+
+
+_IMPORTED_NOTHING = """
+    from prometheus_client import CollectorRegistry
+    from celery_redislock.contrib import prometheus
+    from celery_redislock.errors import LockConfigError
+
+    loaded = [m for m in sys.modules if sys.modules[m] is not None]
+    assert not [m for m in loaded if m.split(".")[0] in ("celery", "kombu", "billiard", "rq")]
+    assert not [m for m in loaded if m.startswith("celery_redislock.integrations")]
+"""
+
+
+@pytest.mark.parametrize(
+    ("blocked", "hooked"),
+    [(("celery",), ("rq",)), (("rq",), ("celery",)), (("celery", "rq"), ())],
+)
+def test_the_module_imports_no_framework_and_hooks_those_installed(
+    blocked: tuple[str, ...], hooked: tuple[str, ...]
+) -> None:
+    if hooked:
+        check = f"""
+            metrics = prometheus.install(CollectorRegistry())
+            assert metrics.frameworks == {hooked!r}, metrics.frameworks
+            from celery_redislock.integrations.{hooked[0]} import signals
+            assert signals.lock_acquired.receivers and signals.lock_lost.receivers
+            metrics.disconnect()
+            assert not signals.lock_acquired.receivers and not signals.lock_lost.receivers
+            try:
+                prometheus.install(CollectorRegistry(), frameworks={blocked!r})
+            except LockConfigError as exc:
+                assert {blocked[0]!r} in str(exc) and "cannot be imported" in str(exc), exc
+            else:
+                raise AssertionError("installed for a framework that is not there")
+        """
+    else:
+        check = """
+            try:
+                prometheus.install(CollectorRegistry())
+            except LockConfigError as exc:
+                assert "neither Celery nor RQ" in str(exc), exc
+            else:
+                raise AssertionError("installed with no signal to feed the metrics")
+        """
+    _run_without(blocked, textwrap.dedent(_IMPORTED_NOTHING) + textwrap.dedent(check))

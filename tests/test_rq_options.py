@@ -20,7 +20,7 @@ def job(x: int, y: int = 0) -> None: ...
         ("k:{z}", None, r"template names argument\(s\) 'z'.*its arguments are: x, y"),
         ({"limit": 0}, None, r"'limit'"),
         ({"ttl": -1}, None, r"'ttl'"),
-        ({"on_conflict": "queue"}, None, r"'on_conflict'.*'skip', 'retry', 'wait', 'raise'"),
+        ({"on_conflict": "later"}, None, r"'on_conflict'.*'raise', 'queue'"),
         (None, "forever", r"unique option 'lifecycle'.*until_started"),
         ({"mode": "read"}, "until_finished", r"needs an exclusive lock="),
         (None, None, r"needs lock= or unique="),

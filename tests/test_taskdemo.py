@@ -63,7 +63,7 @@ def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
     summary: dict[str, Any] = json.loads(summary_path.read_text())
     cases = summary["cases"]
     assert set(cases) == {
-        *("singleton", "per-customer", "cap", "read-write", "recovery"),
+        *("singleton", "per-customer", "cap", "read-write", "line", "recovery"),
         *("rq-singleton", "rq-cap", "rq-recovery"),
     }
     assert all(case["passed"] for case in cases.values())
@@ -72,6 +72,10 @@ def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
     assert cases["per-customer"]["max_together"] == 1
     assert cases["per-customer"]["notes"]["customers in progress at once (max)"] > 1
     assert cases["cap"]["max_together"] == cases["cap"]["allowed"] == 3
+    assert cases["cap"]["retried"] == 0  # the cap drains through its task line
+    line = cases["line"]
+    assert line["ran"] == line["sent"] and line["max_together"] == 1 and line["retried"] == 0
+    assert line["notes"]["waited in line"] > 0
     assert cases["read-write"]["notes"]["reader beside a writer"] == 0
     assert cases["read-write"]["notes"]["readers at once (max)"] > 1
     assert 0 < cases["recovery"]["notes"]["recovery seconds"] < 5

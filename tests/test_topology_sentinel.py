@@ -3,14 +3,19 @@ as local processes (down-after 1 s). Marked ``topology`` (``make test-topologies
 
 from __future__ import annotations
 
+import itertools
+import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 from celery import Celery
+from conftest import STARTED_WORKERS
 from topologies import REQUIRED, Process, SentinelGroup, redis_binary, wait_until
+from workers import Worker
 
 from celery_redislock import (
     Heartbeat,
@@ -20,6 +25,7 @@ from celery_redislock import (
     LockLost,
     LockNotAcquired,
 )
+from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.clients import sentinel_client
 from celery_redislock.integrations.celery import client_for, install
 
@@ -166,3 +172,81 @@ def test_the_loss_window_and_min_replicas(cuttable: SentinelGroup) -> None:
     with pytest.raises(LockLost):
         lease.renew()  # the first holder learns at its next renewal
     second.release()
+
+
+def test_a_celery_worker_runs_locked_tasks_through_a_failover(
+    group: SentinelGroup, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A real prefork worker (tests/sentinelapp.py: Sentinel settings, min_replicas=1, backend
+    errors fail the task) runs tasks that all take one lock, published every 0.1 s while the
+    master is killed and the old master rejoins as a replica. No two runs hold the lock at
+    once; each task that met the failover ends as LockBackendError, none hangs; every task
+    published after it succeeds."""
+    broker = RedisServer()  # the broker and the notes: a plain server, not the failing one
+    request.addfinalizer(broker.close)
+    broker.start()
+    worker = Worker(
+        broker.url,
+        tmp_path,
+        app="sentinelapp",
+        concurrency=2,
+        env={
+            "SENTINELAPP_SENTINELS": ",".join(f"{h}:{p}" for h, p in group.addresses),
+            "SENTINELAPP_MASTER": group.service,
+        },
+    )
+    request.node.stash[STARTED_WORKERS] = [worker]
+    request.addfinalizer(worker.kill)
+    worker.start()
+    # No result backend here: results are read from the worker's records below (a producer's
+    # result subscriptions would outlive the broker server this test stops).
+    producer = Celery("producer", broker=broker.url)
+    request.addfinalizer(producer.close)
+    notes = redis.Redis.from_url(broker.url)
+    sent: list[str] = []
+    stop = threading.Event()
+
+    def publish() -> None:
+        while not stop.is_set():
+            sent.append(producer.send_task("sentinelapp.work", args=[len(sent)]).id)
+            time.sleep(0.1)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        wait_until(lambda: notes.llen("held") >= 3, "tasks ran before the failover", 60)
+        old = group.master()
+        new = group.failover_after_kill()
+        _rejoin(group, old, new)
+    finally:
+        stop.set()
+        publisher.join(10)
+    during = len(sent)
+    after = [producer.send_task("sentinelapp.work", args=[during + i]).id for i in range(5)]
+    everything = sent + after
+    deadline = time.monotonic() + 90  # conflict retries back off up to 1.6 s each
+
+    def outcome(task_id: str) -> dict[str, object]:
+        raw = notes.get(f"celery-task-meta-{task_id}")
+        return json.loads(raw) if raw else {"status": "PENDING"}
+
+    def all_ended() -> bool:
+        return all(outcome(t)["status"] in ("SUCCESS", "FAILURE") for t in everything)
+
+    wait_until(all_ended, "every task ended", 90)
+    assert time.monotonic() < deadline
+    outcomes = {t: outcome(t) for t in everything}
+    failed = [o for o in outcomes.values() if o["status"] == "FAILURE"]
+    assert failed, "no task met the failover"
+    for o in failed:
+        error = o["result"]
+        assert isinstance(error, dict) and error["exc_type"] == "LockBackendError", o
+    assert [outcomes[t]["status"] for t in after] == ["SUCCESS"] * 5
+    held = sorted(
+        (float(began), float(ended))
+        for _, began, ended, _ in (entry.decode().split() for entry in notes.lrange("held", 0, -1))
+    )
+    assert len(held) == sum(1 for o in outcomes.values() if o["status"] == "SUCCESS")
+    for (_, ended), (began, _) in itertools.pairwise(held):
+        assert began >= ended, f"two runs held the lock at once: {held}"
+    notes.close()

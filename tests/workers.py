@@ -28,8 +28,12 @@ class Worker:
         concurrency: int = 2,
         app: str = "lockapp",
         env: dict[str, str] | None = None,
+        heartbeat: bool = False,
     ) -> None:
         self.name, self.pool, self.concurrency, self.app = name, pool, concurrency, app
+        # Worker heartbeats on: its event dispatcher is enabled without -E, as in production,
+        # so that `celery control enable_events` can turn task events on.
+        self.heartbeat = heartbeat
         self.log_path = log_dir / f"worker-{name}.log"
         self.env = {
             **os.environ,
@@ -45,6 +49,8 @@ class Worker:
             "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h",
             "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info",
         ]  # fmt: skip
+        if self.heartbeat:
+            command.remove("--without-heartbeat")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True

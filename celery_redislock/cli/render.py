@@ -58,6 +58,7 @@ def waiter_dict(waiter: Waiter) -> dict[str, Any]:
         "host": info.get("host"),
         "pid": int(info["pid"]) if info.get("pid", "").isdigit() else info.get("pid"),
         "expires_in": None if waiter.expires_in is None else round(waiter.expires_in, 3),
+        "parked": waiter.parked,
         "info": info,
     }
 
@@ -130,12 +131,20 @@ def lock_lines(state: LockState) -> list[str]:
         f"{len(state.waiters)} waiter(s)"
     ]
     lines += [f"  holder {i}: {holder_line(h, state)}" for i, h in enumerate(state.holders, 1)]
-    lines += [
-        f"  waiter {w.position}: {_who(w.info, w.token)}, {w.mode}, {_where(w.info)}, "
-        f"place lapses in {_seconds(w.expires_in)} unless refreshed, token {w.token}"
-        for w in state.waiters
-    ]
+    lines += [f"  waiter {w.position}: {_waiter_line(w)}" for w in state.waiters]
     return lines
+
+
+def _waiter_line(w: Waiter) -> str:
+    if w.parked:
+        return (
+            f"{_who(w.info, w.token)}, parked in the task line, {w.mode}, {_where(w.info)}, "
+            f"ends as expired in {_seconds(w.expires_in)}, token {w.token}"
+        )
+    return (
+        f"{_who(w.info, w.token)}, {w.mode}, {_where(w.info)}, "
+        f"place lapses in {_seconds(w.expires_in)} unless refreshed, token {w.token}"
+    )
 
 
 def released_lines(released: Released) -> list[str]:

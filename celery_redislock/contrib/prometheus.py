@@ -1,8 +1,9 @@
-"""Prometheus metrics for locked tasks, fed by the package's signals (the ``prometheus`` extra:
-``pip install "celery-redislock[prometheus]"``).
+"""Prometheus metrics for locked tasks and jobs, fed by the package's signals, for Celery and RQ
+alike (the ``prometheus`` extra: ``pip install "celery-redislock[prometheus]"``).
 
-Call :func:`install` where the worker imports the app (before the pool forks), and expose the
-metrics with :func:`start_http_server` (or :func:`exposition` from an endpoint of your own)::
+Call :func:`install` in the process that runs the tasks, before it forks its pool or its work
+horses, and expose the metrics with :func:`start_http_server` (or :func:`exposition` from an
+endpoint of your own). Celery::
 
     # proj/celery.py
     from celery_redislock.contrib import prometheus
@@ -13,35 +14,48 @@ metrics with :func:`start_http_server` (or :func:`exposition` from an endpoint o
     def serve_metrics(**_):
         prometheus.start_http_server(9808)
 
-Prefork workers: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory for the worker (before
-it starts; prometheus_client's multiprocess mode). Every pool child then writes its samples
-there, and the server above (in the worker's main process) adds them up.
+RQ (a settings module the worker imports: ``rq worker -c proj.rqsettings``)::
 
-Metrics (labels: ``task``, the task's name; lock names are not labels: one per argument would
-make a series per customer):
+    # proj/rqsettings.py
+    from celery_redislock.contrib import prometheus
+
+    prometheus.install()
+    prometheus.start_http_server(9808)
+
+Importing this module imports neither Celery nor RQ: :func:`install` hooks the signals of
+whichever integration can be imported (or those named in ``frameworks=``).
+
+Pool children and work horses: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory for the
+worker (before it starts; prometheus_client's multiprocess mode). Every process then writes its
+samples there, and the server above (in the worker's main process) adds them up.
+
+Metrics (labels: ``task``, the task's or job function's name; lock names are not labels: one
+per argument would make a series per customer):
 
 - ``redislock_acquisitions_total{task}``: leases taken;
 - ``redislock_conflicts_total{task, action}``: runs that found their lock held (skip, retry,
   wait, raise, drop, await);
 - ``redislock_duplicates_total{task, action}``: unique tasks' duplicates (existing, replace,
-  raise at publish; superseded as a replaced copy starts);
+  raise at publish or enqueue; superseded as a replaced copy starts);
 - ``redislock_lost_total{task}``: leases lost while their task ran;
 - ``redislock_backend_errors_total{task}``: leases not taken because Redis failed;
 - ``redislock_wait_seconds{task}`` (histogram): how long taking a lease took, waiting included;
-- ``redislock_hold_seconds{task}`` (histogram): how long a lease was held;
-- ``redislock_leases_held`` (gauge): leases held by this process's tasks now (summed over
-  live processes in multiprocess mode).
+- ``redislock_hold_seconds{task}`` (histogram): how long a lease was held (a lost lease is
+  counted as lost, not here);
+- ``redislock_leases_held`` (gauge): leases this process keeps alive now (those its heartbeat
+  renews; summed over live processes in multiprocess mode).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from celery.signals import worker_process_shutdown
 from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
@@ -53,26 +67,42 @@ from prometheus_client import (
 )
 from prometheus_client import start_http_server as _start_http_server
 
-from ..integrations.celery import ending
-from ..integrations.celery.signals import (
-    lock_acquired,
-    lock_backend_error,
-    lock_conflict,
-    lock_lost,
-    lock_released,
-)
+from ..core.heartbeat import Heartbeat
+from ..errors import LockConfigError
 
-__all__ = ["Metrics", "exposition", "install", "scrape_registry", "start_http_server"]
+__all__ = [
+    "FRAMEWORKS",
+    "Metrics",
+    "exposition",
+    "install",
+    "scrape_registry",
+    "start_http_server",
+]
+
+FRAMEWORKS = ("celery", "rq")
+"""The integrations whose signals :func:`install` can hook."""
+
+# Imported by name when installed, never at import: a Celery user need not have RQ, and an RQ
+# user's worker should not load Celery.
+_SIGNALS = {
+    "celery": "celery_redislock.integrations.celery.signals",
+    "rq": "celery_redislock.integrations.rq.signals",
+}
+# The packages an integration needs: missing, it is not installed (any other error is a bug).
+_NEEDS = {"celery": ("celery", "kombu", "billiard"), "rq": ("rq",)}
 
 _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # The lock_conflict actions that are a unique task's duplicate, not a run finding a lock held.
 _DUPLICATE_ACTIONS = frozenset({"existing", "replace", "superseded"})
+# Where a producer found a duplicate: Celery's publish, RQ's enqueue ("raise" is also a run's).
+_DUPLICATE_STAGES = frozenset({"publish", "enqueue"})
 # Seconds: a lease is taken in milliseconds unless it waits; a task holds it up to hours.
 _WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600)
 
 
 def _task(sender: Any) -> str:
+    # Celery sends the task (or its name, from a producer); RQ the job function's name.
     name = getattr(sender, "name", sender)
     return name if isinstance(name, str) else "?"
 
@@ -89,6 +119,9 @@ class Metrics:
     wait_seconds: Histogram
     hold_seconds: Histogram
     leases_held: Gauge
+    frameworks: tuple[str, ...] = ()
+    """The integrations whose signals feed the metrics (set by :meth:`connect`)."""
+    _disconnects: list[Callable[[], object]] = field(default_factory=list, repr=False)
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> Metrics:
@@ -117,16 +150,17 @@ class Metrics:
             ),
             leases_held=Gauge(
                 "redislock_leases_held",
-                "Leases held by this process's tasks now.",
+                "Leases this process keeps alive now.",
                 registry=registry,
                 multiprocess_mode="livesum",
             ),
         )
 
     def _held_now(self) -> None:
-        # A lost lease stays on the list until its task ends, but is not held.
-        leases = list(ending.HELD.leases.values())
-        self.leases_held.set(sum(1 for lease in leases if not lease.lost))
+        # What the process's heartbeat renews: every lease a task or job of either framework
+        # holds. A lost lease has left it before lock_lost is sent, a released one before
+        # lock_released.
+        self.leases_held.set(len(Heartbeat.current().leases()))
 
     def on_acquired(self, sender: Any = None, waited: float = 0.0, **_: Any) -> None:
         task = _task(sender)
@@ -134,12 +168,15 @@ class Metrics:
         self.wait_seconds.labels(task).observe(waited)
         self._held_now()
 
-    def on_released(self, sender: Any = None, held: float = 0.0, **_: Any) -> None:
-        self.hold_seconds.labels(_task(sender)).observe(held)
+    def on_released(self, sender: Any = None, held: float = 0.0, **kw: Any) -> None:
+        # RQ reports a lease lost during its job as released too when the job ends: it was
+        # counted as lost (Celery sends no lock_released for it).
+        if not getattr(kw.get("lease"), "lost", False):
+            self.hold_seconds.labels(_task(sender)).observe(held)
         self._held_now()
 
     def on_conflict(self, sender: Any = None, action: str = "", **kw: Any) -> None:
-        duplicate = action in _DUPLICATE_ACTIONS or kw.get("stage") == "publish"
+        duplicate = action in _DUPLICATE_ACTIONS or kw.get("stage") in _DUPLICATE_STAGES
         (self.duplicates if duplicate else self.conflicts).labels(_task(sender), action).inc()
 
     def on_lost(self, sender: Any = None, **_: Any) -> None:
@@ -149,28 +186,91 @@ class Metrics:
     def on_backend_error(self, sender: Any = None, **_: Any) -> None:
         self.backend_errors.labels(_task(sender)).inc()
 
-    def _pairs(self) -> tuple[tuple[Any, Any], ...]:
-        return (
-            (lock_acquired, self.on_acquired),
-            (lock_released, self.on_released),
-            (lock_conflict, self.on_conflict),
-            (lock_lost, self.on_lost),
-            (lock_backend_error, self.on_backend_error),
-        )
+    def _receivers(self) -> dict[str, Callable[..., None]]:
+        return {
+            "lock_acquired": self.on_acquired,
+            "lock_released": self.on_released,
+            "lock_conflict": self.on_conflict,
+            "lock_lost": self.on_lost,
+            "lock_backend_error": self.on_backend_error,
+        }
 
-    def connect(self) -> None:
-        for signal, receiver in self._pairs():
-            signal.connect(receiver, weak=False)
-        worker_process_shutdown.connect(_process_ends, weak=False)
+    def connect(self, frameworks: Iterable[str] | None = None) -> None:
+        """Connects the receivers to the signals of ``frameworks`` (default: every integration
+        that can be imported); raises :class:`~celery_redislock.LockConfigError` if a named one
+        cannot be, or none can."""
+        named = frameworks is not None
+        wanted = _check_frameworks(FRAMEWORKS if frameworks is None else frameworks)
+        # Every module first: a failure connects nothing.
+        found = {f: _signals_of(f, required=named) for f in wanted}
+        hooked = {f: signals for f, signals in found.items() if signals is not None}
+        if not hooked:
+            raise LockConfigError(
+                "prometheus.install(): neither Celery nor RQ can be imported, so no signal "
+                'would feed the metrics: pip install "celery-redislock[celery]" or "[rq]"'
+            )
+        for framework, signals in hooked.items():
+            for name, receiver in self._receivers().items():
+                self._connect(framework, getattr(signals, name), receiver)
+            if framework == "celery":
+                _mark_dead_children()
+        self.frameworks = (*self.frameworks, *hooked)
+
+    def _connect(self, framework: str, signal: Any, receiver: Callable[..., None]) -> None:
+        if framework == "celery":
+            signal.connect(receiver, weak=False)  # Celery's Signal keeps weak references
+        else:
+            signal.connect(receiver)
+        self._disconnects.append(lambda: signal.disconnect(receiver))
 
     def disconnect(self) -> None:
         """Stops feeding the metrics (the metrics stay registered)."""
-        for signal, receiver in self._pairs():
-            signal.disconnect(receiver)
+        while self._disconnects:
+            self._disconnects.pop()()
+        self.frameworks = ()
+
+
+def _check_frameworks(frameworks: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(frameworks, str):
+        frameworks = (frameworks,)
+    chosen = tuple(dict.fromkeys(frameworks))
+    unknown = [f for f in chosen if f not in FRAMEWORKS]
+    if unknown or not chosen:
+        raise LockConfigError(
+            f"frameworks must name some of {', '.join(FRAMEWORKS)}, got {list(chosen)!r}"
+        )
+    return chosen
+
+
+def _signals_of(framework: str, *, required: bool) -> Any:
+    """The integration's signals module; ``None`` if its framework is not installed (an error
+    naming it if ``required``)."""
+    try:
+        return importlib.import_module(_SIGNALS[framework])
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in _NEEDS[framework]:
+            raise
+        if required:
+            raise LockConfigError(
+                f"prometheus.install(frameworks=...) names {framework!r}, which cannot be "
+                f"imported: {exc}"
+            ) from exc
+        return None
+
+
+_dead_children_hooked = threading.Event()
+
+
+def _mark_dead_children() -> None:
+    # Multiprocess mode: a Celery pool child that ends no longer counts in the leases-held
+    # gauge. Celery's signal, looked up only once Celery is known to be there.
+    if not _dead_children_hooked.is_set():
+        _dead_children_hooked.set()
+        signals = importlib.import_module("celery.signals")
+        signals.worker_process_shutdown.connect(_process_ends, weak=False)
 
 
 def _process_ends(**_: Any) -> None:
-    # Multiprocess mode: a pool child that ends no longer counts in the leases-held gauge.
     path = os.environ.get(_MULTIPROC_ENV)
     if path:
         multiprocess.mark_process_dead(os.getpid(), path)  # type: ignore[no-untyped-call]
@@ -182,19 +282,43 @@ _installed: weakref.WeakKeyDictionary[CollectorRegistry, Metrics] = weakref.Weak
 _installing = threading.Lock()
 
 
-def install(registry: CollectorRegistry | None = None) -> Metrics:
+def install(
+    registry: CollectorRegistry | None = None, *, frameworks: Iterable[str] | None = None
+) -> Metrics:
     """Creates the metrics in ``registry`` (default: prometheus_client's) and connects the
-    receivers that feed them; once per registry (a second call returns the same).
+    receivers that feed them to the signals of ``frameworks`` (``"celery"``, ``"rq"``; default:
+    each one that can be imported); once per registry (a second call returns the same).
 
     >>> metrics = install()   # doctest: +SKIP
+    >>> metrics.frameworks    # doctest: +SKIP
+    ('celery', 'rq')
     """
     registry = REGISTRY if registry is None else registry
     with _installing:
         metrics = _installed.get(registry)
         if metrics is None:
-            metrics = _installed[registry] = Metrics.create(registry)
-            metrics.connect()
+            metrics = Metrics.create(registry)
+            try:
+                metrics.connect(frameworks)
+            except BaseException:
+                for collector in _collectors(metrics):
+                    registry.unregister(collector)
+                raise
+            _installed[registry] = metrics
         return metrics
+
+
+def _collectors(metrics: Metrics) -> list[Any]:
+    return [
+        metrics.acquisitions,
+        metrics.conflicts,
+        metrics.duplicates,
+        metrics.lost,
+        metrics.backend_errors,
+        metrics.wait_seconds,
+        metrics.hold_seconds,
+        metrics.leases_held,
+    ]
 
 
 def scrape_registry(path: str | None = None) -> CollectorRegistry:

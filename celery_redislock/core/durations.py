@@ -29,6 +29,10 @@ allowance     0.1 .. 2592000         How long a unique task's queued claim outli
               (30 days)              countdown/ETA. Below 0.1 s the claim lapses before the
                                      message can be delivered; past a month the message is
                                      surely lost, and its key must not stay claimed.
+max_wait      1 .. 604800 (7 days)   How long a parked task waits in its lock's task line
+                                     before it ends as expired. Below a second it would
+                                     expire before a sweep sees it; past a week the caller
+                                     has long stopped waiting for it.
 (other)       0.001 .. 31536000      Any other duration (e.g. the fence mark's keep): at
               (365 days)             least one millisecond, as Redis counts them.
 ============  =====================  ======================================================
@@ -47,6 +51,7 @@ __all__ = [
     "ALLOWANCE",
     "COUNTDOWN",
     "MAX_HOLD",
+    "MAX_WAIT",
     "OTHER",
     "TIMEOUT",
     "TTL",
@@ -85,6 +90,7 @@ TIMEOUT = Duration(0.0, _DAY)
 COUNTDOWN = Duration(0.01, _DAY)
 MAX_HOLD = Duration(0.1, 30 * _DAY)
 ALLOWANCE = Duration(0.1, 30 * _DAY)
+MAX_WAIT = Duration(1.0, 7 * _DAY)
 OTHER = Duration(0.001, 365 * _DAY)
 
 _BY_NAME = {
@@ -93,6 +99,7 @@ _BY_NAME = {
     "countdown": COUNTDOWN,
     "max_hold": MAX_HOLD,
     "allowance": ALLOWANCE,
+    "max_wait": MAX_WAIT,
 }
 
 

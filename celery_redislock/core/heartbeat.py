@@ -1,6 +1,7 @@
 """The heartbeat: one thread per process keeps every lease it was given alive, renewing them in
 batches (its calls to Redis made on helper threads, so that a Redis that hangs delays no loss
-notice), and says at once when one is lost."""
+notice), and says at once when one is lost. A RedLock lease is renewed on all its masters at
+once and counts as renewed only when a majority renewed it within its validity."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from ..errors import LockBackendError
 from .durations import MAX_HOLD, seconds
 from .lease import Lease, RedisClient, _send
+from .redlock import RedLock
+from .redlock_renew import renew_on_masters
 
 __all__ = ["Heartbeat"]
 
@@ -36,12 +39,14 @@ class _Entry:
 
 @dataclass(eq=False)
 class _Call:
-    """One batch renewal call, made on a helper thread; the heartbeat thread applies its answer."""
+    """One batch renewal call, made on a helper thread; the heartbeat thread applies its answer:
+    for each lease its new expiry (server ms; 0: lost; -1: not known, try again) and the end of
+    its validity."""
 
     client: RedisClient
     entries: list[_Entry]
-    sent: float = 0.0
-    expiries: list[int] | None = None
+    redlock: bool = False  # renewed on a majority of the masters of its lock
+    results: list[tuple[int, float, str | None]] | None = None
     error: BaseException | None = None
 
 
@@ -222,15 +227,19 @@ class Heartbeat:
             for i, e in enumerate(call.entries):
                 e.busy = False
                 if self._entries.get(e.lease.token) is not e:  # unregistered or reported lost
-                    if e.lease.lost and call.expiries is not None and call.expiries[i] > 0:
+                    if e.lease.lost and call.results is not None and call.results[i][0] > 0:
                         late.append(e)
                     continue
                 interval = e.lease.lock.ttl / 3
-                if call.expiries is None:  # Redis unreachable: retry soon, report it if it lapses
+                if call.results is None:  # Redis unreachable: retry soon, report it if it lapses
                     e.error, e.due = call.error, now + min(interval, 0.5)
-                elif call.expiries[i] > 0:
-                    e.lease.expires_at_ms = call.expiries[i]
-                    e.lease.valid_until = call.sent + e.lease.lock.ttl
+                elif call.results[i][0] < 0:  # too few RedLock masters answered: the same
+                    e.error = LockBackendError(
+                        f"lock {e.lease.name!r}: {call.results[i][2]}", name=e.lease.name
+                    )
+                    e.due = now + min(interval, 0.5)
+                elif call.results[i][0] > 0:
+                    e.lease.expires_at_ms, e.lease.valid_until, _ = call.results[i]
                     e.error, e.due = None, now + interval
                 else:
                     del self._entries[e.lease.token]
@@ -256,12 +265,17 @@ class Heartbeat:
         expired_hold = [e for e in due if e.hold_until is not None and now >= e.hold_until]
         for e in expired_hold:
             del self._entries[e.lease.token]
-        calls: dict[int, _Call] = {}
+        calls: dict[object, _Call] = {}
         for e in due:
             if e.hold_until is None or now < e.hold_until:
                 e.busy = True
-                client = e.lease.lock.client
-                calls.setdefault(id(client), _Call(client, [])).entries.append(e)
+                lock = e.lease.lock
+                if isinstance(lock, RedLock):  # one call for the locks over the same masters
+                    key: object = tuple(map(id, lock.masters))
+                    call = calls.setdefault(key, _Call(lock.client, [], redlock=True))
+                else:
+                    call = calls.setdefault(id(lock.client), _Call(lock.client, []))
+                call.entries.append(e)
         return expired_hold, list(calls.values())
 
     def _next_wake(self, now: float) -> float:
@@ -280,8 +294,16 @@ class Heartbeat:
         helper.jobs.put(lambda: self._call(helper, call))
 
     def _call(self, helper: _Helper, call: _Call) -> None:
+        leases = [e.lease for e in call.entries]
         try:
-            call.sent, call.expiries = _send(call.client, [e.lease for e in call.entries], None)
+            if call.redlock:
+                call.results = list(renew_on_masters(leases))
+            else:
+                sent, expiries = _send(call.client, leases, None)
+                call.results = [
+                    (expiry, sent + lease.lock.ttl, None)
+                    for lease, expiry in zip(leases, expiries, strict=True)
+                ]
         except Exception as exc:
             call.error = exc
         finally:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import redis
 from redis.cluster import RedisCluster
@@ -89,6 +89,9 @@ class Lease:
     """Local ``time.monotonic()`` by which the lease is certainly still held if not lost."""
     lost: bool = field(default=False, repr=False)
     released: bool = field(default=False, repr=False)
+    # A kind of lease not renewed by one script call on its lock's client (a RedLock lease: on
+    # a majority of masters) names the batch renewal :func:`renew_leases` hands it to.
+    renew_apart: ClassVar[Callable[[list[Lease], float | None], RenewReport] | None] = None
 
     @property
     def name(self) -> str:
@@ -178,7 +181,20 @@ def renew_leases(leases: Iterable[Lease], *, ttl: float | None = None) -> RenewR
         ttl = seconds(ttl, TTL, "ttl")
     renewed: list[Lease] = []
     lost: list[Lease] = []
-    for client, group in _by_client(leases).values():
+    plain: list[Lease] = []
+    apart: dict[object, list[Lease]] = {}
+    for lease in leases:
+        if type(lease).renew_apart is None:
+            plain.append(lease)
+        else:
+            apart.setdefault(type(lease).renew_apart, []).append(lease)
+    for group in apart.values():
+        renew_apart = type(group[0]).renew_apart
+        assert renew_apart is not None
+        report = renew_apart(group, ttl)
+        renewed += report.renewed
+        lost += report.lost
+    for client, group in _by_client(plain).values():
         sent, expiries = _send(client, group, ttl)
         for lease, expiry in zip(group, expiries, strict=True):
             if expiry > 0:

@@ -26,6 +26,8 @@ from ..errors import (
     LockUpgradeError,
 )
 from .durations import by_name, seconds
+from .handover import DEFAULT_HANDOVER_WINDOW, Handover, hand_over, is_line_token
+from .holders import read_holders
 from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
 from .lease import (
     Holder,
@@ -42,7 +44,6 @@ from .protocol import (
     AcquireStatus,
     FinishArgs,
     Grant,
-    HoldersReply,
     LockSpec,
     NotifyArgs,
     ReleaseArgs,
@@ -106,6 +107,8 @@ class Lock:
         fence_keep: float = DEFAULT_FENCE_KEEP,
         min_replicas: int | None = None,
         replica_timeout: float | None = None,
+        handover: Handover | None = None,
+        handover_window: float = DEFAULT_HANDOVER_WINDOW,
     ) -> None:
         self.name = check_name(name)
         if not isinstance(client, redis.Redis | RedisCluster):
@@ -138,6 +141,10 @@ class Lock:
         self.mode: Mode = mode
         self.limit = limit
         self.fair = fair
+        # Publishes parked tasks this lock's calls hand the lock to (core/line.py); None: they
+        # are published by another process once their short hand-over lapses.
+        self.handover = handover
+        self.handover_window = _positive_seconds(handover_window, "handover_window", self.name)
         self.namespace = check_namespace(namespace)
         self.keys = LockKeys.of(self.namespace, self.name)
         self._ttl_ms = max(1, round(self.ttl * 1000))
@@ -377,9 +384,16 @@ class Lock:
         )
 
     def _notify(self, granted: Sequence[Grant]) -> None:
-        """Wakes the fair-mode waiters a script just handed the lock to."""
+        """Wakes the fair-mode waiters a script just handed the lock to, and publishes the
+        parked tasks it handed the lock to."""
         if not granted:
             return
+        parked = [g.token for g in granted if is_line_token(g.token)]
+        if parked:
+            hand_over(self, parked)
+            granted = [g for g in granted if not is_line_token(g.token)]
+            if not granted:
+                return
         run(
             "notify",
             self.client,
@@ -476,23 +490,7 @@ class Lock:
 
     def holders(self) -> list[Holder]:
         """The live leases of this lock's name, oldest fence first."""
-        with backend_errors(self.name):
-            reply = HoldersReply.decode(
-                run("holders", self.client, [self.keys.leases, self.keys.meta], [])
-            )
-        out = [
-            Holder(
-                token=live.token,
-                mode=live.mode,
-                fence=live.fence,
-                owner=live.owner,
-                info=live.info,
-                count=live.entered,
-                expires_in=(live.expires_at_ms - reply.now_ms) / 1000,
-            )
-            for live in reply.leases
-        ]
-        return sorted(out, key=lambda h: h.fence)
+        return read_holders(self.client, self.keys, self.name).holders
 
     def locked(self) -> bool:
         """Whether any live lease exists on this lock's name."""

@@ -10,7 +10,16 @@ from typing import Any, Literal, TypedDict, TypeVar
 
 from ..errors import LockConfigError
 from ._validate import int_at_least, one_of, true_or_false
-from .durations import COUNTDOWN, MAX_HOLD, TIMEOUT, TTL, Duration, seconds, seconds_or_none
+from .durations import (
+    COUNTDOWN,
+    MAX_HOLD,
+    MAX_WAIT,
+    TIMEOUT,
+    TTL,
+    Duration,
+    seconds,
+    seconds_or_none,
+)
 from .lease import Mode
 
 __all__ = [
@@ -30,14 +39,15 @@ __all__ = [
     "template_fields",
 ]
 
-ConflictAction = Literal["skip", "retry", "wait", "raise"]
+ConflictAction = Literal["skip", "retry", "wait", "raise", "queue"]
 Scope = Literal["global", "host"]
 KeyFunction = Callable[..., object]
 
-CONFLICT_ACTIONS: tuple[ConflictAction, ...] = ("skip", "retry", "wait", "raise")
+CONFLICT_ACTIONS: tuple[ConflictAction, ...] = ("skip", "retry", "wait", "raise", "queue")
 SCOPES: tuple[Scope, ...] = ("global", "host")
 DEFAULT_COUNTDOWN = 2.0
 DEFAULT_WAIT_TIMEOUT = 10.0
+DEFAULT_MAX_WAIT = 3600.0
 T = TypeVar("T")
 
 
@@ -58,6 +68,10 @@ class LockOptions:
     count_retries: bool = False
     timeout: float = DEFAULT_WAIT_TIMEOUT
     max_hold: float | None = None
+    max_wait: float = DEFAULT_MAX_WAIT
+    """``queue``: how long a parked task waits in line before it ends as expired."""
+    max_waiting: int | None = None
+    """``queue``: at most this many tasks parked in the lock's line (``None``: no bound)."""
     fields: tuple[str, ...] = ()
     """Names of the arguments a key template uses (checked against the signature)."""
 
@@ -80,6 +94,8 @@ class LockOptionDict(TypedDict, total=False):
     count_retries: bool
     timeout: float
     max_hold: float | None
+    max_wait: float
+    max_waiting: int | None
 
 
 # The option names, in the order errors list them: the dict form's keys, so they cannot drift.
@@ -186,6 +202,14 @@ def parse_lock_option(
     on_conflict = opts.get("on_conflict")
     if on_conflict is not None:
         on_conflict = check_choice(task, "on_conflict", on_conflict, CONFLICT_ACTIONS)
+    line_only = [k for k in ("max_wait", "max_waiting") if k in opts]
+    if line_only and on_conflict not in (None, "queue"):
+        raise _error(
+            task,
+            line_only[0],
+            f"applies to on_conflict='queue' only (the task line), but on_conflict is "
+            f"{on_conflict!r}",
+        )
     max_retries = int_at_least(opts.get("max_retries"), 0, _what(task, "max_retries"), or_none=True)
     count_retries = true_or_false(opts.get("count_retries", False), _what(task, "count_retries"))
     return LockOptions(
@@ -202,6 +226,10 @@ def parse_lock_option(
         count_retries=count_retries,
         timeout=option_seconds(task, "timeout", opts.get("timeout", DEFAULT_WAIT_TIMEOUT), TIMEOUT),
         max_hold=_optional_seconds(task, "max_hold", opts.get("max_hold"), MAX_HOLD),
+        max_wait=option_seconds(task, "max_wait", opts.get("max_wait", DEFAULT_MAX_WAIT), MAX_WAIT),
+        max_waiting=int_at_least(
+            opts.get("max_waiting"), 1, _what(task, "max_waiting"), or_none=True
+        ),
         fields=fields,
     )
 

@@ -32,6 +32,7 @@ __all__ = [
     "LockSpec",
     "Mode",
     "NotifyArgs",
+    "ParkArgs",
     "ReleaseArgs",
     "ReleaseClaimArgs",
     "ReleaseClaimReply",
@@ -40,6 +41,7 @@ __all__ = [
     "ReleaseWhereReply",
     "RenewArgs",
     "RenewReply",
+    "SweepReply",
     "Wake",
     "text",
 ]
@@ -130,6 +132,10 @@ class AcquireStatus(IntEnum):
     """The job is recorded as finished (finish.lua)."""
     OWNER_HOLDS = 3
     """The owner holds a live lease and may not re-enter (``once``)."""
+    PARKED = 4
+    """Parked in the task line (``park``): published again when handed the lock."""
+    LINE_FULL = 5
+    """Not parked: the line holds its maximum of parked entries."""
 
 
 _ACQUIRE_STATUS = {int(s): s for s in AcquireStatus}
@@ -151,10 +157,36 @@ class AcquireArgs(NamedTuple):
     owner: str | None = None
     job: str | None = None
     """Refused with JOB_FINISHED if this job is recorded as finished."""
+    claim: str = ""
+    """Chosen per call: claims a lease handed to a parked task (a token ``L...``)."""
+    park: ParkArgs | None = None
+    """Park in the task line rather than fail or wait."""
 
     def encode(self) -> list[str]:
         flags = "01"[self.wait] + "01"[self.woke] + "01"[self.once]  # e.g. '100'
-        return [self.token, self.spec, flags, self.owner or "", self.info, self.job or ""]
+        args = [self.token, self.spec, flags, self.owner or "", self.info, self.job or ""]
+        if self.park is not None:
+            args[2] += "1"
+            args += [self.claim, *self.park.encode()]
+        elif self.claim:
+            args.append(self.claim)
+        return args
+
+
+class ParkArgs(NamedTuple):
+    """What a parked task leaves in line (acquire.lua, ARGV 8-11)."""
+
+    payload: str
+    """Published again on hand-over; opaque to the lock."""
+    wait_ms: int
+    """The entry's deadline: past it the task is published as expired."""
+    max_parked: int
+    """0: unbounded."""
+    publish_ms: int
+    """How long a lease handed to it lasts until the hand-over is published."""
+
+    def encode(self) -> list[str]:
+        return [self.payload, str(self.wait_ms), str(self.max_parked), str(self.publish_ms)]
 
 
 class AcquireReply(NamedTuple):
@@ -164,10 +196,11 @@ class AcquireReply(NamedTuple):
     fence: int
     expires_at_ms: int
     entered: int
-    """The lease's re-entry count: how many times its owner holds it."""
+    """The lease's re-entry count: how many times its owner holds it (PARKED, LINE_FULL: the
+    parked entries in line)."""
     ms_left: int
-    """NOT_HELD: ms until the earliest live lease lapses (0: none); OWNER_HOLDS: ms the owner's
-    lease has left."""
+    """NOT_HELD, PARKED: ms until the earliest live lease lapses (0: none); OWNER_HOLDS: ms the
+    owner's lease has left."""
     mode: Mode
     granted: tuple[Grant, ...]
 
@@ -230,6 +263,30 @@ class ReleaseReply(NamedTuple):
             released=int(parts[0]) == 1,
             left=int(parts[1]),
             granted=Grant.decode_all(parts[2:]) if len(parts) > 2 else (),
+        )
+
+
+# -- line_sweep.lua, line_sent.lua ------------------------------------------------------------
+
+
+class SweepReply(NamedTuple):
+    parked: int
+    """Parked entries left in line."""
+    leases: int
+    """Leases on the lock (live or handed over and unclaimed)."""
+    expired: tuple[str, ...]
+    """Tokens of parked entries past their wait deadline (to publish as expired)."""
+    granted: tuple[Grant, ...]
+
+    @classmethod
+    def decode(cls, raw: Any) -> SweepReply:
+        parts = raw.split()
+        count = int(parts[2])
+        return cls(
+            parked=int(parts[0]),
+            leases=int(parts[1]),
+            expired=tuple(text(t) for t in parts[3 : 3 + count]),
+            granted=Grant.decode_all(parts[3 + count :]),
         )
 
 
@@ -302,7 +359,8 @@ class LiveLease(NamedTuple):
     expires_at_ms: int
     mode: Mode
     entered: int
-    """The lease's re-entry count: how many times its owner holds it."""
+    """The lease's re-entry count: how many times its owner holds it (PARKED, LINE_FULL: the
+    parked entries in line)."""
     fence: int
     owner: str | None
     info: dict[str, str]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,13 @@ from ..errors import LockBackendError, LockConfigError
 from .durations import OTHER, seconds
 from .scripts import script
 
-__all__ = ["DEFAULT_REPLICA_TIMEOUT", "ReplicaPolicy", "policy_of", "require_replicas"]
+__all__ = [
+    "DEFAULT_REPLICA_TIMEOUT",
+    "ReplicaPolicy",
+    "policy_of",
+    "require_replicas",
+    "waitaof_available",
+]
 
 DEFAULT_REPLICA_TIMEOUT = 0.5
 """Seconds an acquire or renewal waits for its replicas' acknowledgement by default."""
@@ -110,6 +116,25 @@ _waitaof: weakref.WeakKeyDictionary[redis.Redis, bool] = weakref.WeakKeyDictiona
 _detect = threading.Lock()
 
 
+def waitaof_available(info: Mapping[str, Any]) -> bool:
+    """Whether a master whose ``INFO`` reads ``info`` takes ``WAITAOF`` for acknowledgement:
+    Redis 7.2 or later, with the append-only file on.
+
+    >>> from celery_redislock.core.replicas import waitaof_available
+    >>> waitaof_available({"redis_version": "7.2.4", "aof_enabled": 1})
+    True
+    >>> waitaof_available({"redis_version": "7.0.15", "aof_enabled": 1})
+    False
+    """
+    try:
+        version = tuple(int(part) for part in str(info.get("redis_version", "0")).split(".")[:2])
+    except ValueError:  # a fork's own version text: WAIT, which every version has
+        return False
+    # WAITAOF counts only replicas that fsynced to their AOF: a deployment without the AOF
+    # would never be acknowledged, so it is used only when the master has the AOF on.
+    return version >= (7, 2) and int(info.get("aof_enabled", 0)) == 1
+
+
 def _uses_waitaof(client: redis.Redis) -> bool:
     with _detect:
         known = _waitaof.get(client)
@@ -119,10 +144,7 @@ def _uses_waitaof(client: redis.Redis) -> bool:
         info = client.info()
     except redis.ResponseError:  # INFO not allowed (ACL): WAIT, which every version has
         info = {}
-    version = tuple(int(part) for part in str(info.get("redis_version", "0")).split(".")[:2])
-    # WAITAOF counts only replicas that fsynced to their AOF: a deployment without the AOF
-    # would never be acknowledged, so it is used only when the master has the AOF on.
-    found = version >= (7, 2) and int(info.get("aof_enabled", 0)) == 1
+    found = waitaof_available(info)
     with _detect:
         _waitaof[client] = found
     return found

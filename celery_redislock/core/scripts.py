@@ -26,11 +26,17 @@ _PARTS: dict[str, tuple[str, ...]] = {
     "release": ("_time", "common"),
     "release_where": ("_time", "common"),
     "finish": ("_time", "common"),
+    "line_sweep": ("_time", "common"),
+    "line_sent": ("_time", "common"),
+    "line_forget": (),
+    "line_drop": ("_time", "common"),
     "renew": ("_time",),
     "holders": ("_time",),
     "unique_claim": ("_time",),
+    "rate": ("_time",),
     "notify": (),
     "unique_release": (),
+    "redlock_fence": ("_time", "common"),
 }
 
 

@@ -84,7 +84,7 @@ def sync_customer(self: Any, customer_id: int) -> int:
     return customer_id
 
 
-@app.task(bind=True, lock={"key": "external-api", "limit": 3, **RETRY})  # type: ignore[untyped-decorator]
+@app.task(bind=True, lock={"key": "external-api", "limit": 3, "on_conflict": "queue"})  # type: ignore[untyped-decorator]
 def call_api(self: Any, request_id: int) -> int:
     """At most 3 calls in flight across every worker."""
     with ran(self, "cap", "external-api"):
@@ -116,6 +116,15 @@ def import_batch(self: Any, batch: str, seconds: float) -> str:
     return batch
 
 
+@app.task(bind=True, lock={"key": "ledger:{account}", "on_conflict": "queue"})  # type: ignore[untyped-decorator]
+def post_ledger(self: Any, account: str, n: int) -> int:
+    """One posting at a time per account; the rest wait in the lock's task line, in order."""
+    r.rpush(f"taskdemo:order:{account}", n)
+    with ran(self, "line", f"ledger:{account}"):
+        _work(0.1)
+    return n
+
+
 def _count(sender: Any = None, action: str = "", **_: Any) -> None:
     case = getattr(sender, "demo_case", None) or getattr(sender, "name", "?")
     r.hincrby(ACTIONS, f"{case}:{action}", 1)
@@ -128,6 +137,7 @@ for _task, _case in (
     (read_cache, "read-write"),
     (rebuild_cache, "read-write"),
     (import_batch, "recovery"),
+    (post_ledger, "line"),
 ):
     _task.demo_case = _case
 lock_conflict.connect(_count, weak=False)

@@ -3,6 +3,7 @@ tasks noted (never on what the producer hoped)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -33,10 +34,13 @@ class Size:
     api_calls: int
     reads: int
     writes: int
+    postings: int
 
 
-FULL = Size(singleton=60, customers=5, per_customer=8, api_calls=24, reads=16, writes=4)
-QUICK = Size(singleton=20, customers=3, per_customer=4, api_calls=10, reads=8, writes=2)
+FULL = Size(
+    singleton=60, customers=5, per_customer=8, api_calls=24, reads=16, writes=4, postings=16
+)
+QUICK = Size(singleton=20, customers=3, per_customer=4, api_calls=10, reads=8, writes=2, postings=8)
 
 
 def _wait(results: list[AsyncResult], case: str, progress: Progress, timeout: float = 90) -> None:
@@ -131,6 +135,27 @@ def read_write(client: redis.Redis, size: Size, progress: Progress) -> Outcome:
     return outcome
 
 
+def line(client: redis.Redis, size: Size, progress: Progress) -> Outcome:
+    """post_ledger('acme', n): a burst on one key drains through the lock's task line
+
+    on_conflict="queue": each call that finds the lock taken waits in Redis (no worker slot,
+    no retry) and is published again the moment the lock frees, in the order it joined."""
+    calls = [tasks.post_ledger.delay("acme", n) for n in range(size.postings)]
+    outcome = Outcome("line", "post_ledger('acme'): one at a time, in line", len(calls), len(calls))
+    _wait(calls, outcome.case, progress)
+    now = time.time()
+    runs = sorted((r for r in load(client) if r.case == outcome.case), key=lambda r: r.start)
+    _judge(outcome, runs, client, now, 1)
+    parked = actions(client).get("line:queue", 0)
+    idle = [b.start - a.until(now) for a, b in itertools.pairwise(runs)]
+    outcome.notes["waited in line"] = parked
+    outcome.notes["idle between runs, max ms"] = round(max(idle, default=0) * 1000, 1)
+    outcome.checks["every call ran"] = outcome.ran == len(calls)
+    outcome.checks["no conflict retry"] = outcome.retried == 0
+    outcome.checks["tasks waited in line"] = parked > 0
+    return outcome
+
+
 def recovery(client: redis.Redis, size: Size, progress: Progress) -> Outcome:
     """import_batch('nightly'): its worker process is SIGKILLed mid-run; a copy takes over
 
@@ -165,4 +190,4 @@ def recovery(client: redis.Redis, size: Size, progress: Progress) -> Outcome:
     return outcome
 
 
-CASES = (singleton, per_customer, cap, read_write, recovery)
+CASES = (singleton, per_customer, cap, read_write, line, recovery)

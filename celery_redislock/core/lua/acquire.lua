@@ -3,22 +3,31 @@
 -- ARGV: 1 token (chosen by the client: run again with the same token, this call returns the
 --         lease it made, never a second one nor a second re-entry),
 --       2 the lock's spec 'mode limit ttl fair entry keep' (see parse_spec in common.lua),
---       3 this call's flags 'wait woke once': wait 1 = stay queued on failure, woke 1 = the caller
---         was woken by a signal, once 1 = an owner holding a live lease is refused instead of
---         re-entering (all 0 | 1, e.g. '100'),
+--       3 this call's flags 'wait woke once park': wait 1 = stay queued on failure, woke 1 = the
+--         caller was woken by a signal, once 1 = an owner holding a live lease is refused instead
+--         of re-entering, park 1 = a task that finds the lock taken is parked in the task line
+--         (all 0 | 1, e.g. '1000'),
 --       4 owner ('' = none), 5 info (JSON object, stored as given),
---       6 job ('' = none): refuse with status 2 if this job is recorded as finished (finish.lua)
+--       6 job ('' = none): refuse with status 2 if this job is recorded as finished (finish.lua),
+--       7 claim id ('' = none; chosen per call): a lease handed to a parked task (token
+--         'L...') is claimed by the first call that comes with its token; a call with another
+--         claim id is refused as status 3 (another delivery of the same hand-over holds it),
+--       park = 1 only: 8 payload (stored as given, published again on hand-over),
+--         9 wait ms (the entry's deadline), 10 max parked entries (0 = unbounded),
+--         11 publish ms (how long a lease handed to it lasts until the hand-over is published)
 -- Returns 'status token fence expiry count next mode granted...' (one string, space-separated):
 --   expiry in server ms, count the reentry count, next the ms until the earliest lease expires,
 --   mode the held lease's mode;
 --   status 1 held, 0 not held (queued when wait = 1), -1 read-to-write upgrade refused,
 --   2 the job is finished already, 3 not held: the owner holds a live lease (once = 1; next is
---   then the ms that lease has left);
+--   then the ms that lease has left), 4 parked (count = the parked entries in line),
+--   5 not parked: the line is full (count = the parked entries);
 --   granted is token, fence, expiry of other waiters this call handed the lock to (fair mode).
 local tok, owner, info, job = ARGV[1], ARGV[4], ARGV[5], ARGV[6]
 local mode, limit, ttl, fair, entry_ms, keep_ms = parse_spec(ARGV[2])
 local wait, woke = string.sub(ARGV[3], 1, 1) == '1', string.sub(ARGV[3], 2, 2) == '1'
-local once = string.sub(ARGV[3], 3, 3) == '1'
+local once, park = string.sub(ARGV[3], 3, 3) == '1', string.sub(ARGV[3], 4, 4) == '1'
+local claim_id = ARGV[7] or ''
 local now, now_us = server_now()
 
 -- Fast path: no lease (not even a lapsed one) and nobody waits. Then this token has no lease
@@ -32,12 +41,20 @@ if redis.call('EXISTS', K.leases, K.queue) == 0 then
     end
   end
   local fence, expiry = first_lease(tok, mode, ttl, owner, info, now, now_us, keep_ms)
+  if claim_id ~= '' then -- a parked task's token: this call's delivery holds it (see held())
+    redis.call('HSET', K.meta, 'c:' .. tok, claim_id)
+  end
   return reply({1, tok, fence, expiry, 1, 0, mode})
 end
 
 local waiters = start(now)
 
 local function held(token, fence, expiry, count, granted, lease_mode)
+  -- A lease under a parked task's token is held by the delivery that took it: another delivery
+  -- coming with the same token (the hand-over published twice) must not take it as its own.
+  if token == tok and claim_id ~= '' then
+    redis.call('HSETNX', K.meta, 'c:' .. tok, claim_id)
+  end
   local out = {1, token, fence, expiry, count, 0, lease_mode or mode}
   for _, v in ipairs(granted) do
     out[#out + 1] = v
@@ -45,17 +62,22 @@ local function held(token, fence, expiry, count, granted, lease_mode)
   return reply(out)
 end
 
-local function not_held(granted)
+-- `status` 0 not held, 4 parked, 5 the line is full; `count` the parked entries (4, 5).
+local function not_held_as(status, count, granted)
   if redis.call('EXISTS', K.queue) == 1 then
     keep_waiters(entry_ms)
   else
     tidy(keep_ms)
   end
-  local out = {0, '-', 0, 0, 0, next_expiry(now), mode}
+  local out = {status, '-', 0, 0, count, next_expiry(now), mode}
   for _, v in ipairs(granted) do
     out[#out + 1] = v
   end
   return reply(out)
+end
+
+local function not_held(granted)
+  return not_held_as(0, 0, granted)
 end
 
 -- This very call ran before (its reply was lost and the client sent it again), or, in fair mode,
@@ -64,6 +86,26 @@ end
 local mine_at = redis.call('ZSCORE', K.leases, tok)
 if mine_at then
   local expiry = tonumber(mine_at)
+  -- A lease handed to a parked task: the first delivery of the hand-over claims it (and the
+  -- full ttl); a second delivery of it (the hand-over published twice) is refused as another
+  -- copy holding it.
+  local claim = string.sub(tok, 1, 1) == LINE_PREFIX and redis.call('HGET', K.meta, 'c:' .. tok)
+  if claim and claim ~= claim_id then
+    local rec = read_lease(tok)
+    if claim ~= '' then
+      return reply({3, tok, rec.f, 0, rec.c, expiry - now, rec.m})
+    end
+    -- The claimant's info replaces the parker's: a parent releasing a dead process's leases
+    -- (release_where by pid) must find the process that runs the task now.
+    redis.call('HSET', K.meta, 'c:' .. tok, claim_id, 'i:' .. tok, info)
+    redis.call('HDEL', K.meta, 'p:' .. tok)
+    -- The ttl from now, not the rest of the hand-over window: a claimant that dies at once
+    -- holds the lock a ttl, as any holder (its heartbeat renews it meanwhile).
+    expiry = now + ttl
+    redis.call('ZADD', K.leases, int(expiry), tok)
+    keep({K.leases, K.meta}, expiry - now + GRACE_MS, ttl)
+    return held(tok, rec.f, expiry, rec.c, {}, rec.m)
+  end
   if fair and expiry < now + ttl then
     expiry = now + ttl
     redis.call('ZADD', K.leases, int(expiry), tok)
@@ -131,6 +173,41 @@ if owner ~= '' then
   end
 end
 
+local parked = waiters and parked_count() or 0
+
+if park then
+  -- A task that may not run now leaves its worker and waits in line as data: it is published
+  -- again when the lock is handed to it. A lock with nobody parked and room is taken as any
+  -- newcomer would take it (non-fair); otherwise the task joins the line behind everyone.
+  if redis.call('ZSCORE', K.queue, tok) == false then
+    if not fair and parked == 0 then
+      local writer_waits = mode == 'r' and tonumber(redis.call('HGET', K.meta, 'qw') or '0') or 0
+      local room, empty = fits(mode, limit)
+      if room and writer_waits == 0 then
+        local fence, expiry = new_lease(tok, mode, ttl, owner, info, now, now_us, empty or false,
+          keep_ms)
+        return held(tok, fence, expiry, 1, {})
+      end
+    end
+    local most = tonumber(ARGV[10])
+    if most > 0 and parked >= most then
+      return not_held_as(5, parked, {})
+    end
+    local wait_ms = tonumber(ARGV[9])
+    local seq, raw = enqueue(tok, mode, limit, ttl, owner, info, entry_ms, tonumber(ARGV[11]))
+    redis.call('ZADD', K.qdl, int(now + wait_ms), tok)
+    redis.call('HSET', K.meta, 'p:' .. tok,
+      cjson.encode({s = seq, d = int(now + wait_ms), q = raw, x = ARGV[8]}))
+    keep({K.meta, K.queue, K.qdl}, wait_ms + GRACE_MS, entry_ms)
+  end
+  local granted = grant(now, now_us, tok, keep_ms)
+  local expiry = redis.call('ZSCORE', K.leases, tok)
+  if expiry then
+    return held(tok, read_lease(tok).f, tonumber(expiry), 1, granted)
+  end
+  return not_held_as(4, parked_count(), granted)
+end
+
 if fair then
   -- Join the line (or refresh our place), let the line advance, and see whether we got it.
   if not redis.call('ZSCORE', K.queue, tok) then
@@ -151,11 +228,12 @@ if fair then
   return not_held(granted)
 end
 
--- Non-fair: take free capacity, except that readers yield to a queued writer.
+-- Non-fair: take free capacity, except that readers yield to a queued writer and everyone to
+-- a parked task.
 local queued = waiters and redis.call('ZSCORE', K.queue, tok)
 local writer_waits = mode == 'r' and redis.call('HGET', K.meta, 'qw') or '0'
 local room, empty = fits(mode, limit)
-if room and (tonumber(writer_waits) or 0) == 0 then
+if room and (tonumber(writer_waits) or 0) == 0 and parked == 0 then
   if queued then
     dequeue(tok)
   end

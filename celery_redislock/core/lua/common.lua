@@ -10,7 +10,14 @@
 --                   'o:<owner>' owner -> token, 'q:<token>' waiter record (JSON),
 --                   'qseq' arrival counter, 'qw' number of queued writers,
 --                   'g' ids of the last releases that dropped a lease (run twice, such a
---                   release still says released)
+--                   release still says released),
+--                   the task line (parked tasks, see line.lua): 'qp' number of parked entries,
+--                   'p:<token>' a parked task's record (JSON: s arrival number, d wait deadline,
+--                   q its line record, x the payload to publish it again) kept until its
+--                   hand-over is published, 'c:<token>' '' while a lease handed to a parked
+--                   task is unclaimed, then the id of the call that claimed it,
+--                   'x' tokens of parked entries whose wait deadline passed (to publish as
+--                   expired)
 --   KEYS[3] queue   sorted set: waiter token -> arrival number
 --   KEYS[4] qdl     sorted set: waiter token -> deadline (server ms) of its queue entry
 --   KEYS[5] wake    list: wake-up signals for waiters of a non-fair lock
@@ -107,23 +114,63 @@ local function was_released(id)
 end
 
 -- `rec`: the lease's record, when the caller read it already.
+-- Puts a parked task whose hand-over was never published (its publisher died, or its lease was
+-- freed first) back in line, at its old place: the payload is the only copy of the task.
+local function requeue(tok, raw)
+  local p = cjson.decode(raw)
+  redis.call('ZADD', K.queue, p.s, tok)
+  redis.call('ZADD', K.qdl, p.d, tok)
+  redis.call('HSET', K.meta, 'q:' .. tok, p.q)
+  redis.call('HINCRBY', K.meta, 'qp', 1)
+  if cjson.decode(p.q).m == 'w' then
+    redis.call('HINCRBY', K.meta, 'qw', 1)
+  end
+end
+
+-- Token prefix of parked tasks' entries (the client's tokens are hex): a lease handed to one
+-- is published, not woken.
+local LINE_PREFIX = 'L'
+
+-- `rec`: the lease's record, when the caller read it already. Returns whether a parked task
+-- went back in line.
 local function drop_lease(tok, rec)
   rec = rec or read_lease(tok)
   if rec and rec.o ~= '' and redis.call('HGET', K.meta, 'o:' .. rec.o) == tok then
     redis.call('HDEL', K.meta, 'o:' .. rec.o)
   end
-  redis.call('HDEL', K.meta, 'l:' .. tok, 'i:' .. tok)
   redis.call('ZREM', K.leases, tok)
+  if string.sub(tok, 1, 1) == LINE_PREFIX then
+    local parked = redis.call('HGET', K.meta, 'p:' .. tok)
+    redis.call('HDEL', K.meta, 'l:' .. tok, 'i:' .. tok, 'c:' .. tok)
+    if parked and redis.call('ZSCORE', K.queue, tok) == false then
+      requeue(tok, parked)
+      return true
+    end
+    return false
+  end
+  redis.call('HDEL', K.meta, 'l:' .. tok, 'i:' .. tok)
+  return false
 end
 
 local function dequeue(tok)
   local raw = redis.call('HGET', K.meta, 'q:' .. tok)
-  if raw and cjson.decode(raw).m == 'w' then
-    redis.call('HINCRBY', K.meta, 'qw', -1)
+  if raw then
+    local q = cjson.decode(raw)
+    if q.m == 'w' then
+      redis.call('HINCRBY', K.meta, 'qw', -1)
+    end
+    if q.p then
+      redis.call('HINCRBY', K.meta, 'qp', -1)
+    end
   end
   redis.call('HDEL', K.meta, 'q:' .. tok)
   redis.call('ZREM', K.queue, tok)
   redis.call('ZREM', K.qdl, tok)
+end
+
+-- Parked entries in line (they come before newcomers, fair lock or not).
+local function parked_count()
+  return tonumber(redis.call('HGET', K.meta, 'qp') or '0') or 0
 end
 
 -- Records job `job` as finished for `keep_ms` (the done set is trimmed as it is written).
@@ -135,20 +182,28 @@ local function record_done(job, keep_ms, now)
   end
 end
 
--- Drops expired leases.
+-- Drops expired leases; returns whether a parked task went back in line.
 local function purge_leases(now)
   local dead = redis.call('ZRANGEBYSCORE', K.leases, '-inf', now)
+  local requeued = false
   for _, tok in ipairs(dead) do
-    drop_lease(tok)
+    requeued = drop_lease(tok) or requeued
   end
+  return requeued
 end
 
--- Drops expired leases and waiter entries whose owner stopped refreshing them.
+-- Drops expired leases and waiter entries whose owner stopped refreshing them. A parked task
+-- past its wait deadline leaves the line but keeps its record: it is published as expired
+-- (line_sweep.lua), so that it ends with an outcome rather than vanishing.
 local function purge(now)
   purge_leases(now)
   local gone = redis.call('ZRANGEBYSCORE', K.qdl, '-inf', now)
   for _, tok in ipairs(gone) do
     dequeue(tok)
+    if string.sub(tok, 1, 1) == LINE_PREFIX and redis.call('HEXISTS', K.meta, 'p:' .. tok) == 1 then
+      local x = redis.call('HGET', K.meta, 'x')
+      redis.call('HSET', K.meta, 'x', x and (x .. ' ' .. tok) or tok)
+    end
   end
 end
 
@@ -158,7 +213,7 @@ local function start(now)
   if waiters_seen then
     purge(now)
   else
-    purge_leases(now)
+    waiters_seen = purge_leases(now) -- a parked task may be back in line
   end
   return waiters_seen
 end
@@ -224,14 +279,22 @@ local function first_lease(tok, mode, ttl, owner, info, now, now_us, keep_ms)
   return fence, expiry
 end
 
-local function enqueue(tok, mode, limit, ttl, owner, info, entry_ms)
+-- `publish_ms`: for a parked task, how long the lease handed to it lasts until its hand-over
+-- is published (nil for a waiter). Returns the entry's arrival number and record.
+local function enqueue(tok, mode, limit, ttl, owner, info, entry_ms, publish_ms)
   local seq = redis.call('HINCRBY', K.meta, 'qseq', 1)
   redis.call('ZADD', K.queue, seq, tok)
   if mode == 'w' then
     redis.call('HINCRBY', K.meta, 'qw', 1)
   end
-  redis.call('HSET', K.meta, 'q:' .. tok,
-    cjson.encode({m = mode, n = limit, t = ttl, o = owner, i = info, e = entry_ms}))
+  local q = {m = mode, n = limit, t = ttl, o = owner, i = info, e = entry_ms}
+  if publish_ms then
+    q.p = publish_ms
+    redis.call('HINCRBY', K.meta, 'qp', 1)
+  end
+  local raw = cjson.encode(q)
+  redis.call('HSET', K.meta, 'q:' .. tok, raw)
+  return seq, raw
 end
 
 -- Fair mode: hands free capacity to waiters strictly in arrival order. Returns a flat list of
@@ -253,8 +316,17 @@ local function grant(now, now_us, skip, keep_ms)
     end
     dequeue(head)
     if q then
-      local ttl = head == skip and q.t or math.min(q.t, q.e)
+      -- A parked task's lease lasts until its hand-over is published (line_sent.lua extends
+      -- it until the task starts); unclaimed ('c:' empty) until then.
+      local ttl = head == skip and q.t or (q.p or math.min(q.t, q.e))
       local fence, expiry = new_lease(head, q.m, ttl, q.o, q.i, now, now_us, nil, keep_ms)
+      if q.p then
+        if head == skip then
+          redis.call('HDEL', K.meta, 'p:' .. head)
+        else
+          redis.call('HSET', K.meta, 'c:' .. head, '')
+        end
+      end
       if head ~= skip then
         out[#out + 1] = head
         out[#out + 1] = fence
@@ -311,7 +383,9 @@ end
 -- waits, lets the keys go once nothing is held.
 local function hand_on(out, now, now_us, fair, freed, keep_ms)
   if redis.call('EXISTS', K.queue) == 1 then
-    if fair then
+    -- Parked tasks are served in arrival order whatever the lock's fairness: no wake-up
+    -- reaches them, and newcomers queue behind them.
+    if fair or parked_count() > 0 then
       for _, v in ipairs(grant(now, now_us, '', keep_ms)) do
         out[#out + 1] = v
       end

@@ -1,7 +1,8 @@
 -- release.lua: give back a lease (one reentry level, or all of it) and hand the lock on.
 -- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see common.lua)
 -- ARGV: 1 token, 2 the lock's spec (see parse_spec in common.lua),
---       3 whole: '1' drops the lease whatever its reentry count, '0' one level,
+--       3 whole: '1' drops the lease whatever its reentry count (or, for a parked task's token
+--         'L...' still in line, its place), '0' one level,
 --       4 request id (chosen by the client: run again, the call does not count twice),
 --       5 job ('' = none): record it as finished (see finish.lua) in the same step, whether or
 --         not the lease was still held, 6 how long to keep that record (ms)
@@ -17,8 +18,11 @@ end
 
 -- Fast path: nobody waits, so nothing is handed on; a live lease of this token is given back
 -- in a few calls.
-if redis.call('EXISTS', K.queue) == 0 then
-  purge_leases(now)
+local fast = redis.call('EXISTS', K.queue) == 0
+if fast and purge_leases(now) then
+  fast = false -- a lapsed hand-over put a parked task back in line: hand the lock on below
+end
+if fast then
   local expiry = redis.call('ZSCORE', K.leases, tok)
   if expiry and tonumber(expiry) > now then
     local rec = read_lease(tok)
@@ -33,6 +37,9 @@ if redis.call('EXISTS', K.queue) == 0 then
     end
     redis.call('ZREM', K.leases, tok)
     local fields = {'l:' .. tok, 'i:' .. tok}
+    if string.sub(tok, 1, 1) == LINE_PREFIX then -- a hand-over this task claimed
+      fields[#fields + 1] = 'c:' .. tok
+    end
     if rec.o ~= '' and redis.call('HGET', K.meta, 'o:' .. rec.o) == tok then
       fields[#fields + 1] = 'o:' .. rec.o
     end
@@ -71,5 +78,9 @@ if expiry and tonumber(expiry) > now then
   end
 elseif was_released(request) then -- this very release ran before
   return reply({1, 0})
+elseif whole and string.sub(tok, 1, 1) == LINE_PREFIX and redis.call('ZSCORE', K.queue, tok) then
+  -- A park whose reply was lost (the caller gave up on it): its entry leaves the line.
+  dequeue(tok)
+  redis.call('HDEL', K.meta, 'p:' .. tok)
 end
 return reply(hand_on({status, left}, now, now_us, fair, status == 1 and left == 0, keep_ms))

@@ -20,7 +20,7 @@ from .signals import lock_conflict
 if TYPE_CHECKING:
     from .task import LockedTask
 
-__all__ = ["end_claim", "keep_claim_for_retry", "start_claim"]
+__all__ = ["end_claim", "keep_claim", "keep_claim_for_retry", "start_claim"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,29 @@ def end_claim(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
         release_claim(client_for(task.app, settings), settings.namespace, name, task_id)
     except (LockBackendError, LockConfigError) as exc:
         log.warning("task %s[%s]: could not release its unique key: %s", task.name, task_id, exc)
+
+
+def keep_claim(task: LockedTask, task_id: str, call: tuple[Any, Any], *, lifetime: float) -> None:
+    """Extends the queued claim of ``task_id`` to ``lifetime`` seconds (a task parked in its
+    lock's line stays queued as far as duplicates are concerned); never raises."""
+    unique = task.unique_options
+    if unique is None or not unique.queued:
+        return
+    args, kwargs = call
+    try:
+        name = lock_name(task.name, unique.keying, task.call_signature, args or (), kwargs or {})
+        settings = settings_for(task.app)
+        claim(
+            client_for(task.app, settings),
+            settings.namespace,
+            name,
+            task_id=task_id,
+            lifetime=lifetime,
+            kind=ClaimKind.REPUBLISH,
+            running_counts=unique.running_counts,
+        )
+    except (LockBackendError, LockConfigError) as exc:
+        log.warning("task %s[%s]: could not keep its unique key: %s", task.name, task_id, exc)
 
 
 def keep_claim_for_retry(task: LockedTask) -> None:

@@ -1,6 +1,6 @@
 """What a run does when its lock is held: ``on_conflict`` (skip, retry, wait's timeout,
-raise), another delivery of the same task (wait for it, or drop a copy whose job finished),
-and Redis failing (``redislock_on_backend_error``)."""
+raise, queue: parked in the lock's task line), another delivery of the same task (wait for it,
+or drop a copy whose job finished), and Redis failing (``redislock_on_backend_error``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from celery.exceptions import Ignore, Reject, Retry
 
 from ...core.backoff import conflict_delay, first_delivery_delay
+from ...core.line import Parked
 from ...core.lock import Lock
 from ...core.options import ConflictAction, LockOptions
-from ...errors import LockBackendError, LockNotAcquired
-from .claiming import end_claim
+from ...errors import LineFull, LockBackendError, LockNotAcquired
+from .claiming import end_claim, keep_claim
 from .ending import store_skipped
 from .publish import CONFLICTS_HEADER, REDELIVERY_HEADER
 from .settings import Settings
@@ -22,7 +23,15 @@ from .signals import lock_conflict
 if TYPE_CHECKING:
     from .task import LockedTask
 
-__all__ = ["await_first_delivery", "backend_down", "conflict", "drop_finished"]
+__all__ = [
+    "await_first_delivery",
+    "backend_down",
+    "conflict",
+    "drop_finished",
+    "line_expired",
+    "line_full",
+    "parked",
+]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +127,77 @@ def conflict(
         name=lock.name,
         timeout=options.timeout if action == "wait" else None,
     )
+
+
+def parked(
+    task: LockedTask,
+    task_id: str,
+    lock: Lock,
+    place: Parked,
+    options: LockOptions,
+    call: tuple[Any, Any],
+    settings: Settings,
+) -> NoReturn:
+    """The task waits in the lock's line as data; this delivery ends (its message is acked).
+    A unique task's queued claim is kept for as long as it may wait."""
+    holders = _holder_ids(lock)
+    log.info(
+        "task %s[%s] parked in the task line of lock %r (%d waiting): held by %s",
+        task.name,
+        task_id,
+        lock.name,
+        place.parked,
+        ", ".join(holders) or "a task that just finished",
+    )
+    lock_conflict.send(
+        sender=task, task_id=task_id, lock=lock.name, action="queue", holders=holders
+    )
+    unique = task.unique_options
+    if unique is not None and unique.queued:
+        allowance = unique.allowance or settings.queue_allowance
+        keep_claim(
+            task,
+            task_id,
+            call,
+            lifetime=options.max_wait + settings.line_handover_window + allowance,
+        )
+    raise Ignore()
+
+
+def line_expired(
+    task: LockedTask, task_id: str, lock: Lock, options: LockOptions, call: tuple[Any, Any]
+) -> NoReturn:
+    """Published from the line because its wait passed ``max_wait``: it fails, not run."""
+    log.warning(
+        "task %s[%s] not run: it waited in the task line of lock %r longer than max_wait (%ss)",
+        task.name,
+        task_id,
+        lock.name,
+        options.max_wait,
+    )
+    lock_conflict.send(
+        sender=task, task_id=task_id, lock=lock.name, action="expired", holders=_holder_ids(lock)
+    )
+    raise LockNotAcquired(
+        f"task {task.name}[{task_id}]: waited in the task line of lock {lock.name!r} longer "
+        f"than max_wait ({options.max_wait}s); not run",
+        name=lock.name,
+        timeout=options.max_wait,
+    )
+
+
+def line_full(task: LockedTask, task_id: str, lock: Lock, exc: LineFull) -> NoReturn:
+    """The line holds ``max_waiting`` parked tasks: this one fails with :class:`LineFull`."""
+    holders = _holder_ids(lock)
+    log.warning(
+        "task %s[%s] not run: the task line of lock %r is full (%d parked)",
+        task.name,
+        task_id,
+        lock.name,
+        exc.parked,
+    )
+    lock_conflict.send(sender=task, task_id=task_id, lock=lock.name, action="full", holders=holders)
+    raise exc
 
 
 def _retry(task: LockedTask, task_id: str, options: LockOptions, name: str, why: str) -> NoReturn:

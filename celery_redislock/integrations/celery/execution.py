@@ -9,20 +9,33 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.heartbeat import Heartbeat
 from ...core.lease import Lease, RedisClient
+from ...core.line import Parked, line_token, park
 from ...core.lock import Lock
 from ...core.naming import lock_name
 from ...core.options import ConflictAction, LockOptions
+from ...core.redlock import lock_factory
 from ...errors import (
     JobFinished,
+    LineFull,
     LockBackendError,
     LockConfigError,
     LockNotAcquired,
 )
 from .claiming import start_claim
-from .conflicts import await_first_delivery, backend_down, conflict, drop_finished
+from .conflicts import (
+    await_first_delivery,
+    backend_down,
+    conflict,
+    drop_finished,
+    line_expired,
+    line_full,
+    parked,
+)
 from .ending import FINISH_ATTR, HELD, REQUEST_ATTR
 from .kind import is_locked_task
+from .line import LINE_EXPIRED_HEADER, LINE_HEADER, handover_for, payload_of, waited_in_line
 from .publish import CONFLICTS_HEADER
+from .rate import take_rate_slot
 from .settings import Settings, client_for, settings_for
 from .signals import lock_acquired, lock_backend_error, lock_lost
 
@@ -41,14 +54,16 @@ log = logging.getLogger(__name__)
 def make_lock(task: LockedTask, settings: Settings, client: RedisClient, name: str) -> Lock:
     options = task.lock_options
     assert options is not None
-    return Lock(
-        client,
+    return lock_factory(
+        settings.redlock_urls or client,
         name,
         ttl=options.ttl or settings.ttl,
         mode=options.mode,
         limit=options.limit,
         namespace=settings.namespace,
         fence_keep=settings.fence_keep,
+        handover=handover_for(task.app),
+        handover_window=settings.line_handover_window,
     )
 
 
@@ -89,6 +104,8 @@ def acquire_for(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
     settings = settings_for(task.app)
     if settings.disabled:
         return  # the kill switch: no lock, no claim (logged as the worker starts)
+    if task.rate_options is not None:
+        take_rate_slot(task, task_id, args, kwargs, task.rate_options, settings)
     name = None
     if options is not None:
         name = lock_name(task.name, options, task.call_signature, args, kwargs)
@@ -110,9 +127,15 @@ def _job(task: LockedTask, task_id: str) -> str | None:
     ``acks_late`` message can be delivered again after it ran (its ack lost with its worker),
     so only such a job is recorded as finished."""
     request = task.request
+    headers = request.headers or {}
+    token = headers.get(LINE_HEADER)
+    if token and not request.is_eager:
+        # Published from the task line: the hand-over may be published twice (its publisher
+        # died before confirming it), so this job is always recorded as finished.
+        return f"{task_id}.{int(request.retries or 0)}.{token}"
     if not task.acks_late or request.is_eager:
         return None
-    conflicts = int((request.headers or {}).get(CONFLICTS_HEADER, 0) or 0)
+    conflicts = int(headers.get(CONFLICTS_HEADER, 0) or 0)
     return f"{task_id}.{int(request.retries or 0)}.{conflicts}"
 
 
@@ -128,19 +151,41 @@ def _take_lease(
     action: ConflictAction = options.on_conflict or settings.on_conflict
     job = _job(task, task_id)
     started = time.monotonic()
+    headers = task.request.headers or {}
+    token = headers.get(LINE_HEADER)
+    info = {"task_id": task_id, "task": task.name}
     try:
         lock = make_lock(task, settings, client_for(task.app, settings), name)
-        # owner = task id, not re-entrant: a second delivery of a running task is a conflict.
-        lease = lock.acquire(
-            blocking=action == "wait",
-            timeout=options.timeout if action == "wait" else None,
-            owner=task_id,
-            reentrant=False,
-            info={"task_id": task_id, "task": task.name},
-            job=job,
-        )
+        got: Lease | Parked | None = None
+        if token and headers.get(LINE_EXPIRED_HEADER):
+            pass  # its wait in line ended: it ends too (below)
+        elif (action == "queue" or token) and not task.request.is_eager:
+            fresh = token or line_token()
+            got = park(
+                lock,
+                payload_of(task, fresh),
+                token=fresh,
+                owner=task_id,
+                info=info,
+                job=job,
+                max_wait=options.max_wait,
+                max_waiting=options.max_waiting,
+            )
+        else:
+            # owner = task id, not re-entrant: a second delivery of a running task is a
+            # conflict.
+            got = lock.acquire(
+                blocking=action == "wait",
+                timeout=options.timeout if action == "wait" else None,
+                owner=task_id,
+                reentrant=False,
+                info=info,
+                job=job,
+            )
     except JobFinished:
         drop_finished(task, task_id, lock)
+    except LineFull as exc:
+        line_full(task, task_id, lock, exc)
     except LockNotAcquired as exc:
         if exc.owner_expires_in is not None:  # another delivery of this very task holds it
             await_first_delivery(task, task_id, lock, exc.owner_expires_in)
@@ -156,6 +201,11 @@ def _take_lease(
             )
         backend_down(task, task_id, name, settings, options, exc)
         return
+    if got is None:
+        line_expired(task, task_id, lock, options, (args, kwargs))
+    if isinstance(got, Parked):
+        parked(task, task_id, lock, got, options, (args, kwargs), settings)
+    lease = got
     taken = time.monotonic()
     HELD.add(lease, task, taken)
     setattr(task.request, REQUEST_ATTR, lease)
@@ -174,6 +224,5 @@ def _take_lease(
 
     Heartbeat.current().register(lease, on_lost=on_lost, max_hold=_max_hold(task, options))
     if lock_acquired.receivers:  # (no cost without receivers)
-        lock_acquired.send(
-            sender=task, task_id=task_id, lock=name, lease=lease, waited=taken - started
-        )
+        waited = taken - started + (waited_in_line(headers) if token else 0.0)
+        lock_acquired.send(sender=task, task_id=task_id, lock=name, lease=lease, waited=waited)

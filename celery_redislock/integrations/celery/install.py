@@ -9,6 +9,7 @@ from celery import Celery
 from celery.utils.imports import gen_task_name
 
 from ...core.options import call_signature, parse_lock_option
+from ...core.rate_options import parse_rate_option
 from ...core.unique_options import parse_unique_option
 from ...errors import LockConfigError
 from ._compat import forget_task_base, names_locked_task
@@ -56,7 +57,7 @@ def _checking(app: Celery, decorator: Any) -> Any:
     def task(*args: Any, **opts: Any) -> Any:
         if len(args) == 1 and callable(args[0]) and not opts:
             return decorator(*args)  # bare @app.task: no options to check
-        if opts.get("lock") in (None, False) and opts.get("unique") in (None, False):
+        if all(opts.get(option) in (None, False) for option in ("lock", "unique", "rate")):
             return decorator(*args, **opts)
 
         def declare(fun: Any) -> Any:
@@ -73,11 +74,12 @@ def _check_declaration(app: Celery, fun: Any, opts: dict[str, Any]) -> None:
     base = opts.get("base")
     if base is not None and not (isinstance(base, type) and issubclass(base, LockedTask)):
         raise LockConfigError(
-            f"task {name!r}: lock= and unique= need a base class derived from "
+            f"task {name!r}: lock=, unique= and rate= need a base class derived from "
             f"celery_redislock.LockedTask, got base={base!r}"
         )
     signature = call_signature(fun, bool(opts.get("bind")))
     lock = parse_lock_option(name, signature, opts.get("lock"))
+    parse_rate_option(name, signature, opts.get("rate"))
     _, lock = parse_unique_option(name, signature, opts.get("unique"), lock)
     if lock is not None:  # a killed child's lease is released by the parent's LockRequest
         request = opts.get("Request", (base or app.Task).Request)

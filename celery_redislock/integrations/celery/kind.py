@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeGuard
 
 if TYPE_CHECKING:
     from ...core.options import LockOptions
+    from ...core.rate_options import RateOptions
     from ...core.unique_options import UniqueOptions
     from .task import LockedTask
 
@@ -20,6 +21,8 @@ class LockAware:
     lock_options: ClassVar[LockOptions | None] = None
     """The execution lock: ``lock=`` as parsed, or the one ``unique=`` implies."""
     unique_options: ClassVar[UniqueOptions | None] = None
+    rate_options: ClassVar[RateOptions | None] = None
+    """``rate=`` as parsed: a fleet-wide rate limit on the task's starts."""
 
 
 def is_locked_task(task: object) -> TypeGuard[LockedTask]:

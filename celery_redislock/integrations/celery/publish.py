@@ -23,13 +23,25 @@ from .signals import lock_conflict
 if TYPE_CHECKING:
     pass
 
-__all__ = ["CONFLICTS_HEADER", "REDELIVERY_HEADER", "wrap_send_task"]
+__all__ = [
+    "CONFLICTS_HEADER",
+    "LINE_HEADER",
+    "RATE_HEADER",
+    "REDELIVERY_HEADER",
+    "wrap_send_task",
+]
 
 log = logging.getLogger(__name__)
 
 # Message header counting conflict retries (kept apart from the task's own ``retries``); such a
 # re-publish is the same job.
 CONFLICTS_HEADER = "redislock_conflicts"
+# Message header of a task published again from its lock's task line (the same job; the
+# token of the hand-over it claims).
+LINE_HEADER = "redislock_line"
+# Message header of a task published again to start at its reserved slot of a rate limit (the
+# same job; the request id that holds the slot).
+RATE_HEADER = "redislock_rate"
 # Message header counting re-publishes of a delivery that found another delivery of the same
 # task holding its lease (it waits to learn whether that one finished); the same job too.
 REDELIVERY_HEADER = "redislock_redelivered"
@@ -62,6 +74,8 @@ def _is_republish(options: Mapping[str, Any]) -> bool:
         int(options.get("retries") or 0) > 0
         or CONFLICTS_HEADER in headers
         or REDELIVERY_HEADER in headers
+        or LINE_HEADER in headers
+        or RATE_HEADER in headers
     )
 
 

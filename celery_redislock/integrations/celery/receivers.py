@@ -15,6 +15,8 @@ from celery.signals import (
     task_revoked,
     worker_init,
     worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
 )
 from celery.utils.imports import symbol_by_name
 
@@ -25,6 +27,7 @@ from .claiming import end_claim
 from .ending import end_run, release_all_held
 from .events import enable_at_worker_start
 from .kind import LockAware, is_locked_task
+from .line import start_sweeping, stop_sweeping, uses_line
 from .parent import LockRequest
 from .publish import wrap_send_task
 from .registry import publish_specs
@@ -82,6 +85,8 @@ def connect_receivers() -> None:
             (worker_init, _check_at_worker_start),
             (worker_init, wrap_revoke),
             (worker_init, enable_at_worker_start),
+            (worker_ready, start_sweeping),
+            (worker_shutdown, stop_sweeping),
             (beat_init, _beat_publishes_unique),
             (task_revoked, release_revoked),
         ):
@@ -123,7 +128,10 @@ def check_tasks(app: Celery) -> None:
         name
         for name, task in app.tasks.items()
         if not is_locked_task(task)
-        and any(getattr(task, option, None) not in (None, False) for option in ("lock", "unique"))
+        and any(
+            getattr(task, option, None) not in (None, False)
+            for option in ("lock", "unique", "rate")
+        )
     )
     if unlocked:
         raise LockConfigError(
@@ -155,11 +163,21 @@ def check_worker_app(app: Celery) -> None:
     if not _uses_locks(app):
         return
     needs_redis = any(
-        is_locked_task(task) and (task.lock_options is not None or task.unique_options is not None)
+        is_locked_task(task)
+        and (
+            task.lock_options is not None
+            or task.unique_options is not None
+            or task.rate_options is not None
+        )
         for task in app.tasks.values()
     )
     for warning in check_app(app, needs_redis=needs_redis):
         log.warning("%s", warning)
+    if settings.settings_for(app).redlock_urls and uses_line(app):
+        raise LockConfigError(
+            "setting redislock_redlock_urls: the task line (on_conflict='queue') is not "
+            "available over RedLock masters; use 'retry' or 'wait' for those tasks"
+        )
 
 
 def _check_at_worker_start(sender: Any = None, **_: Any) -> None:

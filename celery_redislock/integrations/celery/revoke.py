@@ -3,13 +3,20 @@ the revoke (prefetched, countdown and ETA messages), or when a worker discards i
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from ...core.line import drop_hand_over
+from ...errors import LockBackendError, LockConfigError
 from ._compat import held_request, wrap_revoke_command
 from .claiming import end_claim
+from .execution import lock_for
 from .kind import is_locked_task
+from .publish import LINE_HEADER
 
 __all__ = ["release_revoked", "wrap_revoke"]
+
+log = logging.getLogger(__name__)
 
 
 def release_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
@@ -18,6 +25,25 @@ def release_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     started)."""
     if is_locked_task(sender) and request is not None:
         end_claim(sender, request.id, request.args, request.kwargs)
+        token = (getattr(request, "headers", None) or {}).get(LINE_HEADER) or getattr(
+            request, LINE_HEADER, None
+        )
+        if token and sender.lock_options is not None:
+            _drop_hand_over(sender, request, str(token))
+
+
+def _drop_hand_over(task: Any, request: Any, token: str) -> None:
+    """A message published from a task line was discarded: the lock handed to it goes to the
+    next in line now, not at the end of the hand-over window."""
+    try:
+        drop_hand_over(lock_for(task, request.args or (), request.kwargs or {}), token)
+    except (LockBackendError, LockConfigError) as exc:
+        log.warning(
+            "task %s[%s]: could not give up its hand-over (the lock waits for its window): %s",
+            task.name,
+            request.id,
+            exc,
+        )
 
 
 def _release_held(state: Any, task_id: str) -> None:

@@ -21,10 +21,12 @@ from redis.exceptions import RedisClusterException
 from ...core._validate import one_of
 from ...core.clients import parse_sentinels, sentinel_client
 from ...core.durations import ALLOWANCE, OTHER, TTL, Duration, seconds
+from ...core.handover import DEFAULT_HANDOVER_WINDOW
 from ...core.keys import DEFAULT_NAMESPACE, check_namespace
 from ...core.lease import RedisClient
 from ...core.lock import DEFAULT_FENCE_KEEP
 from ...core.options import CONFLICT_ACTIONS, ConflictAction
+from ...core.redlock_masters import parse_master_urls
 from ...core.replicas import check_policy, require_replicas
 from ...core.unique_options import ON_DUPLICATE, OnDuplicate
 from ...errors import LockConfigError
@@ -41,6 +43,10 @@ DEFAULT_QUEUE_ALLOWANCE = 600.0
 # dropped instead of run again (a Redis broker redelivers after its visibility timeout, 1 h).
 DEFAULT_COMPLETION_TTL = 3600.0
 SOCKET_TIMEOUT = 5.0
+DEFAULT_SWEEP_INTERVAL = 1.0
+# Below 50 ms the sweeps cost more than the lapses they catch; past a minute a dead holder's
+# line waits too long.
+SWEEP_INTERVAL = Duration(0.05, 60.0)
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -74,6 +80,12 @@ class Settings:
     min_replicas: int = 0
     """Replicas that must acknowledge each acquire and renewal (``WAIT``); 0: none."""
     replica_timeout: float | None = None
+    redlock_urls: tuple[str, ...] | None = None
+    """RedLock masters (``redislock_redlock_urls``): task locks are held on a majority of them."""
+    line_handover_window: float = DEFAULT_HANDOVER_WINDOW
+    """Seconds a lock handed to a parked task waits for its message to be delivered."""
+    line_sweep_interval: float = DEFAULT_SWEEP_INTERVAL
+    """Seconds between two sweeps of the task lines by a worker's main process."""
 
 
 def _setting(app: Celery, name: str, default: Any) -> Any:
@@ -156,6 +168,13 @@ def _read(app: Celery) -> Settings:
         sentinels=sentinels,
         sentinel_master=master,
         sentinel_options=options,
+        redlock_urls=_redlock_urls(app, sentinels),
+        line_handover_window=_seconds(
+            app, "redislock_line_handover_window", DEFAULT_HANDOVER_WINDOW, ALLOWANCE
+        ),
+        line_sweep_interval=_seconds(
+            app, "redislock_line_sweep_interval", DEFAULT_SWEEP_INTERVAL, SWEEP_INTERVAL
+        ),
         **_replica_settings(app),
     )
 
@@ -185,6 +204,18 @@ def _sentinel_settings(
             f"got {options!r}"
         )
     return sentinels, master, tuple(sorted(options.items()))
+
+
+def _redlock_urls(app: Celery, sentinels: object) -> tuple[str, ...] | None:
+    raw = _setting(app, "redislock_redlock_urls", None)
+    if raw is None:
+        return None
+    if sentinels is not None:
+        raise LockConfigError(
+            "settings redislock_redlock_urls and redislock_sentinels: give one of them, not both "
+            "(RedLock's masters are independent servers)"
+        )
+    return parse_master_urls(raw, "setting redislock_redlock_urls")
 
 
 def _replica_settings(app: Celery) -> dict[str, Any]:
@@ -241,6 +272,9 @@ _READ_KEYS = (
     "redislock_sentinel_options",
     "redislock_min_replicas",
     "redislock_replica_timeout",
+    "redislock_redlock_urls",
+    "redislock_line_handover_window",
+    "redislock_line_sweep_interval",
     "broker_url",
     "broker_host",  # (app.conf.broker_url falls back to it)
     "task_time_limit",

@@ -9,6 +9,7 @@ from celery import Task
 
 from ...core.lease import Lease
 from ...core.options import LockOptionDict, call_signature, parse_lock_option
+from ...core.rate_options import RateOptionDict, parse_rate_option
 from ...core.unique_options import Lifecycle, UniqueOptionDict, parse_unique_option
 from .claiming import keep_claim_for_retry
 from .ending import held_lease, release_at_body_end, release_held
@@ -40,11 +41,13 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
     """The ``lock=`` option as declared: True, a key template, or a dict of options."""
     unique: Lifecycle | UniqueOptionDict | Literal[False] | None = None
     """The ``unique=`` option as declared: a lifecycle name, or a dict of options."""
+    rate: str | RateOptionDict | None = None
+    """The ``rate=`` option as declared: a rate (``"100/m"``), or a dict of options."""
     call_signature: ClassVar[inspect.Signature | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if not {"lock", "unique", "run"} & cls.__dict__.keys():
+        if not {"lock", "unique", "rate", "run"} & cls.__dict__.keys():
             return  # an abstract base Celery derives: nothing declared here
         run = cls.__dict__.get("run", getattr(cls, "run", None))
         bound = not isinstance(run, staticmethod)  # Celery stores unbound runs as staticmethods
@@ -55,6 +58,7 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
         cls.unique_options, cls.lock_options = parse_unique_option(
             name, cls.call_signature, cls.unique, lock
         )
+        cls.rate_options = parse_rate_option(name, cls.call_signature, cls.rate)
         cls._unique_spec = None
 
     @classmethod
@@ -84,7 +88,11 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
         return held_lease(self)
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        if self.lock_options is not None or self.unique_options is not None:
+        if (
+            self.lock_options is not None
+            or self.unique_options is not None
+            or self.rate_options is not None
+        ):
             acquire_for(self, task_id, args, kwargs)
         super().before_start(task_id, args, kwargs)
 

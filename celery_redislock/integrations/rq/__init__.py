@@ -6,7 +6,8 @@ jobs, on the same lock core.
 ... def sync_customer(customer_id: int) -> None: ...
 
 Enqueue through :class:`UniqueQueue` for enqueue-time uniqueness; run workers with
-``-w celery_redislock.integrations.rq.LockWorker`` to free a killed horse's leases at once.
+``-w celery_redislock.integrations.rq.LockWorker`` to free a killed horse's leases at once and
+to sweep the task lines of ``on_conflict="queue"``.
 """
 
 from .job import JobSpec, lock_for, locked, spec_of

@@ -26,6 +26,7 @@ __all__ = [
     "SpawnWorker",
     "Worker",
     "current_job",
+    "enqueue_again",
     "retries_left",
     "retry_after",
     "save_meta",
@@ -56,3 +57,13 @@ def retries_left(job: Job) -> int:
 def save_meta(job: Job) -> None:
     """Writes ``job.meta`` to its job hash (RQ's ``save_meta`` is untyped)."""
     job.save_meta()  # type: ignore[no-untyped-call]
+
+
+def enqueue_again(queue: Any, job: Job, pipeline: Any) -> None:
+    """Queues ``job`` (taken out of the scheduled registry) at the front of ``queue``, on
+    ``pipeline``, as RQ's scheduler queues a due job. A job under RQ 3.0's ``rate_limit=`` goes
+    through its rate limit registry, as the scheduler sends it."""
+    if getattr(job, "has_rate_limit", False):  # RQ >= 3.0
+        queue._enqueue_rate_limited_job(job, pipeline=pipeline, at_front=True)
+    else:
+        queue._enqueue_job(job, pipeline=pipeline, at_front=True)

@@ -9,9 +9,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeVar
 
 from ...core.lease import RedisClient
+from ...core.line import Handover
 from ...core.lock import Lock
 from ...core.naming import lock_name
 from ...core.options import LockOptionDict, LockOptions, call_signature, parse_lock_option
+from ...core.rate_options import RateOptionDict, RateOptions, parse_rate_option
+from ...core.redlock import lock_factory
 from ...core.unique_options import (
     Lifecycle,
     UniqueOptionDict,
@@ -19,6 +22,7 @@ from ...core.unique_options import (
     parse_unique_option,
 )
 from ...errors import LockConfigError
+from .line import PutBack
 from .running import run
 from .settings import Settings, client_for, default_settings
 
@@ -39,6 +43,8 @@ class JobSpec:
     unique: UniqueOptions | None
     signature: inspect.Signature | None
     own_settings: Settings | None
+    rate: RateOptions | None = None
+    """``rate=``: a fleet-wide rate limit on the job's starts."""
 
     @property
     def settings(self) -> Settings:
@@ -52,19 +58,30 @@ class JobSpec:
         assert self.unique is not None
         return lock_name(self.name, self.unique.keying, self.signature, args, kwargs)
 
-    def make_lock(self, client: RedisClient, name: str, settings: Settings | None = None) -> Lock:
-        """The lock ``name``; ``settings``: the ones the caller read already (read once per job)."""
+    def make_lock(
+        self,
+        client: RedisClient,
+        name: str,
+        settings: Settings | None = None,
+        handover: Handover | None = None,
+    ) -> Lock:
+        """The lock ``name``; ``settings``: the ones the caller read already (read once per
+        job); ``handover``: puts back the parked jobs its release hands the lock to
+        (:class:`.line.PutBack`; without one, a sweeper does, once their short hand-over
+        lapsed)."""
         assert self.lock is not None
         if settings is None:
             settings = self.settings
-        return Lock(
-            client,
+        return lock_factory(
+            settings.redlock_urls or client,
             name,
             ttl=self.lock.ttl or settings.ttl,
             mode=self.lock.mode,
             limit=self.lock.limit,
             namespace=settings.namespace,
             fence_keep=settings.fence_keep,
+            handover=handover,
+            handover_window=settings.line_handover_window,
         )
 
 
@@ -72,10 +89,11 @@ def locked(
     lock: bool | str | LockOptionDict | None = None,
     unique: Lifecycle | UniqueOptionDict | Literal[False] | None = None,
     *,
+    rate: str | RateOptionDict | None = None,
     settings: Settings | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Declares a job function's lock and/or uniqueness, with the same ``lock=`` and
-    ``unique=`` options as a Celery task (see docs/rq.md). Bad options raise
+    """Declares a job function's lock, uniqueness and/or rate limit, with the same ``lock=``,
+    ``unique=`` and ``rate=`` options as a Celery task (see docs/rq.md). Bad options raise
     :class:`LockConfigError` here, naming the function and the option.
 
     The lease is taken in the process that runs the job (RQ's work horse), kept by the
@@ -106,9 +124,10 @@ def locked(
         signature = call_signature(fun, bound=False)
         lock_opts = parse_lock_option(name, signature, lock)
         unique_opts, lock_opts = parse_unique_option(name, signature, unique, lock_opts)
-        if lock_opts is None and unique_opts is None:
-            raise LockConfigError(f"job {name!r}: @locked needs lock= or unique= (or both)")
-        spec = JobSpec(name, lock_opts, unique_opts, signature, settings)
+        rate_opts = parse_rate_option(name, signature, rate)
+        if lock_opts is None and unique_opts is None and rate_opts is None:
+            raise LockConfigError(f"job {name!r}: @locked needs lock=, unique= or rate=")
+        spec = JobSpec(name, lock_opts, unique_opts, signature, settings, rate_opts)
 
         @functools.wraps(fun)
         def run_locked(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -145,5 +164,9 @@ def lock_for_job(job: Any) -> Lock | None:
     spec = spec_of(job.func)
     if spec is None or spec.lock is None:
         return None
-    client = client_for(spec.settings, job.connection)
-    return spec.make_lock(client, spec.lock_name(job.args or (), job.kwargs or {}))
+    settings = spec.settings
+    client = client_for(settings, job.connection)
+    put_back = PutBack(job.connection, job.serializer, client, settings.line_handover_window)
+    return spec.make_lock(
+        client, spec.lock_name(job.args or (), job.kwargs or {}), settings, put_back
+    )

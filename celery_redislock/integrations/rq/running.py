@@ -15,15 +15,20 @@ from ...core.backoff import conflict_delay, first_delivery_delay
 from ...core.claims import ClaimKind, claim, release_claim
 from ...core.heartbeat import Heartbeat
 from ...core.lease import Lease, RedisClient
+from ...core.line import Parked
 from ...core.lock import Lock
 from ...errors import (
     JobFinished,
+    LineFull,
     LockBackendError,
     LockConfigError,
     LockNotAcquired,
     LockNotOwned,
 )
+from . import parking
 from ._compat import Job, Retry, current_job, retries_left, retry_after, save_meta
+from .line import LINE_META, PutBack, line_of
+from .rate import take_rate_slot
 from .settings import Settings, client_for
 from .signals import lock_acquired, lock_backend_error, lock_conflict, lock_lost, lock_released
 
@@ -48,8 +53,9 @@ _KILL_GRACE = 60
 
 
 def outcome_of(job: Job) -> dict[str, Any] | None:
-    """Why a job did not run (``{"outcome": "skipped" | "superseded" | "finished", "lock": ...,
-    "holders": [...]}``), or ``None`` if it ran.
+    """Why a job did not run (``{"outcome": "skipped" | "superseded" | "finished" | "expired"
+    | "full", "lock": ..., "holders": [...]}``; ``"queued"`` while it waits in the lock's task
+    line), or ``None`` if it ran.
 
     >>> outcome_of(job)   # doctest: +SKIP
     {'outcome': 'skipped', 'lock': 'sync:42', 'holders': ['9b1c…']}
@@ -62,7 +68,12 @@ def republished(job: Job) -> bool:
     """Whether ``job`` runs again (an RQ retry, a conflict retry, a wait for its first copy)
     rather than for the first time."""
     meta = job.meta or {}
-    return bool(job.number_of_retries) or _CONFLICTS_META in meta or _WAITS_META in meta
+    return (
+        bool(job.number_of_retries)
+        or _CONFLICTS_META in meta
+        or _WAITS_META in meta
+        or LINE_META in meta
+    )
 
 
 class _Run:
@@ -90,28 +101,51 @@ class _Run:
         assert options is not None
         action = options.on_conflict or self.settings.on_conflict
         name = spec.lock_name(self.args, self.kwargs)
-        lock = spec.make_lock(self.client, name, self.settings)
+        job = self.job
+        put_back = None
+        if job is not None:  # its release hands the lock on to parked jobs, and puts them back
+            put_back = PutBack(
+                job.connection, job.serializer, self.client, self.settings.line_handover_window
+            )
+        lock = spec.make_lock(self.client, name, self.settings, put_back)
+        # A job that waited in the task line goes on through it, whatever its lock says now.
+        line = line_of(job) if job is not None else None
+        in_line = job is not None and (action == "queue" or line is not None)
+        if in_line and parking.wait_ended(line):
+            parking.expired(self, lock)
         asked = time.monotonic()
         try:
-            self.lease = lock.acquire(
-                blocking=action == "wait",
-                timeout=options.timeout if action == "wait" else None,
-                owner=self.job_id,
-                reentrant=False,  # a second copy of a running job is a conflict
-                info={"task_id": self.job_id, "task": spec.name},
-                job=self.job_id if self.job is not None else None,
-            )
+            if in_line:
+                got = parking.take_in_line(self, lock, line)
+            else:
+                got = lock.acquire(
+                    blocking=action == "wait",
+                    timeout=options.timeout if action == "wait" else None,
+                    owner=self.job_id,
+                    reentrant=False,  # a second copy of a running job is a conflict
+                    info={"task_id": self.job_id, "task": spec.name},
+                    job=self.job_id if job is not None else None,
+                )
         except JobFinished:
             log.info("job %s[%s] dropped: a copy of it already ran", spec.name, self.job_id)
             self.mark("finished", name, [self.job_id])
             self.signal_conflict(name, "drop", [self.job_id])
             return SKIPPED
+        except LineFull as exc:
+            parking.line_full(self, lock, exc)
         except LockNotAcquired as exc:
-            if exc.owner_expires_in is not None and self.job is not None:
+            if exc.owner_expires_in is not None and job is not None:
                 return self.await_first_copy(lock, exc.owner_expires_in)
             return self.conflict(lock, action)
         except LockBackendError as exc:
             return self.backend_down(name, exc)
+        if isinstance(got, Parked):
+            return parking.parked(self, lock, got)
+        self.lease = got
+        waited = 0.0
+        if line is not None:  # the time in line counts as waiting
+            waited = max(0.0, time.time() - float(line.get("since", time.time())))
+            self.left_line()
         Heartbeat.current().register(self.lease, on_lost=self.on_lost, max_hold=self.max_hold())
         self.taken = time.monotonic()
         if lock_acquired.receivers:
@@ -120,9 +154,26 @@ class _Run:
                 task_id=self.job_id,
                 lock=name,
                 lease=self.lease,
-                waited=self.taken - asked,
+                waited=waited + self.taken - asked,
             )
         return None
+
+    def left_line(self) -> None:
+        """The job took the lease after waiting in line: its place and "queued" outcome go."""
+        assert self.job is not None
+        meta = self.job.meta
+        changed = meta.pop(LINE_META, None) is not None
+        outcome = meta.get(OUTCOME_META)
+        if isinstance(outcome, dict) and outcome.get("outcome") == "queued":
+            del meta[OUTCOME_META]
+            changed = True
+        if changed:
+            try:
+                save_meta(self.job)
+            except Exception as exc:  # informative only; the job runs
+                log.warning(
+                    "job %s[%s]: could not update its meta: %s", self.spec.name, self.job_id, exc
+                )
 
     def max_hold(self) -> float | None:
         assert self.spec.lock is not None
@@ -392,6 +443,10 @@ def run(
         _say_disabled()
         return fun(*args, **kwargs)
     call = _Run(spec, args, kwargs)
+    if spec.rate is not None:
+        instead = take_rate_slot(call)
+        if instead is not None:
+            return instead
     if spec.lock is not None:
         instead = call.take()
         if instead is not None:

@@ -21,8 +21,10 @@ from ...core.clients import parse_sentinels, sentinel_client
 from ...core.durations import ALLOWANCE, OTHER, TTL, Duration, seconds
 from ...core.keys import DEFAULT_NAMESPACE, check_namespace
 from ...core.lease import RedisClient
+from ...core.line import DEFAULT_HANDOVER_WINDOW
 from ...core.lock import DEFAULT_FENCE_KEEP
 from ...core.options import CONFLICT_ACTIONS, ConflictAction
+from ...core.redlock_masters import parse_master_urls
 from ...core.replicas import check_policy, require_replicas
 from ...core.unique_options import ON_DUPLICATE, OnDuplicate
 from ...errors import LockConfigError
@@ -33,6 +35,9 @@ BackendPolicy = Literal["fail", "retry", "run"]
 BACKEND_POLICIES: tuple[BackendPolicy, ...] = ("fail", "retry", "run")
 SOCKET_TIMEOUT = 5.0
 _PREFIX = "REDISLOCK_"
+# Below 50 ms the sweeps cost more than the lapses they catch; past a minute a dead holder's
+# line waits too long.
+SWEEP_INTERVAL = Duration(0.05, 60.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +61,20 @@ class Settings:
     completion_ttl: float = 3600.0
     """Seconds a finished run is remembered, so a copy of it requeued meanwhile is dropped."""
     fence_keep: float = DEFAULT_FENCE_KEEP
+    line_handover_window: float = DEFAULT_HANDOVER_WINDOW
+    """Seconds a parked job put back on its queue (``on_conflict="queue"``) has to start and
+    claim the lock handed to it; past it the lock goes to the next in line."""
+    line_sweep_interval: float = 1.0
+    """Seconds between two sweeps of the task lines by a ``LockWorker``'s main process."""
     max_conflict_retries: int = 100
     """Conflict retries (``on_conflict="retry"``) when the lock gives no ``max_retries``."""
     sentinels: str | None = None
     """``"host:port,host:port"``: the lock Redis is the master these Sentinels name
     (``sentinel_master``), found again after a failover; instead of ``url``."""
     sentinel_master: str | None = None
+    redlock_urls: tuple[str, ...] | None = None
+    """RedLock masters (``"redis://a:6379,redis://b:6379,redis://c:6379"`` or a list): job locks
+    are held on a majority of them (unique claims stay on the lock Redis)."""
     min_replicas: int = 0
     """Replicas that must acknowledge each acquire and renewal (see docs/topologies.md)."""
     replica_timeout: float | None = None
@@ -92,6 +105,12 @@ class Settings:
                     "setting sentinel_master must name the Sentinel service (master) when "
                     f"sentinels are set, got {self.sentinel_master!r}"
                 )
+        if self.redlock_urls is not None:
+            if self.sentinels is not None:
+                raise LockConfigError(
+                    "settings redlock_urls and sentinels: give one of them, not both"
+                )
+            put("redlock_urls", parse_master_urls(self.redlock_urls, "setting redlock_urls"))
         policy = check_policy(self.min_replicas, self.replica_timeout)
         put("replica_timeout", None if self.replica_timeout is None else policy.timeout)
         if not isinstance(self.disabled, bool):
@@ -129,6 +148,8 @@ _DURATIONS: dict[str, Duration] = {
     "queue_allowance": ALLOWANCE,
     "completion_ttl": ALLOWANCE,
     "fence_keep": OTHER,
+    "line_handover_window": ALLOWANCE,
+    "line_sweep_interval": SWEEP_INTERVAL,
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "on_conflict": CONFLICT_ACTIONS,

@@ -14,15 +14,17 @@ from ...core.signal import Signal
 __all__ = ["lock_acquired", "lock_backend_error", "lock_conflict", "lock_lost", "lock_released"]
 
 lock_acquired = Signal("lock_acquired")
-"""A job took its lease: ``task_id``, ``lock`` (name), ``lease``, ``waited`` (seconds)."""
+"""A job took its lease: ``task_id``, ``lock`` (name), ``lease``, ``waited`` (seconds; for a
+job from a task line, since it first parked)."""
 
 lock_released = Signal("lock_released")
 """A job gave its lease back as it ended: ``task_id``, ``lock``, ``lease``, ``held`` (seconds).
 Not sent when ``LockWorker``'s parent frees a killed horse's lease."""
 
 lock_conflict = Signal("lock_conflict")
-"""A job found its lock held (``action``: skip, retry, wait, raise; ``await`` and ``drop`` for
-a copy of a job whose first run holds or finished it; ``superseded``), or an enqueue found a
+"""A job found its lock held (``action``: skip, retry, wait, raise, queue; ``expired`` and
+``full`` for the task line; ``await`` and ``drop`` for a copy of a job whose first run holds or
+finished it; ``superseded``), or an enqueue found a
 unique job's key held (``existing``, ``raise``, ``replace``): ``task_id``, ``lock``, ``action``,
 ``holders`` (job ids)."""
 

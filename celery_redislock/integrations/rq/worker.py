@@ -12,7 +12,9 @@ from ...core.childwatch import alive
 from ...errors import LockBackendError, LockConfigError
 from ._compat import Job, SpawnWorker, Worker
 from .job import lock_for_job
-from .settings import default_settings
+from .line import PutBack
+from .settings import Settings, client_for, default_settings
+from .sweeper import Sweeper
 
 __all__ = ["LockSpawnWorker", "LockWorker", "ReleasesDeadHorses"]
 
@@ -28,18 +30,48 @@ class ReleasesDeadHorses:
     """Mix into an RQ worker class with work horses (``Worker``, ``SpawnWorker``): when a horse
     ends without its ``finally`` having run (SIGKILL, OOM, the kill past the job timeout, a
     stop-job command, a cold shutdown), releases the leases it held for its job. Each is matched
-    by job id, host and the horse's pid: never a lease of another copy of the job."""
+    by job id, host and the horse's pid: never a lease of another copy of the job. The release
+    hands the lock on to the jobs parked in its task line (``on_conflict="queue"``).
+
+    The worker's main process also sweeps the task lines (a thread, every
+    ``line_sweep_interval`` seconds): a lock whose holder died with its whole worker goes to the
+    next parked job once its lease lapses, and a job past its ``max_wait`` ends."""
 
     _redislock_horse = 0
     _redislock_status: int | None = None
 
     def work(self, *args: Any, **kwargs: Any) -> Any:
-        if default_settings().disabled:
+        settings = default_settings()
+        if settings.disabled:
             log.error(
                 "celery_redislock is DISABLED (REDISLOCK_DISABLED): this worker's jobs run "
                 "without their locks and unique claims"
             )
-        return super().work(*args, **kwargs)  # type: ignore[misc]
+        sweeper = None if settings.disabled else self._redislock_sweeper(settings)
+        try:
+            return super().work(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            if sweeper is not None:
+                sweeper.stop()
+
+    def _redislock_sweeper(self, settings: Settings) -> Sweeper | None:
+        """Starts sweeping the task lines of the environment's settings (their namespace, on
+        their lock Redis), so that a lock whose holder died unseen goes to the next in line."""
+        connection: Any = self.connection  # type: ignore[attr-defined]
+        try:
+            client = client_for(settings, connection)
+        except LockConfigError as exc:
+            log.error("task lines are not swept by this worker: %s", exc)
+            return None
+        put_back = PutBack(
+            connection,
+            self.serializer,  # type: ignore[attr-defined]
+            client,
+            settings.line_handover_window,
+        )
+        sweeper = Sweeper(client, settings.namespace, put_back, settings.line_sweep_interval)
+        sweeper.start()
+        return sweeper
 
     def fork_work_horse(self, job: Job, queue: Any, *args: Any, **kwargs: Any) -> None:
         # Read here, before the fork, so that each horse inherits them instead of reading

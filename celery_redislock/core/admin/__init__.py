@@ -1,0 +1,37 @@
+"""Operating on locks from outside their holders: list them and their waiters, describe a
+holder, free a lease by its token or its owner's task id, list and free unique tasks' queued
+claims, free a whole namespace. What the CLI, the pytest plugin and the integrations call; never
+imports a framework.
+
+One module per concern: :mod:`.reading` (what a lock's records say), :mod:`.listing` (finding
+locks by pattern), :mod:`.release` (freeing leases), :mod:`.claims` (unique tasks' queued
+claims). Import the names from here.
+
+>>> from celery_redislock.core import admin
+>>> [s.name for s in admin.list_locks(redis.Redis(), "sync:*")]   # doctest: +SKIP
+['sync:42']
+"""
+
+from __future__ import annotations
+
+from .claims import ClaimState, force_release_claim, iter_claims, list_claims
+from .listing import iter_locks, list_locks
+from .reading import TEST_HOLDER, LockState, Waiter, describe_holder, describe_lock
+from .release import Released, force_release, release_all
+
+__all__ = [
+    "TEST_HOLDER",
+    "ClaimState",
+    "LockState",
+    "Released",
+    "Waiter",
+    "describe_holder",
+    "describe_lock",
+    "force_release",
+    "force_release_claim",
+    "iter_claims",
+    "iter_locks",
+    "list_claims",
+    "list_locks",
+    "release_all",
+]

@@ -1,0 +1,101 @@
+"""Unique tasks' queued claims (a key held by a message from publish until it starts): listing
+them and freeing one, checked in Redis against the task id holding it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
+from ..lease import RedisClient, backend_errors
+from ..protocol import ReleaseClaimArgs, ReleaseClaimReply, text
+from ..scripts import run
+from .listing import check_pattern, glob_escape
+
+__all__ = ["ClaimState", "force_release_claim", "iter_claims", "list_claims"]
+
+_SCAN_COUNT = 500
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimState:
+    """A unique task's claim on its key while its message is queued."""
+
+    name: str
+    task_id: str
+    expires_in: float | None
+    """Seconds the claim has left (``None``: no expiry)."""
+
+
+def iter_claims(
+    client: RedisClient, namespace: str = DEFAULT_NAMESPACE, pattern: str = "*"
+) -> Iterator[str]:
+    """Keys (lock names) of ``namespace`` that a queued unique task claims, found with SCAN."""
+    check_namespace(namespace)
+    match = f"{glob_escape(namespace)}:{{{check_pattern(pattern)}}}:queued"
+    head, tail = f"{namespace}:{{", "}:queued"
+    with backend_errors(None):
+        for raw in client.scan_iter(match=match, count=_SCAN_COUNT):
+            key = text(raw)
+            if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail):
+                yield key[len(head) : -len(tail)]
+
+
+def _claim_state(client: RedisClient, namespace: str, name: str) -> ClaimState | None:
+    key = LockKeys.of(namespace, name).queued
+    with backend_errors(name):
+        pipe = client.pipeline(transaction=False)
+        pipe.get(key)
+        pipe.pttl(key)
+        holder, pttl = pipe.execute()
+    if holder is None:
+        return None
+    return ClaimState(name, text(holder), pttl / 1000 if pttl >= 0 else None)
+
+
+def list_claims(
+    client: RedisClient, pattern: str = "*", namespace: str = DEFAULT_NAMESPACE
+) -> list[ClaimState]:
+    """The queued claims of ``namespace`` whose key matches the glob ``pattern``, by key.
+
+    >>> list_claims(redis.Redis(), "report:*")   # doctest: +SKIP
+    [ClaimState(name='report:daily', task_id='4f0e…', expires_in=593.2)]
+    """
+    found = (
+        _claim_state(client, namespace, name)
+        for name in sorted(set(iter_claims(client, namespace, pattern)))
+    )
+    return [state for state in found if state is not None]
+
+
+def force_release_claim(
+    client: RedisClient,
+    name: str,
+    *,
+    task_id: str | None = None,
+    dry_run: bool = False,
+    namespace: str = DEFAULT_NAMESPACE,
+) -> ClaimState | None:
+    """Frees the queued claim on the key ``name`` (only if ``task_id`` holds it, when given),
+    so the next call of the unique task is published. Checked in Redis against the task id read
+    first: a claim taken meanwhile by another call is left alone. Returns the claim freed (or,
+    with ``dry_run``, that would be freed); ``None`` if none matched.
+
+    >>> force_release_claim(redis.Redis(), "report:daily")   # doctest: +SKIP
+    ClaimState(name='report:daily', task_id='4f0e…', expires_in=593.2)
+    """
+    name, namespace = check_name(name), check_namespace(namespace)
+    state = _claim_state(client, namespace, name)
+    if state is None or (task_id is not None and state.task_id != task_id):
+        return None
+    if dry_run:
+        return state
+    keys = LockKeys.of(namespace, name)
+    with backend_errors(name):
+        raw = run(
+            "unique_release",
+            client,
+            [keys.queued, keys.replaced],
+            ReleaseClaimArgs(task_id=state.task_id).encode(),
+        )
+    return state if ReleaseClaimReply.decode(raw).superseded_by is None else None

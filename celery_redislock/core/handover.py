@@ -1,0 +1,99 @@
+"""What the lock itself needs of the task line (core/line.py): the tokens of parked entries,
+and publishing the parked tasks a script handed the lock to (the lock's ``handover``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+import redis
+
+from .scripts import run
+
+if TYPE_CHECKING:
+    from .lock import Lock
+
+__all__ = [
+    "DEFAULT_HANDOVER_WINDOW",
+    "PUBLISH_WINDOW_S",
+    "Handed",
+    "Handover",
+    "hand_over",
+    "is_line_token",
+    "line_token",
+]
+
+log = logging.getLogger(__name__)
+
+LINE_PREFIX = "L"
+# A lease handed to a parked task lasts this long until its publish is confirmed; past it, the
+# entry goes back in line (its publisher died) and another caller publishes it.
+PUBLISH_WINDOW_S = 10.0
+DEFAULT_HANDOVER_WINDOW = 60.0
+"""Seconds a lease handed to a parked task waits, once published, for the task to be delivered
+and claim it; past it the lock goes to the next in line (the late task parks again)."""
+
+
+def line_token() -> str:
+    """A new parked entry's token (the lease it is handed has the same token)."""
+    return LINE_PREFIX + os.urandom(16).hex()
+
+
+def is_line_token(token: str) -> bool:
+    return token.startswith(LINE_PREFIX)
+
+
+class Handed(NamedTuple):
+    """A parked task to publish again: handed the lock, or past its wait deadline."""
+
+    token: str
+    payload: str
+    expired: bool
+    """Its wait deadline passed: published so that it ends with that outcome, not run."""
+
+
+Handover = Callable[[Handed], None]
+"""Publishes one parked task again (raises if it could not)."""
+
+
+def hand_over(lock: Lock, tokens: Sequence[str], expired: Sequence[str] = ()) -> None:
+    """Publishes the parked tasks a script handed the lock to (or that expired), then confirms
+    them. Never raises: what is not confirmed goes back in line when its short lease lapses."""
+    every = [*tokens, *expired]
+    if not every or lock.handover is None:
+        return  # another process publishes them once their short leases lapse
+    try:
+        raw = lock.client.hmget(lock.keys.meta, [f"p:{t}" for t in every])
+    except redis.RedisError as exc:
+        log.warning("lock %r: could not read the parked tasks to hand over: %s", lock.name, exc)
+        return
+    done = set(expired)
+    sent = []
+    for tok, record in zip(every, raw, strict=True):
+        if record is None:
+            continue  # confirmed already (a sweep beat us to it), or claimed
+        handed = Handed(token=tok, payload=json.loads(record)["x"], expired=tok in done)
+        try:
+            lock.handover(handed)
+        except Exception as exc:
+            log.warning(
+                "lock %r: could not publish parked task %s again (retried once its hand-over "
+                "lapses): %s",
+                lock.name,
+                tok,
+                exc,
+            )
+            continue
+        sent.append(tok)
+    if not sent:
+        return
+    window = str(max(1, round(lock.handover_window * 1000)))
+    try:
+        run("line_sent", lock.client, lock.encoded_keys, [window, *sent])
+    except redis.RedisError as exc:
+        # Published, not confirmed: the entries come back after the publish window and are
+        # published again; the second delivery finds the first's claim or its finish record.
+        log.warning("lock %r: could not confirm hand-overs %s: %s", lock.name, sent, exc)

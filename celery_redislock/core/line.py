@@ -1,0 +1,254 @@
+"""The task line: tasks that find their lock taken wait in Redis, as data, instead of holding a
+worker slot or re-publishing themselves on a timer; whoever frees the lock publishes the next
+ones again, in arrival order.
+
+A parked task is an entry in the lock's waiting line (the same line blocked waiters use, so
+newcomers queue behind it) with a payload: whatever its framework needs to publish it again.
+The scripts hand the lock over atomically with a release (or a lapse, seen by any later call or
+by :func:`sweep_lines`): the next entries that fit get a short lease and come back in the
+script's reply; the caller publishes their payloads (the lock's ``handover``) and then confirms
+(``line_sent.lua``), which lets the lease wait for the task to be delivered. A payload leaves
+Redis only once its publish is confirmed: a publisher that dies in between lets the short
+lease lapse, and the entry goes back in line at its old place. A hand-over published twice is
+claimed by its first delivery; the second finds it claimed (or, later, the job finished).
+
+>>> lock = Lock(client, "sync:42", ttl=30, handover=publish)        # doctest: +SKIP
+>>> got = park(lock, payload, owner=task_id)                          # doctest: +SKIP
+>>> isinstance(got, Parked)                                           # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import redis
+
+from ..errors import JobFinished, LineFull, LockConfigError, LockNotAcquired
+from .durations import MAX_WAIT, seconds
+from .handover import (
+    DEFAULT_HANDOVER_WINDOW,
+    PUBLISH_WINDOW_S,
+    Handed,
+    Handover,
+    hand_over,
+    is_line_token,
+    line_token,
+)
+from .lease import Lease, RedisClient, _backend_error, backend_errors
+from .lock import Lock, _info_json
+from .protocol import AcquireArgs, AcquireReply, AcquireStatus, Grant, ParkArgs, SweepReply
+from .scripts import run
+
+__all__ = [
+    "DEFAULT_HANDOVER_WINDOW",
+    "Handed",
+    "Handover",
+    "Parked",
+    "drop_hand_over",
+    "is_line_token",
+    "line_token",
+    "lines_key",
+    "park",
+    "sweep",
+    "sweep_lines",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """The task waits in the lock's line (:func:`park`): it is published again when handed
+    the lock, or as expired after ``max_wait``."""
+
+    name: str
+    token: str
+    parked: int
+    """Parked entries in line, this one included."""
+
+
+def lines_key(namespace: str) -> str:
+    """The hash of locks with a task line (name -> the lock's settings), for sweepers."""
+    return f"{namespace}:{{lines}}"
+
+
+def park(
+    lock: Lock,
+    payload: str,
+    *,
+    token: str | None = None,
+    owner: str,
+    info: Mapping[str, object] | None = None,
+    job: str | None = None,
+    max_wait: float = 3600.0,
+    max_waiting: int | None = None,
+) -> Lease | Parked:
+    """Takes a lease on ``lock``, or parks ``payload`` in its task line.
+
+    ``token``: the token of a hand-over this task was published for (claims that lease), else
+    a new entry. ``owner`` holds at most one lease (a second delivery of a running task raises
+    :class:`LockNotAcquired` with ``owner_expires_in``). Raises :class:`LineFull` when
+    ``max_waiting`` tasks are parked already, :class:`JobFinished` as ``acquire(job=)`` does.
+    """
+    wait = seconds(max_wait, MAX_WAIT, "max_wait", name=lock.name)
+    if max_waiting is not None and (
+        isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1
+    ):
+        raise LockConfigError(
+            f"max_waiting must be None or an integer >= 1, got {max_waiting!r}", name=lock.name
+        )
+    if getattr(lock, "masters", None) is not None:
+        # The line lives in one lock's keys on one server: over independent masters (RedLock)
+        # no single server could hand the lock over.
+        raise LockConfigError(
+            "the task line (on_conflict='queue') is not available over RedLock masters; use "
+            "'retry' or 'wait'",
+            name=lock.name,
+        )
+    if token is not None and not is_line_token(token):
+        raise LockConfigError(f"not a task line token: {token!r}", name=lock.name)
+    request = AcquireArgs(
+        token=token or line_token(),
+        spec=lock._spec,
+        wait=False,
+        once=True,
+        owner=owner,
+        info=_info_json(info),
+        job=job,
+        claim=os.urandom(8).hex(),
+        park=ParkArgs(
+            payload=payload,
+            wait_ms=max(1, round(wait * 1000)),
+            max_parked=max_waiting or 0,
+            publish_ms=round(PUBLISH_WINDOW_S * 1000),
+        ),
+    )
+    sent = time.monotonic()
+    try:
+        reply = lock._run_acquire(request.encode())
+    except redis.RedisError as exc:
+        lock._abandon(request.token)  # drops its lease or its place in line, if it made one
+        raise _backend_error(lock.name, exc) from exc
+    lock._notify(reply.granted)
+    return _parked_or_held(lock, request, reply, sent)
+
+
+def _parked_or_held(
+    lock: Lock, request: AcquireArgs, reply: AcquireReply, sent: float
+) -> Lease | Parked:
+    status = reply.status
+    if status is AcquireStatus.HELD:
+        return lock._lease(
+            reply.token, reply.fence, reply.expires_at_ms, reply.mode, request.owner, sent
+        )
+    if status is AcquireStatus.PARKED:
+        _note_line(lock)
+        return Parked(name=lock.name, token=request.token, parked=reply.entered)
+    if status is AcquireStatus.LINE_FULL:
+        raise LineFull(
+            f"lock {lock.name!r}: its task line holds {reply.entered} parked tasks (max_waiting)",
+            name=lock.name,
+            parked=reply.entered,
+        )
+    if status is AcquireStatus.JOB_FINISHED:
+        raise JobFinished(
+            f"lock {lock.name!r}: job {request.job!r} is recorded as finished",
+            name=lock.name,
+            job=request.job or "",
+        )
+    raise LockNotAcquired(
+        f"lock {lock.name!r} is held by owner {request.owner!r} already",
+        name=lock.name,
+        owner_expires_in=reply.ms_left / 1000,
+    )
+
+
+def _note_line(lock: Lock) -> None:
+    """Lists the lock for sweepers (a lapse nobody else sees is handed on by them). At every
+    park: a sweeper forgets a lock only when its record is unchanged since it looked."""
+    record = {
+        "mode": lock.mode,
+        "limit": lock.limit,
+        "ttl": lock.ttl,
+        "fair": lock.fair,
+        "fence_keep": lock.fence_keep,
+        "at": time.time(),
+    }
+    try:
+        lock.client.hset(lines_key(lock.namespace), lock.name, json.dumps(record))
+    except redis.RedisError as exc:
+        # Parked all the same: a release hands it on; only a lapse then waits for another call.
+        log.warning("lock %r: could not list its task line for sweepers: %s", lock.name, exc)
+
+
+def drop_hand_over(lock: Lock, token: str) -> bool:
+    """The task of hand-over ``token`` will not run (its message was revoked or expired): its
+    unclaimed lease (or its place in line) goes now and the lock is handed on. Returns whether
+    anything was dropped; a claimed hand-over (a delivery runs it) is left alone."""
+    with backend_errors(lock.name):
+        raw = run("line_drop", lock.client, lock.encoded_keys, [lock._spec, token])
+    parts = raw.split()
+    lock._notify(Grant.decode_all(parts[1:]))
+    return int(parts[0]) == 1
+
+
+def sweep(lock: Lock) -> SweepReply:
+    """Hands on what lapsed on ``lock`` and publishes its expired parked tasks (one script
+    call, then the publishes)."""
+    with backend_errors(lock.name):
+        reply = SweepReply.decode(run("line_sweep", lock.client, lock.encoded_keys, [lock._spec]))
+    lock._notify(tuple(g for g in reply.granted if not is_line_token(g.token)))
+    hand_over(lock, [g.token for g in reply.granted if is_line_token(g.token)], reply.expired)
+    return reply
+
+
+def sweep_lines(
+    client: RedisClient,
+    namespace: str,
+    handover: Handover,
+    *,
+    handover_window: float = DEFAULT_HANDOVER_WINDOW,
+) -> int:
+    """Sweeps every lock with a task line in ``namespace`` (see :func:`sweep`); forgets the
+    locks left with nothing held or parked. Returns the parked tasks left. Workers run this
+    every second or so: it is what hands a lock on after its holder died unseen.
+
+    >>> sweep_lines(redis.Redis(), "redislock", publish)   # doctest: +SKIP
+    0
+    """
+    key = lines_key(namespace)
+    with backend_errors(None):
+        listed = client.hgetall(key)
+    parked = 0
+    for raw_name, raw in listed.items():
+        name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
+        record = json.loads(raw)
+        lock = Lock(
+            client,
+            name,
+            ttl=record["ttl"],
+            mode=record["mode"],
+            limit=record["limit"],
+            fair=record["fair"],
+            namespace=namespace,
+            fence_keep=record["fence_keep"],
+            handover=handover,
+            handover_window=handover_window,
+        )
+        reply = sweep(lock)
+        parked += reply.parked
+        if reply.parked == 0 and reply.leases == 0 and not reply.expired:
+            with backend_errors(name):
+                run(
+                    "line_forget",
+                    client,
+                    [key],
+                    [name, raw.decode() if isinstance(raw, bytes) else raw],
+                )
+    return parked

@@ -1,0 +1,41 @@
+-- line_sent.lua: the hand-overs (or expiries) of these parked tasks were published: their
+-- payloads go (the broker holds the task now), and each unclaimed lease handed to one lasts
+-- until the task is delivered and claims it (acquire.lua) or the hand-over window ends.
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see common.lua)
+-- ARGV: 1 hand-over window ms, 2... the tokens published
+-- Returns the number of leases extended. Run twice, it extends the same leases to the same end.
+local now = server_now()
+local window = tonumber(ARGV[1])
+local expired = redis.call('HGET', K.meta, 'x')
+local left = {}
+local sent = {}
+for i = 2, #ARGV do
+  sent[ARGV[i]] = true
+end
+if expired then
+  for tok in string.gmatch(expired, '%S+') do
+    if not sent[tok] then
+      left[#left + 1] = tok
+    end
+  end
+  if #left > 0 then
+    redis.call('HSET', K.meta, 'x', table.concat(left, ' '))
+  else
+    redis.call('HDEL', K.meta, 'x')
+  end
+end
+local extended = 0
+for i = 2, #ARGV do
+  local tok = ARGV[i]
+  redis.call('HDEL', K.meta, 'p:' .. tok)
+  local expiry = redis.call('ZSCORE', K.leases, tok)
+  if expiry and redis.call('HGET', K.meta, 'c:' .. tok) == '' then
+    local until_ms = now + window
+    if tonumber(expiry) < until_ms then
+      redis.call('ZADD', K.leases, int(until_ms), tok)
+      keep({K.leases, K.meta}, window + GRACE_MS, window)
+    end
+    extended = extended + 1
+  end
+end
+return extended

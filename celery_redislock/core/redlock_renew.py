@@ -1,0 +1,146 @@
+"""Renewing RedLock leases: every master renews the whole batch in one call, all masters at once,
+and a lease stays held only if a majority renewed it before its current validity ran out.
+
+The validity of a lease taken or renewed at (local, monotonic) time ``t`` ends at
+``t + ttl - drift``, with ``drift = 1% of ttl + 2 ms``: the masters' clocks may run a little
+faster than this process's, and a lease must be known lost here before any master can drop it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..errors import LockBackendError
+from .lease import Lease, RenewReport, _calls
+from .protocol import RenewReply
+from .redlock_masters import gather, on_each, quorum
+from .replicas import pipelined
+
+if TYPE_CHECKING:
+    import redis
+
+__all__ = ["DRIFT_FACTOR", "DRIFT_FLOOR", "Renewal", "drift", "renew_on_masters", "renew_report"]
+
+DRIFT_FACTOR = 0.01
+"""The masters' clocks may gain this fraction of a ttl on this process's clock."""
+DRIFT_FLOOR = 0.002
+"""Seconds of drift allowed on top (timer resolution)."""
+
+
+def drift(ttl: float) -> float:
+    """The part of ``ttl`` a lease is not counted on for: ``1% of ttl + 2 ms``.
+
+    >>> from celery_redislock.core.redlock_renew import drift
+    >>> round(drift(10.0), 3)
+    0.102
+    """
+    return ttl * DRIFT_FACTOR + DRIFT_FLOOR
+
+
+class Renewal(NamedTuple):
+    """What one renewal found for one lease."""
+
+    expiry_ms: int
+    """> 0: renewed on a majority in time (the server time until which a majority has it);
+    0: lost (a majority no longer has it, or the answer came after its validity);
+    -1: not known this time (too few masters answered): try again."""
+    valid_until: float
+    """The lease's new validity end (``time.monotonic()``), if renewed."""
+    why: str | None
+    """Why it was not renewed."""
+
+
+def masters_of(lease: Lease) -> tuple[redis.Redis, ...]:
+    masters: tuple[redis.Redis, ...] = lease.lock.masters  # type: ignore[attr-defined]
+    return masters
+
+
+def renew_on_masters(leases: Sequence[Lease], ttl: float | None = None) -> list[Renewal]:
+    """Renews ``leases`` (of RedLocks over the same masters) on every master at once; one
+    :class:`Renewal` each, in order. Touches no lease, so it may run on any thread."""
+    masters = masters_of(leases[0])
+    need = quorum(len(masters))
+    calls = _calls(list(leases), ttl)  # one per distinct ttl: usually one
+    batch = [(keys, args) for _, keys, args in calls]
+    indexes = [which for which, _, _ in calls]
+
+    def renew(master: redis.Redis) -> list[int]:
+        replies, _ = pipelined(master, "renew", batch, None)
+        out = [0] * len(leases)
+        for which, raw in zip(indexes, replies, strict=True):
+            for i, expiry in zip(which, RenewReply.decode(raw).expiries, strict=True):
+                out[i] = expiry
+        return out
+
+    sent = time.monotonic()
+    futures = on_each(masters, renew)
+    # Past the last validity nothing can be renewed in time: stop waiting there.
+    gather(futures, lambda: False, max(lease.valid_until for lease in leases))
+    answered = time.monotonic()
+    per_master: list[list[int] | None] = []
+    errors: list[str] = []
+    for future in futures:
+        if future.done() and future.exception() is None:
+            per_master.append(future.result())
+        else:
+            per_master.append(None)
+            error = future.exception() if future.done() else None
+            errors.append(
+                f"{type(error).__name__}: {error}" if error is not None else "no answer in time"
+            )
+    out = []
+    for i, lease in enumerate(leases):
+        got = [expiries[i] for expiries in per_master if expiries is not None]
+        renewed = sorted((e for e in got if e > 0), reverse=True)
+        gone = sum(1 for e in got if e == 0)
+        held_for = ttl if ttl is not None else lease.lock.ttl
+        if answered >= lease.valid_until:
+            out.append(Renewal(0, lease.valid_until, "the renewal answered after its validity"))
+        elif len(renewed) >= need:
+            out.append(Renewal(renewed[need - 1], sent + held_for - drift(held_for), None))
+        elif gone > len(masters) - need:
+            why = f"{gone} of {len(masters)} masters no longer hold it"
+            out.append(Renewal(0, lease.valid_until, why))
+        else:
+            why = (
+                f"renewed on {len(renewed)} of {len(masters)} masters, a majority ({need}) is "
+                f"needed ({'; '.join(errors) or 'no answer'})"
+            )
+            out.append(Renewal(-1, lease.valid_until, why))
+    return out
+
+
+def renew_report(leases: list[Lease], ttl: float | None) -> RenewReport:
+    """:func:`~celery_redislock.core.lease.renew_leases` for RedLock leases: renewed, lost, and
+    :class:`LockBackendError` if too few masters answered for some (after applying the rest)."""
+    renewed: list[Lease] = []
+    lost: list[Lease] = []
+    unknown: list[str] = []
+    groups: dict[tuple[int, ...], list[Lease]] = {}
+    for lease in leases:
+        groups.setdefault(tuple(map(id, masters_of(lease))), []).append(lease)
+    for group in groups.values():
+        for lease, renewal in zip(group, renew_on_masters(group, ttl), strict=True):
+            _apply(lease, renewal, renewed, lost, unknown)
+    if unknown:
+        names = {lease.name for lease in leases}
+        raise LockBackendError(
+            f"RedLock renewal: {unknown[0]}", name=names.pop() if len(names) == 1 else None
+        )
+    return RenewReport(renewed, lost)
+
+
+def _apply(
+    lease: Lease, renewal: Renewal, renewed: list[Lease], lost: list[Lease], unknown: list[Any]
+) -> None:
+    if renewal.expiry_ms > 0:
+        lease.expires_at_ms = renewal.expiry_ms
+        lease.valid_until = renewal.valid_until
+        renewed.append(lease)
+    elif renewal.expiry_ms == 0:
+        lease.lost = True
+        lost.append(lease)
+    else:
+        unknown.append(renewal.why)
