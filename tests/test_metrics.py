@@ -27,6 +27,7 @@ from workers import Worker
 from celery_redislock import DuplicateTask, Lock, LockBackendError
 from celery_redislock.contrib import prometheus
 from celery_redislock.core import admin
+from celery_redislock.core.line import Handed, Parked, park, sweep_lines
 from celery_redislock.integrations.celery.settings import set_setting
 from celery_redislock.integrations.rq import UniqueQueue
 
@@ -278,3 +279,22 @@ def test_the_module_imports_no_framework_and_hooks_those_installed(
                 raise AssertionError("installed with no signal to feed the metrics")
         """
     _run_without(blocked, textwrap.dedent(_IMPORTED_NOTHING) + textwrap.dedent(check))
+
+
+def test_the_line_length_comes_from_the_sweep(
+    client: redis.Redis, local_metrics: tuple[prometheus.Metrics, CollectorRegistry]
+) -> None:
+    _, registry = local_metrics
+    published: list[Handed] = []
+    lock = Lock(client, "metrics-line", ttl=30, handover=published.append)
+    holder = lock.acquire()
+    for n in range(3):
+        assert isinstance(park(lock, f"t{n}", owner=f"t{n}"), Parked)
+    sweep_lines(client, "redislock", published.append)
+    found = samples(generate_latest(registry))
+    assert value(found, "redislock_line_parked", namespace="redislock") == 3
+    holder.release()  # hands the lock to the first: two wait
+    sweep_lines(client, "redislock", published.append)
+    found = samples(generate_latest(registry))
+    assert value(found, "redislock_line_parked", namespace="redislock") == 2
+    assert [h.payload for h in published] == ["t0"]

@@ -68,6 +68,7 @@ from prometheus_client import (
 from prometheus_client import start_http_server as _start_http_server
 
 from ..core.heartbeat import Heartbeat
+from ..core.line import lines_swept
 from ..errors import LockConfigError
 
 __all__ = [
@@ -119,6 +120,8 @@ class Metrics:
     wait_seconds: Histogram
     hold_seconds: Histogram
     leases_held: Gauge
+    line_parked: Gauge
+    """Tasks waiting in task lines, fleet-wide, as a worker's sweeper last counted them."""
     frameworks: tuple[str, ...] = ()
     """The integrations whose signals feed the metrics (set by :meth:`connect`)."""
     _disconnects: list[Callable[[], object]] = field(default_factory=list, repr=False)
@@ -154,6 +157,14 @@ class Metrics:
                 registry=registry,
                 multiprocess_mode="livesum",
             ),
+            line_parked=Gauge(
+                "redislock_line_parked",
+                "Tasks waiting in task lines (on_conflict='queue'), fleet-wide, per namespace, "
+                "as a worker's sweeper last counted them.",
+                ("namespace",),
+                registry=registry,
+                multiprocess_mode="livemax",
+            ),
         )
 
     def _held_now(self) -> None:
@@ -186,6 +197,9 @@ class Metrics:
     def on_backend_error(self, sender: Any = None, **_: Any) -> None:
         self.backend_errors.labels(_task(sender)).inc()
 
+    def on_swept(self, sender: Any = None, namespace: str = "", parked: int = 0, **_: Any) -> None:
+        self.line_parked.labels(namespace).set(parked)
+
     def _receivers(self) -> dict[str, Callable[..., None]]:
         return {
             "lock_acquired": self.on_acquired,
@@ -209,6 +223,8 @@ class Metrics:
                 "prometheus.install(): neither Celery nor RQ can be imported, so no signal "
                 'would feed the metrics: pip install "celery-redislock[celery]" or "[rq]"'
             )
+        lines_swept.connect(self.on_swept)  # the core's: whichever framework sweeps
+        self._disconnects.append(lambda: lines_swept.disconnect(self.on_swept))
         for framework, signals in hooked.items():
             for name, receiver in self._receivers().items():
                 self._connect(framework, getattr(signals, name), receiver)

@@ -44,6 +44,7 @@ from .lease import Lease, RedisClient, _backend_error, backend_errors
 from .lock import Lock, _info_json
 from .protocol import AcquireArgs, AcquireReply, AcquireStatus, Grant, ParkArgs, SweepReply
 from .scripts import run
+from .signal import Signal
 
 __all__ = [
     "DEFAULT_HANDOVER_WINDOW",
@@ -54,12 +55,17 @@ __all__ = [
     "is_line_token",
     "line_token",
     "lines_key",
+    "lines_swept",
     "park",
     "sweep",
     "sweep_lines",
 ]
 
 log = logging.getLogger(__name__)
+
+lines_swept = Signal("lines_swept")
+"""Sent by :func:`sweep_lines` after each sweep: ``namespace``, ``parked`` (tasks waiting in
+lines now), ``lines`` (locks with a line). Metrics take the line length from it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +231,7 @@ def sweep_lines(
     key = lines_key(namespace)
     with backend_errors(None):
         listed = client.hgetall(key)
-    parked = 0
+    parked = lines = 0
     for raw_name, raw in listed.items():
         name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
         record = json.loads(raw)
@@ -243,6 +249,8 @@ def sweep_lines(
         )
         reply = sweep(lock)
         parked += reply.parked
+        if reply.parked:
+            lines += 1
         if reply.parked == 0 and reply.leases == 0 and not reply.expired:
             with backend_errors(name):
                 run(
@@ -251,4 +259,6 @@ def sweep_lines(
                     [key],
                     [name, raw.decode() if isinstance(raw, bytes) else raw],
                 )
+    if lines_swept.receivers:
+        lines_swept.send(sender=None, namespace=namespace, parked=parked, lines=lines)
     return parked
