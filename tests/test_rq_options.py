@@ -23,7 +23,7 @@ def job(x: int, y: int = 0) -> None: ...
         ({"on_conflict": "later"}, None, r"'on_conflict'.*'raise', 'queue'"),
         (None, "forever", r"unique option 'lifecycle'.*until_started"),
         ({"mode": "read"}, "until_finished", r"needs an exclusive lock="),
-        (None, None, r"needs lock= or unique="),
+        (None, None, r"needs lock=, unique= or rate="),
         (42, None, r"lock must be True, a key template string or a dict"),
     ],
 )
