@@ -19,6 +19,7 @@ __all__ = ["RateOptionDict", "RateOptions", "parse_rate_option"]
 class RateOptionDict(TypedDict, total=False):
     """The dict form of a task's ``rate=`` option (``rate`` is required).
 
+    >>> from celery_redislock.core.rate_options import RateOptionDict
     >>> opts: RateOptionDict = {"rate": "100/m", "key": "partner:{account}"}
     """
 
@@ -63,6 +64,7 @@ def parse_rate_option(
     ``rate`` and optionally ``key`` (a template over the call's arguments, or a callable),
     ``scope`` and ``max_delay``. Raises :class:`LockConfigError` naming the task and option.
 
+    >>> from celery_redislock.core.rate_options import parse_rate_option
     >>> parse_rate_option("api", None, "100/m").rate
     Rate(limit=100, per=60.0)
     """
