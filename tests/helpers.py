@@ -79,3 +79,13 @@ def wait_started(lockapp: ModuleType, name: str, count: int = 1, timeout: float 
 def stop(lockapp: ModuleType, name: str) -> None:
     """Tells the test app's tasks running under ``name`` to end now."""
     lockapp.r.set(f"stop:{name}", 1)
+
+
+def most_in_window(starts: list[float], per: float) -> int:
+    """The most of the sorted times ``starts`` that any window of ``per`` seconds holds."""
+    most, first = 0, 0
+    for last, at in enumerate(starts):
+        while at - starts[first] >= per:
+            first += 1
+        most = max(most, last - first + 1)
+    return most

@@ -8,6 +8,7 @@ import json
 
 import redis
 import rqjobs
+from helpers import most_in_window
 from rq import Queue
 from rqcheck import wait_ended
 
@@ -18,15 +19,6 @@ def _starts(conn: redis.Redis, kind: str) -> list[float]:
     return sorted(json.loads(raw)["start"] for raw in conn.lrange(f"spans:{kind}", 0, -1))
 
 
-def _most_in_window(starts: list[float], per: float) -> int:
-    most, first = 0, 0
-    for last, at in enumerate(starts):
-        while at - starts[first] >= per:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
 def test_a_burst_keeps_the_rate_across_workers(rq_conn, rq_workers):
     rq_workers(name="w1")
     rq_workers(name="w2")
@@ -35,7 +27,7 @@ def test_a_burst_keeps_the_rate_across_workers(rq_conn, rq_workers):
     assert wait_ended(jobs, timeout=90) == ["finished"] * 6
     starts = _starts(rq_conn, "rated")
     assert len(starts) == 6
-    assert _most_in_window(starts, 1.2) <= 1  # the promise, at the starts the jobs recorded
+    assert most_in_window(starts, 1.2) <= 1  # the promise, at the starts the jobs recorded
     # Slots more than 2 s ahead (the last few) came back through RQ's scheduler, once each,
     # with their reservation; the rest waited in the horse.
     came_back = [
