@@ -5,6 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 LOWEST ?= .venv-lowest
+# Test processes run side by side (pytest-xdist): most of a test's time is spent waiting on
+# workers, leases and timeouts, not on CPU, so three share two cores well.
+TEST_PROCESSES ?= 3
 
 .PHONY: demo demo-core test test-lowest test-topologies lint bench bench-celery bench-rq soak clean docs
 
@@ -46,14 +49,14 @@ lint: $(VENV)/.dev
 # redis-server on PATH and the embedded 6.2. Then the Celery tests once more on the lowest
 # supported versions.
 test: lint docs
-	$(BIN)/pytest -m "not topology" --cov --cov-report=term-missing:skip-covered $(ARGS)
+	$(BIN)/pytest -n $(TEST_PROCESSES) -m "not topology" --cov --cov-report=term-missing:skip-covered $(ARGS)
 	$(MAKE) test-topologies
 	$(MAKE) test-lowest
 
 # The Celery and RQ tests (markers `celery` and `rq`: every tests/test_celery_*.py and
 # tests/test_rq_*.py) again on the lowest supported Celery, kombu, billiard, RQ and redis-py.
 test-lowest: $(LOWEST)/.done
-	$(LOWEST)/bin/pytest -p no:hypothesispytest -q -m "celery or rq"
+	$(LOWEST)/bin/pytest -n $(TEST_PROCESSES) -p no:hypothesispytest -q -m "celery or rq"
 
 # Sentinel (1 master, 1 replica, 3 sentinels) and a Redis Cluster (3 masters, 3 replicas) from
 # local redis-server processes, with real failovers (marker `topology`, tests/test_topology_*.py).

@@ -9,6 +9,10 @@ A worker runs exactly one variant, chosen by environment variables that the benc
     CELERYBENCH_TTL=3             our lease ttl (s)
     CELERYBENCH_EXPIRY=10         celery-singleton's lock_expiry (s)
 
+A worker notes in Redis which parser its redis-py uses (``Keys.parser``: ``hiredis`` or
+``python``): the benchmark hides hiredis from a worker (a stub on its ``PYTHONPATH``) to run it on
+the pure-Python parser, and checks.
+
     python -m celery -A celery_apps worker ...      (with benchmarks/ on PYTHONPATH)
 
 The benchmark process builds the same apps with :func:`make_app` to publish: celery-singleton
@@ -56,6 +60,17 @@ class Keys:
     @property
     def events(self) -> str:
         return f"{self.prefix}:{self.variant}:events"
+
+    @property
+    def parser(self) -> str:
+        return f"{self.prefix}:{self.variant}:parser"
+
+
+def parser_in_use() -> str:
+    """The parser redis-py uses in this process by default (hiredis packs commands too)."""
+    import redis.utils
+
+    return "hiredis" if redis.utils.HIREDIS_AVAILABLE else "python"
 
 
 _clients: dict[str, redis.Redis] = {}
@@ -149,4 +164,8 @@ if "CELERYBENCH_VARIANT" in os.environ:  # a worker: ``celery -A celery_apps wor
         os.environ["CELERYBENCH_RUN"],
         ttl=float(os.environ.get("CELERYBENCH_TTL", "3")),
         expiry=float(os.environ.get("CELERYBENCH_EXPIRY", "10")),
+    )
+    _client(os.environ["CELERYBENCH_URL"]).set(
+        Keys(os.environ["CELERYBENCH_RUN"], os.environ["CELERYBENCH_VARIANT"]).parser,
+        parser_in_use(),
     )

@@ -43,12 +43,27 @@ only the task base / lock options differ. What is measured:
    the trial only checks that a duplicate is still refused 1 s after the kill and reads how
    long its lock has left.
 
+Options for the throughput (the recovery runs once, with no added load, whatever they say):
+
+* ``--loads 0,2``: the throughput rounds run once per load, here quiet and then with 2
+  CPU-burning processes running throughout (``--load N`` is ``--loads N``); one table per load.
+* ``--rounds R``: rounds per load, the best is kept (3, quick 1).
+* ``--parser python|hiredis|both``: the redis-py parser of the workers (every client in them:
+  broker, result backend, locks). ``python`` hides hiredis from the worker (a stub module on its
+  ``PYTHONPATH``), ``hiredis`` needs it installed (``pip install 'celery-redislock[hiredis]'``);
+  ``both`` runs every variant under each, in the same rounds. The worker notes the parser it
+  uses and the benchmark checks it. This process (publishing) keeps redis-py's own pick.
+
 Run from the repository root::
 
     python benchmarks/celery_overhead.py [--json out.json] [--quick] [--url redis://...]
+        [--loads 0,2] [--rounds 3] [--parser python|hiredis|both]
 
-A full run takes about 2.5 minutes on 2 cores and ``--quick`` about 35 s. ``--json`` writes
-``tasks_per_s`` (best round) and ``recovery_s`` (ours, median), plus ``recovery_s_max``,
+A full run takes about 2.5 minutes on 2 cores (each extra load about 2 minutes more, the
+throughput twice as long with ``--parser both``) and ``--quick`` about 35 s. ``--json`` writes
+``tasks_per_s`` (best round, the first load) and ``recovery_s`` (ours, median), plus
+``throughput`` (one entry per load and parser: best round per variant, the ratio to plain
+Celery, CPU per task and its ratio to plain's, every round), ``recovery_s_max``,
 ``recovery_s_peers`` (celery-once's figure is the configured one: see ``recovery_measured``),
 ``recovery_degraded_trials``, ``ttl``, ``singleton_lock_expiry`` and ``once_timeout``.
 
@@ -85,14 +100,19 @@ sys.path.insert(0, str(HERE))  # the app module lives next to this script
 import celery_apps  # noqa: E402
 from celery_apps import VARIANTS, Keys, make_app  # noqa: E402
 from common import (  # noqa: E402
+    PARSERS,
+    Load,
     Target,
     base_parser,
     delete_keys,
+    load_list,
+    parsers_of,
     print_header,
     print_targets,
     redis_cpu_s,
     redis_target,
     section,
+    version_of,
 )
 
 OURS = "celery_redislock"
@@ -183,10 +203,13 @@ class Fleet:
     logdir: Path
     started: list[Worker] = field(default_factory=list)
 
-    def start(self, variant: str) -> Worker:
+    def start(self, variant: str, parser: str = "auto") -> Worker:
+        path = [str(HERE), os.environ.get("PYTHONPATH")]
+        if parser == "python":
+            path.insert(0, str(self.without_hiredis()))
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(filter(None, path)),
             "CELERYBENCH_VARIANT": variant,
             "CELERYBENCH_URL": self.url,
             "CELERYBENCH_RUN": self.run,
@@ -207,6 +230,15 @@ class Fleet:
         worker = Worker(variant, process, log)
         self.started.append(worker)
         return worker
+
+    def without_hiredis(self) -> Path:
+        """A folder whose ``hiredis`` module fails to import: first on a worker's PYTHONPATH,
+        redis-py there falls back to its pure-Python parser (the Celery CLI imports redis before
+        the app, so the app cannot choose)."""
+        folder = self.logdir / "without-hiredis"
+        folder.mkdir(exist_ok=True)
+        (folder / "hiredis.py").write_text('raise ImportError("hidden by the benchmark")\n')
+        return folder
 
     def close(self) -> None:
         for worker in self.started:
@@ -266,6 +298,15 @@ class Bench:
                 )
             time.sleep(0.002)
 
+    def worker_parser(self, variant: str, wanted: str) -> str:
+        """The parser the worker's redis-py uses (it notes it at start); checked if one was
+        asked for."""
+        noted = self.client.get(Keys(self.run, variant).parser)
+        used = noted.decode() if isinstance(noted, bytes) else "?"
+        if wanted != "auto" and used != wanted:
+            raise RuntimeError(f"{variant}: the worker uses the {used} parser, not {wanted}")
+        return used
+
     def warm_up(self, variant: str, worker: Worker) -> None:
         """Publishes a few tasks and waits for them: the worker is then up, its children forked."""
         self.client.delete(Keys(self.run, variant).done)
@@ -299,6 +340,7 @@ class Round:
 @dataclass(frozen=True)
 class Rounds:
     all: list[Round]
+    parser: str  # what the workers' redis-py used
 
     @property
     def best(self) -> Round:
@@ -321,10 +363,13 @@ def worker_cpu_s(worker: Worker) -> float:
     return sum(process_cpu_s(pid) for pid in [worker.process.pid, *worker.children()])
 
 
-def measure_throughput(bench: Bench, fleet: Fleet, variant: str, count: int) -> Round:
-    worker = fleet.start(variant)
+def measure_throughput(
+    bench: Bench, fleet: Fleet, variant: str, count: int, parser: str
+) -> tuple[Round, str]:
+    worker = fleet.start(variant, parser)
     try:
         bench.warm_up(variant, worker)
+        used = bench.worker_parser(variant, parser)
         cpu_before = (worker_cpu_s(worker), redis_cpu_s(bench.client), time.process_time())
         start = time.perf_counter()
         ids = bench.publish_noops(variant, count)
@@ -345,17 +390,29 @@ def measure_throughput(bench: Bench, fleet: Fleet, variant: str, count: int) -> 
     worker_ms, redis_ms, client_ms = (
         (after - before) / count * 1000 for before, after in zip(cpu_before, cpu_after, strict=True)
     )
-    return Round(count / elapsed, worker_ms, redis_ms, client_ms)
+    return Round(count / elapsed, worker_ms, redis_ms, client_ms), used
 
 
-def run_throughput(bench: Bench, fleet: Fleet, rounds: int, count: int) -> dict[str, Rounds]:
-    """Rounds alternate the variants (order rotated each round); the best round is kept."""
-    results: dict[str, list[Round]] = {v: [] for v in VARIANTS}
+Rates = dict[str, dict[str, Rounds]]  # parser asked for -> variant -> its rounds
+
+
+def run_throughput(
+    bench: Bench, fleet: Fleet, rounds: int, count: int, parsers: list[str]
+) -> Rates:
+    """Rounds alternate the variants, under each parser (order rotated each round); the best
+    round is kept."""
+    runs = [(parser, variant) for parser in parsers for variant in VARIANTS]
+    results: dict[tuple[str, str], list[Round]] = {run: [] for run in runs}
+    used: dict[tuple[str, str], str] = {}
     for r in range(rounds):
-        shift = r % len(VARIANTS)
-        for variant in VARIANTS[shift:] + VARIANTS[:shift]:
-            results[variant].append(measure_throughput(bench, fleet, variant, count))
-    return {v: Rounds(rs) for v, rs in results.items()}
+        shift = r % len(runs)
+        for parser, variant in runs[shift:] + runs[:shift]:
+            result, used[parser, variant] = measure_throughput(bench, fleet, variant, count, parser)
+            results[parser, variant].append(result)
+    return {
+        parser: {v: Rounds(results[parser, v], used[parser, v]) for v in VARIANTS}
+        for parser in parsers
+    }
 
 
 # -- 2. recovery ---------------------------------------------------------------------------------
@@ -601,28 +658,42 @@ def recover_worker_kill(bench: Bench, fleet: Fleet, hold_s: float, trials: int) 
 # -- reporting -----------------------------------------------------------------------------------
 
 
-def print_throughput(rates: dict[str, Rounds], count: int) -> None:
+def print_throughput(rates: Rates, count: int, load: int, loadavg: float) -> None:
+    rounds_run = len(next(iter(rates.values()))[OURS].all)
+    quiet = "quiet" if not load else f"under load: {load} CPU-burning process(es)"
     section(
-        f"1. Throughput: {count} trivial tasks, publish -> all done, one worker (prefork -c 2); "
-        f"best of {len(rates[OURS].all)} round(s)"
+        f"1. Throughput, {quiet}: {count} trivial tasks, publish -> all done, one worker "
+        f"(prefork -c 2); best of {rounds_run} round(s); load average {loadavg:.2f} at start"
     )
-    plain = rates["plain"].best
+    both = "python" in rates and "hiredis" in rates
     print(
-        f"  {'variant':<20}{'tasks/s':>9}{'vs plain':>10}{'ms/task extra':>15}"
-        f"{'CPU ms/task':>13}{'worker':>8}{'redis':>7}{'client':>8}  all rounds (tasks/s)"
+        f"  {'variant':<20}{'parser':<9}{'tasks/s':>8}{'vs plain':>10}"
+        + (f"{'hiredis/py':>12}" if both else "")
+        + f"{'ms/task extra':>15}{'CPU ms/task':>13}{'worker':>8}{'redis':>7}{'client':>8}"
+        f"{'CPU vs plain':>14}  all rounds (tasks/s)"
     )
-    for variant, rounds in rates.items():
-        r = rounds.best
-        extra = (1 / r.tasks_per_s - 1 / plain.tasks_per_s) * 1000
-        each = " ".join(f"{x.tasks_per_s:.0f}" for x in rounds.all)
-        print(
-            f"  {variant:<20}{r.tasks_per_s:>9.0f}{r.tasks_per_s / plain.tasks_per_s:>9.2f}x"
-            f"{extra:>+15.3f}{r.cpu_ms:>13.2f}{r.worker_cpu_ms:>8.2f}{r.redis_cpu_ms:>7.2f}"
-            f"{r.client_cpu_ms:>8.2f}  {each}"
-        )
+    for variant in VARIANTS:
+        for parser, by_variant in rates.items():
+            rounds, plain = by_variant[variant], by_variant["plain"].best
+            r = rounds.best
+            extra = (1 / r.tasks_per_s - 1 / plain.tasks_per_s) * 1000
+            each = " ".join(f"{x.tasks_per_s:.0f}" for x in rounds.all)
+            gain = ""
+            if both:
+                speedup = r.tasks_per_s / rates["python"][variant].best.tasks_per_s
+                gain = f"{'':>12}" if parser == "python" else f"{speedup:>11.2f}x"
+            print(
+                f"  {variant:<20}{rounds.parser:<9}{r.tasks_per_s:>8.0f}"
+                f"{r.tasks_per_s / plain.tasks_per_s:>9.2f}x{gain}"
+                f"{extra:>+15.3f}{r.cpu_ms:>13.2f}{r.worker_cpu_ms:>8.2f}{r.redis_cpu_ms:>7.2f}"
+                f"{r.client_cpu_ms:>8.2f}{plain.cpu_ms / r.cpu_ms:>13.2f}x  {each}"
+            )
     print(
-        "  ms/task extra: 1/rate - 1/plain rate; CPU: user+sys per task of the best round, "
-        "summed over the worker (parent + children), redis-server and this publishing process"
+        "  vs plain: to plain Celery under the same parser; ms/task extra: 1/rate - 1/plain "
+        "rate; CPU: user+sys per task of the best round, summed over the worker (parent + "
+        "children), redis-server and this publishing process; CPU vs plain: plain's CPU per "
+        "task / this one's (the rate ratio a CPU-bound host would give, steadier than wall "
+        "time on a shared one); parser: the workers' redis-py"
     )
 
 
@@ -659,11 +730,34 @@ def print_recovery(recovery: dict[str, dict[str, Recovery]], hold_s: float) -> N
 
 
 def to_json(
-    rates: dict[str, Rounds], recovery: dict[str, dict[str, Recovery]], expiry: float
+    throughput: dict[int, Rates], recovery: dict[str, dict[str, Recovery]], expiry: float
 ) -> dict[str, Any]:
+    first = next(iter(throughput.values()))
+    rates = first[list(first)[-1]]
     return {
         "tasks_per_s": {v: round(r.best.tasks_per_s, 1) for v, r in rates.items()},
         "cpu_ms_per_task": {v: round(r.best.cpu_ms, 3) for v, r in rates.items()},
+        "throughput": [
+            {
+                "load_processes": load,
+                "parser": by_variant[OURS].parser,
+                "tasks_per_s": {v: round(r.best.tasks_per_s, 1) for v, r in by_variant.items()},
+                "vs_plain": {
+                    v: round(r.best.tasks_per_s / by_variant["plain"].best.tasks_per_s, 3)
+                    for v, r in by_variant.items()
+                },
+                "cpu_ms_per_task": {v: round(r.best.cpu_ms, 3) for v, r in by_variant.items()},
+                "cpu_vs_plain": {
+                    v: round(by_variant["plain"].best.cpu_ms / r.best.cpu_ms, 3)
+                    for v, r in by_variant.items()
+                },
+                "rounds_tasks_per_s": {
+                    v: [round(x.tasks_per_s, 1) for x in r.all] for v, r in by_variant.items()
+                },
+            }
+            for load, rates_of_load in throughput.items()
+            for by_variant in rates_of_load.values()
+        ],
         "recovery_s": {s: round(r.seconds, 3) for s, r in recovery[OURS].items()},
         "recovery_s_max": {s: round(r.worst, 3) for s, r in recovery[OURS].items()},
         "recovery_s_peers": {
@@ -705,7 +799,32 @@ QUICK = Settings(tasks=400, rounds=1, hold_s=TTL_S + 1, expiry=6, child_trials=1
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = base_parser(__doc__ or "", "fewer tasks and rounds (< 60 s)")
     parser.add_argument("--tasks", type=int, help="tasks per throughput round (2000, quick 400)")
-    return parser.parse_args(argv)
+    parser.add_argument("--rounds", type=int, help="throughput rounds per load (3, quick 1)")
+    loads = parser.add_mutually_exclusive_group()
+    loads.add_argument(
+        "--loads",
+        type=load_list,
+        default=[0],
+        metavar="N,M,...",
+        help="CPU-burning processes during the throughput rounds, one set of rounds per count "
+        "(default 0; e.g. 0,2)",
+    )
+    loads.add_argument(
+        "--load", type=int, metavar="N", help="N CPU-burning processes (the same as --loads N)"
+    )
+    parser.add_argument(
+        "--parser",
+        choices=PARSERS,
+        default="auto",
+        help="the workers' redis-py parser: python, hiredis, or both side by side (default: "
+        "redis-py's pick, hiredis when installed)",
+    )
+    args = parser.parse_args(argv)
+    if args.load is not None:
+        if args.load < 0:
+            parser.error("--load: expected a count >= 0")
+        args.loads = [args.load]
+    return args
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -716,6 +835,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     settings = QUICK if args.quick else FULL
     count = args.tasks or settings.tasks
+    rounds = args.rounds or settings.rounds
+    parsers = parsers_of(args.parser)
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     began = time.perf_counter()
@@ -733,10 +854,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 origin,
                 bench.client,
                 args.quick,
-                f"worker: python {' '.join(WORKER_CMD)}",
+                f"worker: python {' '.join(WORKER_CMD)}; redis-py {redis.__version__}, hiredis "
+                f"{version_of('hiredis')}",
             )
-            rates = run_throughput(bench, fleet, settings.rounds, count)
-            print_throughput(rates, count)
+            throughput: dict[int, Rates] = {}
+            for load in args.loads:
+                loadavg = os.getloadavg()[0]
+                with Load(load):
+                    throughput[load] = run_throughput(bench, fleet, rounds, count, parsers)
+                print_throughput(throughput[load], count, load, loadavg)
             hold, trials = settings.hold_s, settings.child_trials
             recovery = {
                 OURS: {
@@ -758,12 +884,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.close()
     checks = [
         Target(
-            "tasks/s, celery_redislock / plain",
+            f"tasks/s, celery_redislock / plain (load {load}, parser {rates[OURS].parser})",
             rates[OURS].best.tasks_per_s / rates["plain"].best.tasks_per_s,
             0.9,
             at_least=True,
             unit="x",
-        ),
+        )
+        for load, of_load in throughput.items()
+        for rates in of_load.values()
+    ] + [
         Target(
             "recovery after child kill (median), celery_redislock",
             recovery[OURS]["child_kill"].seconds,
@@ -779,7 +908,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     print_targets(checks, began)
     if args.json:
-        args.json.write_text(json.dumps(to_json(rates, recovery, settings.expiry), indent=2))
+        args.json.write_text(json.dumps(to_json(throughput, recovery, settings.expiry), indent=2))
         print(f"wrote {args.json}")
     return 0
 

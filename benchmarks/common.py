@@ -1,15 +1,23 @@
-"""What both benchmark scripts share: the Redis they run on, section headings, target lines."""
+"""What the benchmark scripts share: the Redis they run on, section headings, target lines, CPU
+load, and the choice of redis-py's reply parser."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing as mp
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
+import redis.connection
+import redis.utils
+from redis._parsers import _HiredisParser, _RESP2Parser
+from redis._parsers.encoders import Encoder
 
 from celery_redislock.contrib.redis_server import RedisServer
 
@@ -115,3 +123,92 @@ def print_header(
         f"{version_of('celery-singleton')}, celery-once {version_of('celery_once')}; {tail}",
         flush=True,
     )
+
+
+# -- CPU load ------------------------------------------------------------------------------------
+
+
+def _burn(parent: int) -> None:
+    # Stops by itself once orphaned: a burner must never outlive a benchmark killed with SIGKILL.
+    while os.getppid() == parent:
+        for _ in range(1_000_000):
+            pass
+
+
+class Load:
+    """``count`` processes that burn CPU until stopped (a loaded machine)::
+
+    with Load(2):
+        ...  # measured with two cores' worth of busy loops competing
+    """
+
+    def __init__(self, count: int) -> None:
+        ctx = mp.get_context("fork")
+        self.processes = [
+            ctx.Process(target=_burn, args=(os.getpid(),), daemon=True) for _ in range(count)
+        ]
+
+    def __enter__(self) -> Load:
+        for process in self.processes:
+            process.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self.processes:
+            process.kill()
+        for process in self.processes:
+            process.join(5)
+
+
+def load_list(text: str) -> list[int]:
+    """``--loads 0,2`` -> [0, 2]."""
+    try:
+        loads = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from exc
+    if not loads or any(n < 0 for n in loads):
+        raise argparse.ArgumentTypeError(f"expected counts >= 0: {text!r}")
+    return loads
+
+
+# -- redis-py's parser ---------------------------------------------------------------------------
+
+# redis-py uses hiredis (a C parser, also for packing commands) when a recent enough one is
+# installed (>= 1.0 for redis-py 5.x, >= 3.2 for 8.x), else its pure-Python parser: RESP2, or
+# RESP3 when the connection speaks it (redis-py swaps _RESP2Parser for _RESP3Parser itself).
+PARSERS = ("auto", "python", "hiredis", "both")
+
+
+def parsers_of(choice: str) -> list[str]:
+    """``--parser`` -> the parsers to measure side by side; ``auto`` is redis-py's own pick."""
+    chosen = ["python", "hiredis"] if choice == "both" else [choice]
+    if "hiredis" in chosen and not redis.utils.HIREDIS_AVAILABLE:
+        raise SystemExit(
+            f"--parser {choice}: redis-py does not find a usable hiredis "
+            "(pip install 'celery-redislock[hiredis]')"
+        )
+    return chosen
+
+
+def default_parser() -> str:
+    """The parser redis-py picks by itself in this process."""
+    return "hiredis" if redis.utils.HIREDIS_AVAILABLE else "python"
+
+
+def parser_kwargs(parser: str) -> dict[str, Any]:
+    """Connection keyword arguments that make a client use ``parser`` whatever is installed:
+    the reply parser and the command packer (hiredis packs commands too)."""
+    if parser == "python":
+        encode = Encoder("utf-8", "strict", False).encode  # type: ignore[no-untyped-call]
+        # 6000: redis-py's own cutoff between joining a command's pieces and sending them apart.
+        packer = redis.connection.PythonRespSerializer(6000, encode)
+        return {"parser_class": _RESP2Parser, "command_packer": packer}
+    if parser == "hiredis":
+        # redis-py packs commands with hiredis whenever it parses with it.
+        return {"parser_class": _HiredisParser}
+    return {}
+
+
+def redis_client(url: str, parser: str = "auto", **kwargs: Any) -> redis.Redis:
+    """A client on ``url`` with the given parser (``auto``: redis-py's own pick)."""
+    return redis.Redis.from_url(url, **parser_kwargs(parser), **kwargs)

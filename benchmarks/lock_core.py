@@ -28,10 +28,15 @@ The pairs table has a physical floor row, ``ping_x2``: two loopback PING round t
 per "pair" (a pair costs at least two round trips), and prints one PING's round trip under it.
 ``--load N`` runs N CPU-burning processes during every measurement (a loaded machine).
 
+``--parser python|hiredis|both`` sets redis-py's reply parser (and command packer) for every
+client: its pure-Python one, or hiredis (``pip install 'celery-redislock[hiredis]'``); by default
+redis-py picks (hiredis when installed). With ``both``, the pairs of every lock run under each
+parser, interleaved in the same rounds; sections 2-4 run under hiredis.
+
 Run from the repository root::
 
     python benchmarks/lock_core.py [--json out.json] [--quick] [--url redis://...] [--duration 10]
-        [--load N]
+        [--load N] [--parser python|hiredis|both]
 
 A full run takes about 90 s on 2 cores and ``--quick`` about 20 s. Against ``--url`` the
 benchmark resets the server's statistics (CONFIG RESETSTAT) and, at the end, deletes the keys it
@@ -69,7 +74,20 @@ import celery_redislock
 from celery_redislock import Lock, renew_leases
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Target, base_parser, print_targets, redis_target, section
+from common import (
+    PARSERS,
+    Load,
+    Target,
+    base_parser,
+    default_parser,
+    parser_kwargs,
+    parsers_of,
+    print_targets,
+    redis_client,
+    redis_target,
+    section,
+    version_of,
+)
 
 TTL_S = 30
 RENEW_TTL_S = 60
@@ -204,8 +222,8 @@ class CountingConnection(redis.Connection):
         super().send_command(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
-def counting_client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, connection_class=CountingConnection)
+def counting_client(url: str, parser: str) -> redis.Redis:
+    return redis.Redis.from_url(url, connection_class=CountingConnection, **parser_kwargs(parser))
 
 
 def server_cpu_s(admin: redis.Redis) -> float:
@@ -282,23 +300,31 @@ def measure_pairs(acquire: Acquire, admin: redis.Redis, seconds: float) -> Pairs
     )
 
 
+Pairs = dict[str, dict[str, PairsResult]]  # parser -> lock -> best round
+
+
 def run_pairs(
-    url: str, admin: redis.Redis, prefix: str, rounds: int, seconds: float
-) -> dict[str, PairsResult]:
-    clients = {lib: redis.Redis.from_url(url) for lib in PAIRS_LOCKS}
+    url: str, admin: redis.Redis, prefix: str, rounds: int, seconds: float, parsers: list[str]
+) -> Pairs:
+    """Every (parser, lock) takes its turn in every round, order rotated each round."""
+    runs = [(parser, lib) for parser in parsers for lib in PAIRS_LOCKS]
+    clients = {run: redis_client(url, run[0]) for run in runs}
     try:
-        acquires = {lib: LOCKS[lib](clients[lib], f"{prefix}:pairs:{lib}") for lib in PAIRS_LOCKS}
-        best: dict[str, PairsResult] = {}
+        acquires = {
+            (parser, lib): LOCKS[lib](clients[parser, lib], f"{prefix}:pairs:{parser}:{lib}")
+            for parser, lib in runs
+        }
+        best: dict[tuple[str, str], PairsResult] = {}
         for r in range(rounds):
-            shift = r % len(PAIRS_LOCKS)
-            for lib in PAIRS_LOCKS[shift:] + PAIRS_LOCKS[:shift]:
-                result = measure_pairs(acquires[lib], admin, seconds)
-                if lib not in best or result.pairs_per_s > best[lib].pairs_per_s:
-                    best[lib] = result
-        return {lib: best[lib] for lib in PAIRS_LOCKS}
+            shift = r % len(runs)
+            for run in runs[shift:] + runs[:shift]:
+                result = measure_pairs(acquires[run], admin, seconds)
+                if run not in best or result.pairs_per_s > best[run].pairs_per_s:
+                    best[run] = result
+        return {parser: {lib: best[parser, lib] for lib in PAIRS_LOCKS} for parser in parsers}
     finally:
-        for client in clients.values():
-            client.close()
+        for each in clients.values():
+            each.close()
 
 
 # -- 2. handoff latency --------------------------------------------------------------------------
@@ -322,10 +348,10 @@ class HandoffResult:
         return self.quantile(0.99)
 
 
-def _handoff_waiter(lib: str, url: str, name: str, conn: Connection) -> None:
-    client = redis.Redis.from_url(url)
+def _handoff_waiter(lib: str, url: str, parser: str, name: str, conn: Connection) -> None:
+    waiter = redis_client(url, parser)
     try:
-        acquire = LOCKS[lib](client, name)
+        acquire = LOCKS[lib](waiter, name)
         while conn.recv():
             started = time.monotonic_ns()
             release = acquire()
@@ -333,15 +359,15 @@ def _handoff_waiter(lib: str, url: str, name: str, conn: Connection) -> None:
             release()
             conn.send((started, acquired))
     finally:
-        client.close()
+        waiter.close()
 
 
-def measure_handoffs(lib: str, url: str, name: str, count: int) -> HandoffResult:
+def measure_handoffs(lib: str, url: str, parser: str, name: str, count: int) -> HandoffResult:
     ctx = mp.get_context("fork")
     here, there = ctx.Pipe()
-    waiter = ctx.Process(target=_handoff_waiter, args=(lib, url, name, there), daemon=True)
-    client = redis.Redis.from_url(url)
-    acquire = LOCKS[lib](client, name)
+    waiter = ctx.Process(target=_handoff_waiter, args=(lib, url, parser, name, there), daemon=True)
+    holder = redis_client(url, parser)
+    acquire = LOCKS[lib](holder, name)
     jitter = POLL_INTERVAL_S.get(lib, PUSH_JITTER_S)
     latencies: list[float] = []
     not_blocked = 0
@@ -363,14 +389,20 @@ def measure_handoffs(lib: str, url: str, name: str, count: int) -> HandoffResult
         with suppress(OSError):
             here.send(False)  # tells the waiter to exit
         stop_process(waiter)
-        client.close()
+        holder.close()
     return HandoffResult(latencies, not_blocked)
 
 
-def run_handoffs(url: str, prefix: str, count: int, polling_count: int) -> dict[str, HandoffResult]:
+def run_handoffs(
+    url: str, parser: str, prefix: str, count: int, polling_count: int
+) -> dict[str, HandoffResult]:
     return {
         lib: measure_handoffs(
-            lib, url, f"{prefix}:handoff:{lib}", polling_count if lib in POLL_INTERVAL_S else count
+            lib,
+            url,
+            parser,
+            f"{prefix}:handoff:{lib}",
+            polling_count if lib in POLL_INTERVAL_S else count,
         )
         for lib in HANDOFF_LOCKS
     }
@@ -413,6 +445,7 @@ class ContentionResult:
 def _contention_worker(
     lib: str,
     url: str,
+    parser: str,
     name: str,
     duration: float,
     index: int,
@@ -422,8 +455,8 @@ def _contention_worker(
 ) -> None:
     announced = False
     try:
-        client = counting_client(url)
-        acquire = LOCKS[lib](client, name)
+        contender = counting_client(url, parser)
+        acquire = LOCKS[lib](contender, name)
         acquire()()  # connect and load the scripts before the clock starts
         ready.put(None)
         announced = True
@@ -437,7 +470,7 @@ def _contention_worker(
             time.sleep(HOLD_S)
             release()
         results.put(WorkerReport(index, count, CountingConnection.sent))
-        client.close()
+        contender.close()
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}"
         if announced:
@@ -446,7 +479,9 @@ def _contention_worker(
             ready.put(message)
 
 
-def measure_contention(lib: str, url: str, name: str, duration: float) -> ContentionResult:
+def measure_contention(
+    lib: str, url: str, parser: str, name: str, duration: float
+) -> ContentionResult:
     ctx = mp.get_context("fork")
     ready: Queue[str | None] = ctx.Queue()
     results: Queue[WorkerReport] = ctx.Queue()
@@ -454,7 +489,7 @@ def measure_contention(lib: str, url: str, name: str, duration: float) -> Conten
     workers = [
         ctx.Process(
             target=_contention_worker,
-            args=(lib, url, name, duration, i, ready, go, results),
+            args=(lib, url, parser, name, duration, i, ready, go, results),
             daemon=True,
         )
         for i in range(CONTENDERS)
@@ -486,9 +521,11 @@ def measure_contention(lib: str, url: str, name: str, duration: float) -> Conten
     )
 
 
-def run_contention(url: str, prefix: str, duration: float) -> dict[str, ContentionResult]:
+def run_contention(
+    url: str, parser: str, prefix: str, duration: float
+) -> dict[str, ContentionResult]:
     return {
-        lib: measure_contention(lib, url, f"{prefix}:contention:{lib}", duration)
+        lib: measure_contention(lib, url, parser, f"{prefix}:contention:{lib}", duration)
         for lib in CONTENTION_LOCKS
     }
 
@@ -505,11 +542,13 @@ class RenewResult:
     server_calls: dict[str, int]  # commandstats for it, script internals included
 
 
-def measure_renew(url: str, admin: redis.Redis, prefix: str, count: int) -> RenewResult:
-    client = counting_client(url)
+def measure_renew(
+    url: str, parser: str, admin: redis.Redis, prefix: str, count: int
+) -> RenewResult:
+    renewer = counting_client(url, parser)
     try:
         leases = [
-            Lock(client, f"{prefix}:renew:{i}", ttl=RENEW_TTL_S).acquire(blocking=False)
+            Lock(renewer, f"{prefix}:renew:{i}", ttl=RENEW_TTL_S).acquire(blocking=False)
             for i in range(count)
         ]
         renew_leases(leases[:1])  # the script is then cached, as for a heartbeat in steady state
@@ -521,36 +560,53 @@ def measure_renew(url: str, admin: redis.Redis, prefix: str, count: int) -> Rene
         round_trips = CountingConnection.sent - sent_before
         calls = command_calls(admin)
     finally:
-        client.close()
+        renewer.close()
     return RenewResult(count, len(report.renewed), seconds, round_trips, calls)
 
 
 # -- reporting -----------------------------------------------------------------------------------
 
 
-def print_pairs(pairs: dict[str, PairsResult], rounds: int, seconds: float) -> None:
+def shown(parser: str) -> str:
+    """A parser's name as printed: ``auto`` is the one redis-py picked."""
+    return f"{default_parser()} (redis-py's pick)" if parser == "auto" else parser
+
+
+def print_pairs(pairs: Pairs, rounds: int, seconds: float) -> None:
+    parsers = list(pairs)
+    both = "python" in pairs and "hiredis" in pairs
     section(
         f"1. Uncontended acquire+release pairs (one process, one name; best of {rounds} "
-        f"interleaved round(s) of {seconds:g} s)"
+        f"interleaved round(s) of {seconds:g} s; parser: {', '.join(map(shown, parsers))})"
     )
-    ours = pairs[OURS].pairs_per_s
     print(
-        f"  {'lock':<22}{'pairs/s':>9}{'ours/peer':>11}{'us/pair':>10}{'client CPU':>12}"
-        f"{'server CPU':>12}{'server cmds':>13}"
+        f"  {'lock':<22}{'parser':<9}{'pairs/s':>9}{'ours/peer':>11}"
+        + (f"{'hiredis/py':>12}" if both else "")
+        + f"{'us/pair':>10}{'client CPU':>12}{'server CPU':>12}{'server cmds':>13}"
     )
-    for lib, r in pairs.items():
+    for lib in PAIRS_LOCKS:
+        for parser in parsers:
+            r = pairs[parser][lib]
+            ours = pairs[parser][OURS].pairs_per_s
+            gain = ""
+            if both:
+                speedup = r.pairs_per_s / pairs["python"][lib].pairs_per_s
+                gain = f"{'':>12}" if parser == "python" else f"{speedup:>11.2f}x"
+            name = default_parser() if parser == "auto" else parser
+            print(
+                f"  {lib:<22}{name:<9}{r.pairs_per_s:>9,.0f}{ours / r.pairs_per_s:>10.2f}x{gain}"
+                f"{r.wall_us:>10.1f}{r.client_cpu_us:>10.1f}us{r.server_cpu_us:>10.1f}us"
+                f"{r.server_commands:>13.1f}"
+            )
+    for parser in parsers:
         print(
-            f"  {lib:<22}{r.pairs_per_s:>9,.0f}{ours / r.pairs_per_s:>10.2f}x{r.wall_us:>10.1f}"
-            f"{r.client_cpu_us:>10.1f}us{r.server_cpu_us:>10.1f}us{r.server_commands:>13.1f}"
-        )
-    if "ping_x2" in pairs:
-        print(
-            f"  ping_x2: two loopback PINGs per pair, the physical floor; one PING round trip "
-            f"{pairs['ping_x2'].wall_us / 2:.1f} us"
+            f"  ping_x2 ({shown(parser)}): two loopback PINGs per pair, the physical floor; one "
+            f"PING round trip {pairs[parser]['ping_x2'].wall_us / 2:.1f} us"
         )
     print(
-        "  client/server CPU: per pair (this process incl. threads / redis-server user+sys); "
-        "server cmds: per pair, incl. commands run inside Lua scripts"
+        "  ours/peer: within the same parser; client/server CPU: per pair (this process incl. "
+        "threads / redis-server user+sys); server cmds: per pair, incl. commands run inside Lua "
+        "scripts"
     )
 
 
@@ -618,7 +674,7 @@ def print_renew(renew: RenewResult) -> None:
 
 
 def targets(
-    pairs: dict[str, PairsResult],
+    pairs: dict[str, PairsResult],  # of one parser
     handoffs: dict[str, HandoffResult],
     contention: dict[str, ContentionResult],
     renew: RenewResult,
@@ -677,13 +733,27 @@ def targets(
 
 
 def to_json(
-    pairs: dict[str, PairsResult],
+    pairs: Pairs,
     handoffs: dict[str, HandoffResult],
     contention: dict[str, ContentionResult],
     renew: RenewResult,
 ) -> dict[str, Any]:
+    main = list(pairs)[-1]
     return {
-        "pairs_per_s": {lib: round(r.pairs_per_s, 1) for lib, r in pairs.items()},
+        "parser": default_parser() if main == "auto" else main,
+        "pairs_per_s": {lib: round(r.pairs_per_s, 1) for lib, r in pairs[main].items()},
+        "pairs_per_s_by_parser": {
+            default_parser() if parser == "auto" else parser: {
+                lib: round(r.pairs_per_s, 1) for lib, r in results.items()
+            }
+            for parser, results in pairs.items()
+        },
+        "client_cpu_us_per_pair_by_parser": {
+            default_parser() if parser == "auto" else parser: {
+                lib: round(r.client_cpu_us, 2) for lib, r in results.items()
+            }
+            for parser, results in pairs.items()
+        },
         "handoff_ms": {
             lib: {"mean": round(h.mean, 4), "p99": round(h.p99, 4)} for lib, h in handoffs.items()
         },
@@ -726,31 +796,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="N",
         help="run N CPU-burning processes during the measurements (default 0)",
     )
+    parser.add_argument(
+        "--parser",
+        choices=PARSERS,
+        default="auto",
+        help="redis-py's parser: python, hiredis, or both side by side in the pairs (default: "
+        "redis-py's pick, hiredis when installed)",
+    )
     return parser.parse_args(argv)
-
-
-def _burn() -> None:
-    while True:
-        pass
-
-
-class Load:
-    """``count`` processes that burn CPU until stopped (a loaded machine)."""
-
-    def __init__(self, count: int) -> None:
-        ctx = mp.get_context("fork")
-        self.processes = [ctx.Process(target=_burn, daemon=True) for _ in range(count)]
-
-    def __enter__(self) -> Load:
-        for process in self.processes:
-            process.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for process in self.processes:
-            process.kill()
-        for process in self.processes:
-            process.join(5)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -758,6 +811,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = QUICK if args.quick else FULL
     if args.duration is not None:
         settings = dataclasses.replace(settings, duration=args.duration)
+    parsers = parsers_of(args.parser)
+    main_parser = parsers[-1]  # sections 2-4, and the targets
     began = time.perf_counter()
     prefix = f"lockbench-{os.getpid()}-{os.urandom(3).hex()}"
     with redis_target(args.url or os.environ.get("REDIS_URL")) as (url, origin):
@@ -772,21 +827,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             package = Path(celery_redislock.__file__).parent
             print(f"celery_redislock {celery_redislock.__version__} from {package}", flush=True)
+            print(
+                f"redis-py {redis.__version__}, hiredis {version_of('hiredis')}; parser: "
+                f"{', '.join(map(shown, parsers))}"
+                + (f" (sections 2-4: {main_parser})" if len(parsers) > 1 else ""),
+                flush=True,
+            )
             if args.load:
                 print(f"under load: {args.load} CPU-burning process(es) run throughout", flush=True)
             with Load(args.load):
-                pairs = run_pairs(url, admin, prefix, settings.rounds, settings.pair_seconds)
+                pairs = run_pairs(
+                    url, admin, prefix, settings.rounds, settings.pair_seconds, parsers
+                )
                 print_pairs(pairs, settings.rounds, settings.pair_seconds)
-                handoffs = run_handoffs(url, prefix, settings.handoffs, settings.polling_handoffs)
+                handoffs = run_handoffs(
+                    url, main_parser, prefix, settings.handoffs, settings.polling_handoffs
+                )
                 print_handoffs(handoffs)
-                contention = run_contention(url, prefix, settings.duration)
+                contention = run_contention(url, main_parser, prefix, settings.duration)
                 print_contention(contention, settings.duration)
-                renew = measure_renew(url, admin, prefix, RENEW_LEASES)
+                renew = measure_renew(url, main_parser, admin, prefix, RENEW_LEASES)
                 print_renew(renew)
         finally:
             delete_keys(admin, prefix)
             admin.close()
-    checks = targets(pairs, handoffs, contention, renew)
+    checks = targets(pairs[main_parser], handoffs, contention, renew)
     print_targets(checks, began)
     if args.json:
         out = to_json(pairs, handoffs, contention, renew)

@@ -30,14 +30,24 @@ def table(b: dict[str, Any]) -> str:
     def per_lib(key: str, fmt: str) -> list[str]:
         return [format(b[key][lib], fmt) if lib in b[key] else "" for lib in COLUMNS] + ["", ""]
 
+    def pairs_row(label: str, of: dict[str, float]) -> str:
+        return _row(
+            label,
+            [f"{of[lib]:,.0f}" if lib in of else "" for lib in (*COLUMNS, "pottery", "raw_floor")],
+        )
+
+    by_parser = b.get("pairs_per_s_by_parser", {})
+    if "python" in by_parser and "hiredis" in by_parser:  # lock_core.py --parser both
+        pairs_rows = [
+            pairs_row(
+                "uncontended acquire+release pairs/s, pure-Python parser", by_parser["python"]
+            ),
+            pairs_row("same, hiredis parser", by_parser["hiredis"]),
+        ]
+    else:
+        pairs_rows = [pairs_row("uncontended acquire+release pairs/s", pairs)]
     rows = [
-        _row(
-            "uncontended acquire+release pairs/s",
-            [
-                f"{pairs[lib]:,.0f}" if lib in pairs else ""
-                for lib in (*COLUMNS, "pottery", "raw_floor")
-            ],
-        ),
+        *pairs_rows,
         _row(
             "handoff to a waiter blocked in another process, mean / p99 ms",
             [handoff(lib) for lib in COLUMNS] + [handoff("pottery"), ""],

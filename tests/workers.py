@@ -90,6 +90,18 @@ class Worker:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
+    def finish(self, timeout: float = 5) -> None:
+        """End of a test: a cold shutdown (SIGQUIT: the pool's children are terminated, the
+        main process exits through its own shutdown, so coverage records the parent-side code),
+        then SIGKILL to the whole group, whatever is left."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)  # a test may have stopped it
+                self.proc.send_signal(signal.SIGQUIT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
+        self.kill()
+
     def stop(self, timeout: float = 20) -> None:
         """Warm shutdown (SIGTERM); SIGKILL if it takes longer than ``timeout``."""
         if self.proc is None or self.proc.poll() is not None:
