@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 _WAIT_SLICE_S = 1.0
 # A waiter's place in line lapses this long after its last refresh (it crashed or went away).
 _QUEUE_ENTRY_MS = int(_WAIT_SLICE_S * 1000) + 2000
+# The shortest blocking pop sent: Redis 6.2 turns a timeout under 1 ms into 0, which blocks
+# for ever (it truncates seconds x 1000), and it ends blocking calls on a 100 ms tick anyway.
+_MIN_BLOCK_S = 0.01
 # A fair-mode wake-up list lives this long if its waiter never pops it.
 _WAKE_LIST_MS = _QUEUE_ENTRY_MS
 DEFAULT_FENCE_KEEP = 86400.0
@@ -276,7 +279,7 @@ class Lock:
                 args = request.encode()
                 continue
             until_expiry = reply.ms_left / 1000 + 0.001 if reply.ms_left > 0 else _WAIT_SLICE_S
-            block = max(0.001, min(remaining, self._max_block, until_expiry))
+            block = max(_MIN_BLOCK_S, min(remaining, self._max_block, until_expiry))
             if not self.fair:
                 woke = self._await_wake(block)
                 if woke != request.woke:
