@@ -7,9 +7,11 @@ import threading
 
 import pytest
 import redis
-from conftest import wait_until_queued
+from conftest import wait_for, wait_until_queued
 
 from celery_redislock import Lock, LockBackendError, LockNotAcquired, iter_locks, renew_leases
+from celery_redislock.core.line import Parked, park
+from celery_redislock.core.rate import RateLimit
 
 # The list in docs/topologies.md ("Redis permissions"), as one ACL rule set.
 DOCUMENTED_RULES = [
@@ -37,6 +39,7 @@ DOCUMENTED_RULES = [
         "+sismember",
     ],
     *["+zadd", "+zcard", "+zrange", "+zrangebyscore", "+zrem", "+zremrangebyscore", "+zscore"],
+    *["+zcount", "+zrevrange", "+zremrangebyrank"],  # rate limits
 ]
 
 
@@ -66,6 +69,39 @@ def test_the_listed_permissions_are_enough(client: redis.Redis) -> None:
     plain = Lock(restricted, "acl-plain", ttl=5)
     with plain.acquire(), pytest.raises(LockNotAcquired, match="held"):
         plain.acquire(blocking=False)
+
+
+def test_the_listed_permissions_run_the_task_line(client: redis.Redis) -> None:
+    """Parking (taking a free lock with a claim, waiting in line, lapsing out of it) runs only
+    listed commands."""
+    restricted = _user(client, "liner", DOCUMENTED_RULES)
+    client.script_flush()
+    lock = Lock(restricted, "acl-line", ttl=5, limit=2)
+    leases = [park(lock, "first", owner="a"), park(lock, "second", owner="b")]  # beside a lease
+    assert not any(isinstance(lease, Parked) for lease in leases)
+    assert isinstance(park(lock, "third", owner="c", max_wait=1), Parked)
+
+    def purged() -> bool:
+        with pytest.raises(LockNotAcquired):
+            lock.acquire(blocking=False)  # purges the lapsed parked entry, as the restricted user
+        return client.zcard(lock.keys.all[2]) == 0
+
+    wait_for(purged, "the lapsed parked task out of line")
+    for lease in leases:
+        assert not isinstance(lease, Parked)
+        lease.release()
+
+
+def test_the_listed_permissions_run_a_rate_limit(client: redis.Redis) -> None:
+    restricted = _user(client, "rates", DOCUMENTED_RULES)
+    client.script_flush()
+    limit = RateLimit(restricted, "acl-rate", "2/s")
+    first, second, third = (limit.reserve(f"r{i}") for i in range(3))
+    assert first.granted and second.granted and third.granted
+    assert first.delay == 0 and second.delay == 0 and third.delay > 0.5
+    assert limit.reserve("r2").delay == pytest.approx(third.delay, abs=0.2)  # the same slot
+    refused = limit.reserve("r3", max_delay=0.1)
+    assert not refused.granted
 
 
 def test_a_missing_permission_is_named(client: redis.Redis) -> None:

@@ -599,3 +599,31 @@ def test_non_reentrant_owner_holds_at_most_one_lease(
     assert [h.count for h in lock.holders()] == [1]
     with pytest.raises(LockConfigError, match="reentrant must be True or False"):
         lock.acquire(owner="x", reentrant="no")  # type: ignore[arg-type]
+
+
+def test_the_lock_records_outlive_a_lease_renewed_after_a_hand_over(client: redis.Redis) -> None:
+    """The meta key (lease records, fence mark) outlives every live lease by the grace period,
+    also when it was last extended for the previous holder and the new holder renews before the
+    leases key needs extending (renew.lua then leaves the meta key alone). Raw script calls with
+    a 1.5 s ttl, so that the gap shows within two seconds."""
+    from celery_redislock.core.protocol import AcquireArgs, AcquireReply, AcquireStatus
+    from celery_redislock.core.scripts import run
+
+    lock = Lock(client, "outlive", ttl=30)
+    spec = "w 1 1500 0 1500 1"  # ttl 1.5 s, a place in line 1.5 s, fence_keep 1 ms
+
+    def try_acquire(token: str, *, wait: bool = False, woke: bool = False) -> AcquireStatus:
+        args = AcquireArgs(token=token, spec=spec, wait=wait, woke=woke, info="{}").encode()
+        return AcquireReply.decode(run("acquire", client, lock.keys.all, args)).status
+
+    assert try_acquire("a") is AcquireStatus.HELD  # the meta key lives 4 s from now
+    assert try_acquire("w", wait=True) is AcquireStatus.NOT_HELD  # queued
+    time.sleep(0.8)  # a's hold
+    run("release", client, lock.keys.all, ["a", spec, "1", "ra"])
+    assert try_acquire("w", wait=True, woke=True) is AcquireStatus.HELD
+    time.sleep(1.2)  # less than a ttl: the leases key still lives long enough for a renewal
+    [expiry] = run("renew", client, lock.keys.all[:2], ["1500", "w"]).split()
+    (sec, usec), meta_left = client.time(), client.pttl(lock.keys.meta)
+    now_ms = sec * 1000 + usec // 1000
+    assert meta_left + now_ms >= int(expiry) + 1000 - 50, "the lease records lapse before it"
+    run("release", client, lock.keys.all, ["w", spec, "1", "rw"])

@@ -33,7 +33,8 @@ local now, now_us = server_now()
 -- Fast path: no lease (not even a lapsed one) and nobody waits. Then this token has no lease
 -- yet (a second run of this call finds the first run's lease and takes the path below), the
 -- owner holds none, and the lease is taken at once, in fair mode too (an empty line).
-if redis.call('EXISTS', K.leases, K.queue) == 0 then
+local present = redis.call('EXISTS', K.leases, K.queue)
+if present == 0 then
   if job ~= '' then
     local until_ms = redis.call('ZSCORE', K.done, job)
     if until_ms and tonumber(until_ms) > now then
@@ -47,13 +48,21 @@ if redis.call('EXISTS', K.leases, K.queue) == 0 then
   return reply({1, tok, fence, expiry, 1, 0, mode})
 end
 
+-- Both keys: someone waits. One of them: which one, asked once for start() (when it is the
+-- line, the lock has no lease at all).
+if present == 2 then
+  queue_known = true
+else
+  no_leases = queue_exists()
+end
 local waiters = start(now)
 
 local function held(token, fence, expiry, count, granted, lease_mode)
   -- A lease under a parked task's token is held by the delivery that took it: another delivery
   -- coming with the same token (the hand-over published twice) must not take it as its own.
-  if token == tok and claim_id ~= '' then
-    redis.call('HSETNX', K.meta, 'c:' .. tok, claim_id)
+  -- (HGET then HSET rather than HSETNX: only the commands the docs list for ACL users.)
+  if token == tok and claim_id ~= '' and redis.call('HGET', K.meta, 'c:' .. tok) == false then
+    redis.call('HSET', K.meta, 'c:' .. tok, claim_id)
   end
   local out = {1, token, fence, expiry, count, 0, lease_mode or mode}
   for _, v in ipairs(granted) do
@@ -64,7 +73,7 @@ end
 
 -- `status` 0 not held, 4 parked, 5 the line is full; `count` the parked entries (4, 5).
 local function not_held_as(status, count, granted)
-  if redis.call('EXISTS', K.queue) == 1 then
+  if queue_exists() then
     keep_waiters(entry_ms)
   else
     tidy(keep_ms)
@@ -83,7 +92,7 @@ end
 -- This very call ran before (its reply was lost and the client sent it again), or, in fair mode,
 -- the lock was handed to us while we waited (our wake-up is late, or its sender died): the lease
 -- is ours. A lease handed over in fair mode is claimed for the full ttl.
-local mine_at = redis.call('ZSCORE', K.leases, tok)
+local mine_at = not no_leases and redis.call('ZSCORE', K.leases, tok)
 if mine_at then
   local expiry = tonumber(mine_at)
   -- A lease handed to a parked task: the first delivery of the hand-over claims it (and the
@@ -103,13 +112,13 @@ if mine_at then
     -- holds the lock a ttl, as any holder (its heartbeat renews it meanwhile).
     expiry = now + ttl
     redis.call('ZADD', K.leases, int(expiry), tok)
-    keep({K.leases, K.meta}, expiry - now + GRACE_MS, ttl)
+    keep_lease_keys(expiry - now + GRACE_MS, ttl)
     return held(tok, rec.f, expiry, rec.c, {}, rec.m)
   end
   if fair and expiry < now + ttl then
     expiry = now + ttl
     redis.call('ZADD', K.leases, int(expiry), tok)
-    keep({K.leases, K.meta}, expiry - now + GRACE_MS, ttl)
+    keep_lease_keys(expiry - now + GRACE_MS, ttl)
   end
   local rec = read_lease(tok)
   return held(tok, rec.f, expiry, rec.c, {}, rec.m)
@@ -126,15 +135,18 @@ end
 -- place in line from an earlier try of the same blocking acquire: that place goes now, or it
 -- would hold up the line (a queued writer blocks readers) until its deadline. The line then
 -- advances as it would have if the waiter had left.
+-- This call's own entry in line, when it is a plain caller's, need not be read (see dequeue).
+local own = not park and string.sub(tok, 1, 1) ~= LINE_PREFIX and mode or nil
+
 local function leave_line()
   if not (waiters and redis.call('ZSCORE', K.queue, tok)) then
     return {}
   end
-  dequeue(tok)
+  dequeue(tok, nil, own)
   if fair then
     return grant(now, now_us, tok, keep_ms)
   end
-  if redis.call('EXISTS', K.queue) == 1 then
+  if queue_exists() then
     wake_one()
   end
   return {}
@@ -149,15 +161,17 @@ end
 
 if owner ~= '' then
   local mine = redis.call('HGET', K.meta, 'o:' .. owner)
-  if mine and redis.call('ZSCORE', K.leases, mine) then
+  -- (Its expiry, read once: nothing below changes it before it is used.)
+  local mine_expiry = mine and not no_leases and redis.call('ZSCORE', K.leases, mine)
+  if mine_expiry then
+    mine_expiry = tonumber(mine_expiry)
     local rec = read_lease(mine)
     local granted = leave_line()
     if applied(rec, tok) then -- this re-entry ran before: it counts once
-      return held(mine, rec.f, tonumber(redis.call('ZSCORE', K.leases, mine)), rec.c, granted,
-        rec.m)
+      return held(mine, rec.f, mine_expiry, rec.c, granted, rec.m)
     end
     if once then -- the owner holds a lease already: say so, with the ms it has left
-      local left = tonumber(redis.call('ZSCORE', K.leases, mine)) - now
+      local left = mine_expiry - now
       return with_granted({3, mine, rec.f, 0, rec.c, left, rec.m}, granted)
     end
     if rec.m == 'r' and mode == 'w' then
@@ -166,19 +180,19 @@ if owner ~= '' then
     rec.c = rec.c + 1
     note_request(rec, tok)
     write_lease(mine, rec)
-    local expiry = math.max(tonumber(redis.call('ZSCORE', K.leases, mine)), now + ttl)
+    local expiry = math.max(mine_expiry, now + ttl)
     redis.call('ZADD', K.leases, int(expiry), mine)
-    keep({K.leases, K.meta}, expiry - now + GRACE_MS, ttl)
+    keep_lease_keys(expiry - now + GRACE_MS, ttl)
     return held(mine, rec.f, expiry, rec.c, granted, rec.m)
   end
 end
 
-local parked = waiters and parked_count() or 0
-
 if park then
+  local parked = waiters and parked_count() or 0
   -- A task that may not run now leaves its worker and waits in line as data: it is published
   -- again when the lock is handed to it. A lock with nobody parked and room is taken as any
   -- newcomer would take it (non-fair); otherwise the task joins the line behind everyone.
+  local own_raw = nil -- this call's entry record, when it wrote it
   if redis.call('ZSCORE', K.queue, tok) == false then
     if not fair and parked == 0 then
       local writer_waits = mode == 'r' and tonumber(redis.call('HGET', K.meta, 'qw') or '0') or 0
@@ -195,12 +209,16 @@ if park then
     end
     local wait_ms = tonumber(ARGV[9])
     local seq, raw = enqueue(tok, mode, limit, ttl, owner, info, entry_ms, tonumber(ARGV[11]))
+    own_raw = raw
     redis.call('ZADD', K.qdl, int(now + wait_ms), tok)
     redis.call('HSET', K.meta, 'p:' .. tok,
       cjson.encode({s = seq, d = int(now + wait_ms), q = raw, x = ARGV[8]}))
-    keep({K.meta, K.queue, K.qdl}, wait_ms + GRACE_MS, entry_ms)
+    -- The line outlives the wait by the fence mark's keep (a day by default): with every
+    -- worker down past the deadline, nobody purges the entry, and a sweep must still find it
+    -- to publish it as expired when one comes back (the payload is the only copy of the task).
+    keep({K.meta, K.queue, K.qdl}, wait_ms + keep_ms, entry_ms)
   end
-  local granted = grant(now, now_us, tok, keep_ms)
+  local granted = grant(now, now_us, tok, keep_ms, own_raw)
   local expiry = redis.call('ZSCORE', K.leases, tok)
   if expiry then
     return held(tok, read_lease(tok).f, tonumber(expiry), 1, granted)
@@ -210,17 +228,19 @@ end
 
 if fair then
   -- Join the line (or refresh our place), let the line advance, and see whether we got it.
+  local own_raw = nil -- this call's entry record, when it wrote it
   if not redis.call('ZSCORE', K.queue, tok) then
-    enqueue(tok, mode, limit, ttl, owner, info, entry_ms)
+    local _, raw = enqueue(tok, mode, limit, ttl, owner, info, entry_ms)
+    own_raw = raw
   end
   redis.call('ZADD', K.qdl, int(now + entry_ms), tok)
-  local granted = grant(now, now_us, tok, keep_ms)
+  local granted = grant(now, now_us, tok, keep_ms, own_raw)
   local expiry = redis.call('ZSCORE', K.leases, tok)
   if expiry then
     return held(tok, read_lease(tok).f, tonumber(expiry), 1, granted)
   end
   if not wait then
-    dequeue(tok)
+    dequeue(tok, nil, own)
     for _, v in ipairs(grant(now, now_us, tok, keep_ms)) do
       granted[#granted + 1] = v
     end
@@ -231,16 +251,18 @@ end
 -- Non-fair: take free capacity, except that readers yield to a queued writer and everyone to
 -- a parked task.
 local queued = waiters and redis.call('ZSCORE', K.queue, tok)
-local writer_waits = mode == 'r' and redis.call('HGET', K.meta, 'qw') or '0'
 local room, empty = fits(mode, limit)
-if room and (tonumber(writer_waits) or 0) == 0 and parked == 0 then
+-- Readers yield to a queued writer, everyone to a parked task: asked only when there is room.
+if room and (tonumber(mode == 'r' and redis.call('HGET', K.meta, 'qw') or '0') or 0) == 0
+  and (not waiters or parked_count() == 0) then
   if queued then
-    dequeue(tok)
+    dequeue(tok, nil, own)
   end
   local fence, expiry = new_lease(tok, mode, ttl, owner, info, now, now_us, empty or false,
     keep_ms)
-  -- Readers may share: pass the wake-up on so queued readers follow.
-  if waiters and redis.call('EXISTS', K.queue) == 1 and fits(mode, limit) then
+  -- Readers may share: pass the wake-up on so queued readers follow (a lock of one holder is
+  -- full now, without asking).
+  if waiters and limit ~= 1 and fits(mode, limit) and queue_exists() then
     wake_one()
   end
   return held(tok, fence, expiry, 1, {})
@@ -251,10 +273,10 @@ if wait then
   end
   redis.call('ZADD', K.qdl, int(now + entry_ms), tok)
 elseif queued then
-  dequeue(tok)
+  dequeue(tok, nil, own)
 end
 -- A waiter woken for a free lock it may not take (a writer is queued) passes the signal on.
-if woke and redis.call('ZCARD', K.leases) == 0 and redis.call('EXISTS', K.queue) == 1 then
+if woke and (no_leases or redis.call('ZCARD', K.leases) == 0) and queue_exists() then
   wake_one()
 end
 return not_held({})

@@ -49,6 +49,19 @@ end
 -- meta key holds nothing that must outlive the leases, so it need not be checked first.
 local waiters_seen = true
 
+-- What this call learnt already, so that it does not ask again (each command costs; a local
+-- variable costs nothing). Its own writes keep them true.
+local queue_known = nil -- whether anyone waits in line (nil: not known, ask)
+local no_leases = false -- the lock is known to have no lease at all
+
+-- Whether anyone waits in line.
+local function queue_exists()
+  if queue_known == nil then
+    queue_known = redis.call('EXISTS', K.queue) == 1
+  end
+  return queue_known
+end
+
 -- Hot-path scripts answer with one space-separated string: one reply element to parse.
 local function reply(items)
   for i, v in ipairs(items) do
@@ -119,6 +132,7 @@ end
 local function requeue(tok, raw)
   local p = cjson.decode(raw)
   redis.call('ZADD', K.queue, p.s, tok)
+  queue_known = true
   redis.call('ZADD', K.qdl, p.d, tok)
   redis.call('HSET', K.meta, 'q:' .. tok, p.q)
   redis.call('HINCRBY', K.meta, 'qp', 1)
@@ -152,20 +166,33 @@ local function drop_lease(tok, rec)
   return false
 end
 
-local function dequeue(tok)
-  local raw = redis.call('HGET', K.meta, 'q:' .. tok)
-  if raw then
-    local q = cjson.decode(raw)
-    if q.m == 'w' then
+-- `raw`: the entry's record when the caller read it already (false: it has none). `own`: the
+-- mode of a plain caller's own entry (not a parked task's: their records differ), whose record
+-- is the one this call's own arguments wrote (enqueue: that mode, no parked task), so it need
+-- not be read; it counts as a queued writer only while it is there.
+local function dequeue(tok, raw, own)
+  if own then
+    if redis.call('HDEL', K.meta, 'q:' .. tok) == 1 and own == 'w' then
       redis.call('HINCRBY', K.meta, 'qw', -1)
     end
-    if q.p then
-      redis.call('HINCRBY', K.meta, 'qp', -1)
+  else
+    if raw == nil then
+      raw = redis.call('HGET', K.meta, 'q:' .. tok)
     end
+    if raw then
+      local q = cjson.decode(raw)
+      if q.m == 'w' then
+        redis.call('HINCRBY', K.meta, 'qw', -1)
+      end
+      if q.p then
+        redis.call('HINCRBY', K.meta, 'qp', -1)
+      end
+    end
+    redis.call('HDEL', K.meta, 'q:' .. tok)
   end
-  redis.call('HDEL', K.meta, 'q:' .. tok)
   redis.call('ZREM', K.queue, tok)
   redis.call('ZREM', K.qdl, tok)
+  queue_known = nil -- whether anyone is left is not known
 end
 
 -- Parked entries in line (they come before newcomers, fair lock or not).
@@ -184,6 +211,9 @@ end
 
 -- Drops expired leases; returns whether a parked task went back in line.
 local function purge_leases(now)
+  if no_leases then
+    return false
+  end
   local dead = redis.call('ZRANGEBYSCORE', K.leases, '-inf', now)
   local requeued = false
   for _, tok in ipairs(dead) do
@@ -200,7 +230,8 @@ local function purge(now)
   local gone = redis.call('ZRANGEBYSCORE', K.qdl, '-inf', now)
   for _, tok in ipairs(gone) do
     dequeue(tok)
-    if string.sub(tok, 1, 1) == LINE_PREFIX and redis.call('HEXISTS', K.meta, 'p:' .. tok) == 1 then
+    -- (HGET rather than HEXISTS: only the commands the docs list for ACL users.)
+    if string.sub(tok, 1, 1) == LINE_PREFIX and redis.call('HGET', K.meta, 'p:' .. tok) then
       local x = redis.call('HGET', K.meta, 'x')
       redis.call('HSET', K.meta, 'x', x and (x .. ' ' .. tok) or tok)
     end
@@ -209,7 +240,7 @@ end
 
 -- Purges what lapsed (waiter entries only when anyone waits); returns whether anyone waits.
 local function start(now)
-  waiters_seen = redis.call('EXISTS', K.queue) == 1
+  waiters_seen = queue_exists()
   if waiters_seen then
     purge(now)
   else
@@ -220,38 +251,50 @@ end
 
 -- Whether a new lease of `mode` fits beside the live ones; limit 0 means unbounded.
 local function fits(mode, limit)
-  local n = redis.call('ZCARD', K.leases)
+  local n = no_leases and 0 or redis.call('ZCARD', K.leases)
   if n == 0 then
     return true, true
   end
-  return redis.call('HGET', K.meta, 'm') == mode and (limit == 0 or n < limit)
+  -- The count first: a full lock needs no look at the mode.
+  return (limit == 0 or n < limit) and redis.call('HGET', K.meta, 'm') == mode
+end
+
+-- Makes the leases key live at least `need` ms (with `slack` more when it is extended, so that
+-- renewals seldom need to touch it; `fresh`: the key was just made, it has no ttl yet), and the
+-- meta key at least as long as the leases key (and `keep_ms`, when given, if it is extended):
+-- renew.lua extends the meta key only when it extends the leases key, so without this a lease
+-- renewed before that could outlive its own record. Never shortens a key's life.
+local function keep_lease_keys(need, slack, fresh, keep_ms)
+  local life = fresh and -2 or redis.call('PTTL', K.leases)
+  if life < need then
+    life = need + slack
+    redis.call('PEXPIRE', K.leases, int(life))
+  end
+  if redis.call('PTTL', K.meta) < life then
+    redis.call('PEXPIRE', K.meta, int(math.max(life + slack, keep_ms or 0)))
+  end
 end
 
 -- Creates a lease. `info` is the holder's JSON record, stored as given. Keeps the lock's keys
--- alive at least as long as the new lease.
-local function new_lease(tok, mode, ttl, owner, info, now, now_us, first, keep_ms)
+-- alive at least as long as the new lease, or as `life` ms when given (a lease handed to a
+-- waiter, which claims `life` on waking: the claim then need not touch the keys).
+local function new_lease(tok, mode, ttl, owner, info, now, now_us, first, keep_ms, life)
   local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
   local fence = int(math.max(last + 1, now_us))
   local expiry = now + ttl
   if first == nil then
-    first = redis.call('ZCARD', K.leases) == 0
+    first = no_leases or redis.call('ZCARD', K.leases) == 0
   end
   redis.call('ZADD', K.leases, int(expiry), tok)
+  no_leases = false
   redis.call('HSET', K.meta, 'fence', fence, 'm', mode,
     'l:' .. tok, mode .. '|1|' .. fence .. '||' .. owner, 'i:' .. tok, info)
   if owner ~= '' then
     redis.call('HSET', K.meta, 'o:' .. owner, tok)
   end
-  -- Only ever extend: waiters may need the keys for longer than this lease does. The meta key
-  -- (the fence mark) lives at least `keep_ms`, so it outlives a holder that died; the leases key
-  -- gets a ttl of slack beyond the lease, so that renewals seldom need to touch it (renew.lua).
-  local need = ttl + GRACE_MS
-  if redis.call('PTTL', K.meta) < need then
-    redis.call('PEXPIRE', K.meta, int(math.max(need + ttl, keep_ms)))
-  end
-  if first or redis.call('PTTL', K.leases) < need then
-    redis.call('PEXPIRE', K.leases, need + ttl)
-  end
+  -- The meta key (the fence mark) lives at least `keep_ms`, so it outlives a holder that died.
+  life = life or ttl
+  keep_lease_keys(life + GRACE_MS, life, first, keep_ms)
   return fence, expiry
 end
 
@@ -284,6 +327,7 @@ end
 local function enqueue(tok, mode, limit, ttl, owner, info, entry_ms, publish_ms)
   local seq = redis.call('HINCRBY', K.meta, 'qseq', 1)
   redis.call('ZADD', K.queue, seq, tok)
+  queue_known = true
   if mode == 'w' then
     redis.call('HINCRBY', K.meta, 'qw', 1)
   end
@@ -302,24 +346,43 @@ end
 -- handed to a waiter lasts no longer than its place in line would have: a waiter that died in
 -- line holds the lock for seconds, not a whole ttl; a live one claims the full ttl on waking.
 -- The waiter `skip` is the caller itself, alive by definition: it gets its full ttl.
-local function grant(now, now_us, skip, keep_ms)
+-- `skip_raw`: the caller's own entry record, when it wrote it in this call.
+local function grant(now, now_us, skip, keep_ms, skip_raw)
   local out = {}
   while true do
     local head = redis.call('ZRANGE', K.queue, 0, 0)[1]
     if not head then
       break
     end
-    local raw = redis.call('HGET', K.meta, 'q:' .. head)
+    local raw = head == skip and skip_raw or redis.call('HGET', K.meta, 'q:' .. head)
     local q = raw and cjson.decode(raw)
-    if q and not fits(q.m, q.n) then
+    -- A waiter whose owner holds a lease already (another call of the same owner was served
+    -- first) gets no second lease: it leaves the line and is woken with none (fence 0), to try
+    -- again and re-enter the owner's lease (or be refused, reentrant=False) as any call of an
+    -- owner holding one. Capacity is not its concern, so this comes first.
+    local mine = q and not q.p and q.o ~= '' and redis.call('HGET', K.meta, 'o:' .. q.o)
+    if mine and redis.call('ZSCORE', K.leases, mine) then
+      q = nil
+      if head ~= skip then
+        out[#out + 1] = head
+        out[#out + 1] = 0
+        out[#out + 1] = 0
+      end
+    end
+    local room, empty = true, nil
+    if q then
+      room, empty = fits(q.m, q.n)
+    end
+    if not room then
       break
     end
-    dequeue(head)
+    dequeue(head, raw)
     if q then
       -- A parked task's lease lasts until its hand-over is published (line_sent.lua extends
       -- it until the task starts); unclaimed ('c:' empty) until then.
       local ttl = head == skip and q.t or (q.p or math.min(q.t, q.e))
-      local fence, expiry = new_lease(head, q.m, ttl, q.o, q.i, now, now_us, nil, keep_ms)
+      local fence, expiry = new_lease(head, q.m, ttl, q.o, q.i, now, now_us, empty or false,
+        keep_ms, not q.p and q.t or nil)
       if q.p then
         if head == skip then
           redis.call('HDEL', K.meta, 'p:' .. head)
@@ -360,10 +423,12 @@ local function keep_waiters(entry_ms)
 end
 
 -- After a release: once nothing is held or queued, only the fence mark (and the tokens last
--- released) is left, for `keep_ms` (Redis drops the emptied sorted sets by itself).
+-- released) is left, for `keep_ms` (Redis drops the emptied sorted sets by itself). With no
+-- line, no count of queued writers or parked tasks can be right but 0: a stale one would keep
+-- newcomers out of free capacity.
 local function tidy(keep_ms)
   if redis.call('EXISTS', K.leases) == 0 then
-    redis.call('HDEL', K.meta, 'm', 'qseq', 'qw')
+    redis.call('HDEL', K.meta, 'm', 'qseq', 'qw', 'qp')
     redis.call('PEXPIRE', K.meta, keep_ms)
   end
 end
@@ -371,6 +436,9 @@ end
 -- Milliseconds until the earliest live lease expires: when a waiter should look again even if
 -- nobody wakes it (a holder that crashed never releases).
 local function next_expiry(now)
+  if no_leases then
+    return 0
+  end
   local first = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
   if first[2] then
     return tonumber(first[2]) - now
@@ -382,7 +450,7 @@ end
 -- `out` as token, fence, expiry; else one wake-up if anything was freed), or, when nobody
 -- waits, lets the keys go once nothing is held.
 local function hand_on(out, now, now_us, fair, freed, keep_ms)
-  if redis.call('EXISTS', K.queue) == 1 then
+  if queue_exists() then
     -- Parked tasks are served in arrival order whatever the lock's fairness: no wake-up
     -- reaches them, and newcomers queue behind them.
     if fair or parked_count() > 0 then

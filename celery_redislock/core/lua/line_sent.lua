@@ -33,7 +33,7 @@ for i = 2, #ARGV do
     local until_ms = now + window
     if tonumber(expiry) < until_ms then
       redis.call('ZADD', K.leases, int(until_ms), tok)
-      keep({K.leases, K.meta}, window + GRACE_MS, window)
+      keep_lease_keys(window + GRACE_MS, window)
     end
     extended = extended + 1
   end

@@ -18,7 +18,7 @@ end
 
 -- Fast path: nobody waits, so nothing is handed on; a live lease of this token is given back
 -- in a few calls.
-local fast = redis.call('EXISTS', K.queue) == 0
+local fast = not queue_exists()
 if fast and purge_leases(now) then
   fast = false -- a lapsed hand-over put a parked task back in line: hand the lock on below
 end
@@ -48,6 +48,7 @@ if fast then
       fields[#fields + 1] = 'm'
       fields[#fields + 1] = 'qseq'
       fields[#fields + 1] = 'qw'
+      fields[#fields + 1] = 'qp'
     end
     redis.call('HDEL', K.meta, unpack(fields))
     note_released(request)

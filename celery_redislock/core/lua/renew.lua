@@ -7,7 +7,9 @@
 -- (one reply element, quicker to read than thousands).
 local now = server_now()
 local ttl = tonumber(ARGV[1])
--- Keys are given a ttl of slack beyond the lease, so most renewals need not touch them.
+-- Keys are given a ttl of slack beyond the lease, so most renewals need not touch them; the meta
+-- key outlives the leases key (keep_lease_keys in common.lua), so it is looked at only when the
+-- leases key is extended.
 local keep = ttl
 local out = {}
 for i = 1, #ARGV - 1 do
