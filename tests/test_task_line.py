@@ -5,6 +5,7 @@ publisher dies, and nothing handed over runs twice."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import redis
@@ -174,6 +175,28 @@ def test_a_parked_task_past_its_wait_is_published_as_expired(client: redis.Redis
     assert not client.hexists(lock.keys.meta, f"p:{place.token}")
     held.release()
     assert len(publisher.handed) == 1  # not handed the lock as well
+
+
+@pytest.mark.slow
+def test_a_parked_task_nobody_sweeps_for_a_while_is_still_published_as_expired(
+    client: redis.Redis,
+) -> None:
+    # No sweeper and no call on the lock for seconds after the task's wait ended (every worker
+    # down): the line must still hold it when one comes back. The old line keys lived the wait
+    # + 4 s, then the task's record was left with nothing pointing at it.
+    publisher = Publisher()
+    lock = _lock(client, publisher, fence_keep=60)
+    held = lock.acquire()
+    place = park(lock, "late", owner="a", max_wait=1)
+    assert isinstance(place, Parked)
+    parked_at = time.monotonic()
+    while time.monotonic() < parked_at + 6.5:  # past the old keys' life; nothing may run
+        time.sleep(0.1)
+    assert _parked(client, lock) == [place.token.encode()]
+    sweep(lock)
+    assert publisher.handed == [Handed(token=place.token, payload="late", expired=True)]
+    assert not client.hexists(lock.keys.meta, f"p:{place.token}")
+    held.release()
 
 
 def test_a_dead_holder_is_handed_on_by_the_sweep(client: redis.Redis) -> None:
