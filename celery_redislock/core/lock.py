@@ -356,6 +356,10 @@ class Lock:
             # ttl. Too late (paused for seconds): the next try queues again.
             sent = time.monotonic()
             wake = Wake.decode(popped[1])
+            if wake.fence == 0:
+                # Woken with no lease: its owner holds one already (another call of the same
+                # owner was served first); the next try re-enters it, or is refused.
+                return None
             renew = RenewArgs(ttl_ms=self._ttl_ms, tokens=[token]).encode()
             if self.replicas is None:
                 raw = run("renew", self.client, self.encoded_keys[:2], renew)

@@ -86,7 +86,8 @@ class LockSpec(NamedTuple):
 
 
 class Grant(NamedTuple):
-    """A waiter a script handed the lock to (fair mode): the caller wakes it (notify.lua)."""
+    """A waiter a script handed the lock to (fair mode): the caller wakes it (notify.lua).
+    Fence 0: no lease was handed, the waiter is woken to try again (its owner holds one)."""
 
     token: str
     fence: int
@@ -105,7 +106,8 @@ class Grant(NamedTuple):
 
 
 class Wake(NamedTuple):
-    """The payload a granted waiter pops from its wake list: ``'fence:expiry'``."""
+    """The payload a granted waiter pops from its wake list: ``'fence:expiry'``; ``'0:0'``
+    wakes a waiter with no lease (its owner holds one already: it tries again)."""
 
     fence: int
     expires_at_ms: int
