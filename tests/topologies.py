@@ -298,7 +298,13 @@ class SentinelGroup(_Group):
             sentinel = Process(self.binary, port, ["sentinel.conf", "--sentinel"], cwd=str(cwd))
             self.processes.append(sentinel)
             self.sentinels.append(sentinel.start())
-        wait_until(self._settled, "the sentinels know each other and the replica", 30)
+        # Sentinels find each other by hello messages every 2 s and the replica in the master's
+        # INFO every 10 s: on a loaded machine that can take several rounds.
+        self.unsettled = ""
+        try:
+            wait_until(self._settled, "the sentinels know each other and the replica", 60)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; last seen: {self.unsettled}") from None
 
     @staticmethod
     def _link_up(replica: Process) -> bool:
@@ -306,12 +312,15 @@ class SentinelGroup(_Group):
             return c.info("replication").get("master_link_status") == "up"
 
     def _settled(self) -> bool:
+        seen = []
         for sentinel in self.sentinels:
             with sentinel.client() as c:
-                if len(c.sentinel_sentinels(self.service)) != 2:
-                    return False
+                others = len(c.sentinel_sentinels(self.service))
                 replicas = c.sentinel_slaves(self.service)
-                if len(replicas) != 1 or "s_down" in replicas[0]["flags"]:
+                flags = [r["flags"] for r in replicas]
+                seen.append(f"sentinel :{sentinel.port} knows {others} other(s), replicas {flags}")
+                if others != 2 or len(replicas) != 1 or "s_down" in replicas[0]["flags"]:
+                    self.unsettled = "; ".join(seen)
                     return False
                 c.execute_command("SENTINEL", "CKQUORUM", self.service)
         return True
