@@ -53,10 +53,17 @@ def _rejoin(group: SentinelGroup, old: Process, new: Process) -> None:
     old.args = [*old.args, "--replicaof", "127.0.0.1", str(new.port)]
     old.start()
     group.servers.append(old)
-    wait_until(
-        lambda: old.client().info("replication").get("master_link_status") == "up",
-        "the old master synced as a replica",
-    )
+    try:
+        wait_until(
+            lambda: old.client().info("replication").get("master_link_status") == "up",
+            "the old master synced as a replica",
+            60,  # a full sync waits out the master's diskless-sync delay (5 s), then forks
+        )
+    except TimeoutError as exc:
+        raise TimeoutError(
+            f"{exc}; its replication: {old.client().info('replication')}; the new master's: "
+            f"{new.client().info('replication')}"
+        ) from None
 
 
 def test_held_leases_survive_a_failover_and_renewal_resumes(group: SentinelGroup) -> None:
