@@ -16,7 +16,7 @@ from celery_redislock import Lease, Lock, renew_leases
 from celery_redislock.core.claims import claim, release_claim
 from celery_redislock.core.keys import LockKeys, check_name, registry_key
 from celery_redislock.core.protocol import ClaimKind
-from celery_redislock.core.scripts import _PARTS, _source
+from celery_redislock.core.scripts import _PARTS, assembled
 
 _CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'\s*(,|\))")
 # Commands our scripts may run without a key.
@@ -92,7 +92,7 @@ def _is_key(expr: str, fields: dict[str, int], names: set[str]) -> bool:
 
 
 def _full(name: str) -> str:
-    return "\n".join(_source(part).decode() for part in (*_PARTS[name], name))
+    return assembled(name).decode()
 
 
 @pytest.mark.parametrize("name", sorted(_PARTS))

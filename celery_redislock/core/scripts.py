@@ -20,33 +20,39 @@ def _source(name: str) -> bytes:
 
 
 # The partials each script is built on, prepended in this order: _time.lua (the server's clock)
-# to every script that reads it, common.lua (the lock scripts' helpers, which use it) after it.
+# to every script that reads it, lockbase.lua (the lock's keys and the helpers a fast path needs)
+# after it. A line ``-- #include common`` in a lock script is replaced by common.lua (the rest of
+# the helpers): a script whose fast path comes before that line does not pay, on that path, for
+# defining helpers it does not use.
 _PARTS: dict[str, tuple[str, ...]] = {
-    "acquire": ("_time", "common"),
-    "release": ("_time", "common"),
-    "release_where": ("_time", "common"),
-    "finish": ("_time", "common"),
-    "line_sweep": ("_time", "common"),
-    "line_sent": ("_time", "common"),
+    "acquire": ("_time", "lockbase"),
+    "release": ("_time", "lockbase"),
+    "release_where": ("_time", "lockbase", "common"),
+    "finish": ("_time", "lockbase"),
+    "line_sweep": ("_time", "lockbase", "common"),
+    "line_sent": ("_time", "lockbase", "common"),
     "line_forget": (),
-    "line_drop": ("_time", "common"),
+    "line_drop": ("_time", "lockbase", "common"),
     "renew": ("_time",),
     "holders": ("_time",),
     "unique_claim": ("_time",),
     "rate": ("_time",),
     "notify": (),
     "unique_release": (),
-    "redlock_fence": ("_time", "common"),
+    "redlock_fence": ("_time", "lockbase", "common"),
 }
+_INCLUDE = re.compile(rb"^-- #include (\w+)$", re.MULTILINE)
+
+
+def assembled(name: str) -> bytes:
+    """Script ``name`` as it is sent to Redis: its partials prepended, its includes expanded."""
+    body = b"\n".join([*(_source(part) for part in _PARTS[name]), _source(name)])
+    return _INCLUDE.sub(lambda found: _source(found.group(1).decode()), body)
 
 
 def _load_all() -> dict[str, Script]:
-    scripts = {}
-    for name, parts in _PARTS.items():
-        body = b"\n".join([*(_source(part) for part in parts), _source(name)])
-        # A Script made from bytes needs no client: each call names the client it runs on.
-        scripts[name] = Script(None, body)  # type: ignore[arg-type]
-    return scripts
+    # A Script made from bytes needs no client: each call names the client it runs on.
+    return {name: Script(None, assembled(name)) for name in _PARTS}  # type: ignore[arg-type]
 
 
 # Read at import, never later: reading package files takes the import system's module locks,

@@ -1,8 +1,8 @@
 -- acquire.lua: take a lease, re-enter one, or wait in line for one.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see common.lua)
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see lockbase.lua)
 -- ARGV: 1 token (chosen by the client: run again with the same token, this call returns the
 --         lease it made, never a second one nor a second re-entry),
---       2 the lock's spec 'mode limit ttl fair entry keep' (see parse_spec in common.lua),
+--       2 the lock's spec 'mode limit ttl fair entry keep' (see parse_spec in lockbase.lua),
 --       3 this call's flags 'wait woke once park': wait 1 = stay queued on failure, woke 1 = the
 --         caller was woken by a signal, once 1 = an owner holding a live lease is refused instead
 --         of re-entering, park 1 = a task that finds the lock taken is parked in the task line
@@ -30,23 +30,49 @@ local once, park = string.sub(ARGV[3], 3, 3) == '1', string.sub(ARGV[3], 4, 4) =
 local claim_id = ARGV[7] or ''
 local now, now_us = server_now()
 
+-- Whether job `job` is recorded as finished (finish.lua).
+local function job_done()
+  if job == '' then
+    return false
+  end
+  local until_ms = redis.call('ZSCORE', K.done, job)
+  return until_ms and tonumber(until_ms) > now
+end
+
 -- Fast path: no lease (not even a lapsed one) and nobody waits. Then this token has no lease
 -- yet (a second run of this call finds the first run's lease and takes the path below), the
--- owner holds none, and the lease is taken at once, in fair mode too (an empty line).
+-- owner holds none, and the lease is taken at once, in fair mode too (an empty line): what
+-- new_lease (common.lua) writes, in fewer calls, before common.lua's helpers are even defined.
+-- The fence still follows the fence mark.
 local present = redis.call('EXISTS', K.leases, K.queue)
 if present == 0 then
-  if job ~= '' then
-    local until_ms = redis.call('ZSCORE', K.done, job)
-    if until_ms and tonumber(until_ms) > now then
-      return reply({2, '-', 0, 0, 0, 0, mode})
-    end
+  if job_done() then
+    return reply({2, '-', 0, 0, 0, 0, mode})
   end
-  local fence, expiry = first_lease(tok, mode, ttl, owner, info, now, now_us, keep_ms)
+  local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
+  local fence = int(math.max(last + 1, now_us))
+  local expiry = now + ttl
+  redis.call('ZADD', K.leases, int(expiry), tok)
+  local rec = mode .. '|1|' .. fence .. '||' .. owner
+  if owner ~= '' then
+    redis.call('HSET', K.meta, 'fence', fence, 'm', mode, 'l:' .. tok, rec, 'i:' .. tok, info,
+      'o:' .. owner, tok)
+  else
+    redis.call('HSET', K.meta, 'fence', fence, 'm', mode, 'l:' .. tok, rec, 'i:' .. tok, info)
+  end
   if claim_id ~= '' then -- a parked task's token: this call's delivery holds it (see held())
     redis.call('HSET', K.meta, 'c:' .. tok, claim_id)
   end
+  -- Nothing else lives in the lock's keys now: the meta key (the fence mark) is set to live
+  -- `keep_ms` from this use (at least as long as the lease), as tidy() sets it after the last
+  -- release; the leases key is new.
+  local need = ttl + GRACE_MS
+  redis.call('PEXPIRE', K.meta, int(math.max(need + ttl, keep_ms)))
+  redis.call('PEXPIRE', K.leases, need + ttl)
   return reply({1, tok, fence, expiry, 1, 0, mode})
 end
+
+-- #include common
 
 -- Both keys: someone waits. One of them: which one, asked once for start() (when it is the
 -- line, the lock has no lease at all).
@@ -124,11 +150,8 @@ if mine_at then
   return held(tok, rec.f, expiry, rec.c, {}, rec.m)
 end
 
-if job ~= '' then
-  local until_ms = redis.call('ZSCORE', K.done, job)
-  if until_ms and tonumber(until_ms) > now then
-    return reply({2, '-', 0, 0, 0, 0, mode})
-  end
+if job_done() then
+  return reply({2, '-', 0, 0, 0, 0, mode})
 end
 
 -- The owner's lease answers this call (re-entry, or a refusal) while this call may still have a

@@ -1,6 +1,6 @@
 -- release.lua: give back a lease (one reentry level, or all of it) and hand the lock on.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see common.lua)
--- ARGV: 1 token, 2 the lock's spec (see parse_spec in common.lua),
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see lockbase.lua)
+-- ARGV: 1 token, 2 the lock's spec (see parse_spec in lockbase.lua),
 --       3 whole: '1' drops the lease whatever its reentry count (or, for a parked task's token
 --         'L...' still in line, its place), '0' one level,
 --       4 request id (chosen by the client: run again, the call does not count twice),
@@ -16,16 +16,14 @@ if (ARGV[5] or '') ~= '' then
   record_done(ARGV[5], tonumber(ARGV[6]), now)
 end
 
--- Fast path: nobody waits, so nothing is handed on; a live lease of this token is given back
--- in a few calls.
-local fast = not queue_exists()
-if fast and purge_leases(now) then
-  fast = false -- a lapsed hand-over put a parked task back in line: hand the lock on below
-end
-if fast then
-  local expiry = redis.call('ZSCORE', K.leases, tok)
-  if expiry and tonumber(expiry) > now then
-    local rec = read_lease(tok)
+-- Fast path: nobody waits and this token holds the lock's only lease, live. Then nothing is
+-- purged nor handed on, and the lease is given back in a few calls, before common.lua's
+-- helpers are even defined.
+if redis.call('EXISTS', K.queue) == 0 then
+  local first = redis.call('ZRANGE', K.leases, 0, 1, 'WITHSCORES')
+  local rec = first[1] == tok and first[3] == nil and tonumber(first[2]) > now
+    and parse_lease(redis.call('HGET', K.meta, 'l:' .. tok))
+  if rec then
     if applied(rec, request) then -- this partial release ran before
       return reply({1, rec.c})
     end
@@ -35,31 +33,26 @@ if fast then
       write_lease(tok, rec)
       return reply({1, rec.c})
     end
-    redis.call('ZREM', K.leases, tok)
-    local fields = {'l:' .. tok, 'i:' .. tok}
+    -- As tidy() (common.lua) leaves a lock nobody holds: only the fence mark (and the last
+    -- release ids) is left, for `keep_ms`.
+    redis.call('DEL', K.leases)
+    local fields = {'l:' .. tok, 'i:' .. tok, 'm', 'qseq', 'qw', 'qp'}
     if string.sub(tok, 1, 1) == LINE_PREFIX then -- a hand-over this task claimed
       fields[#fields + 1] = 'c:' .. tok
     end
     if rec.o ~= '' and redis.call('HGET', K.meta, 'o:' .. rec.o) == tok then
       fields[#fields + 1] = 'o:' .. rec.o
     end
-    local empty = redis.call('EXISTS', K.leases) == 0
-    if empty then -- as tidy() does: only the fence mark (and the last release ids) is left
-      fields[#fields + 1] = 'm'
-      fields[#fields + 1] = 'qseq'
-      fields[#fields + 1] = 'qw'
-      fields[#fields + 1] = 'qp'
-    end
     redis.call('HDEL', K.meta, unpack(fields))
     note_released(request)
-    if empty then
-      redis.call('PEXPIRE', K.meta, keep_ms)
-    end
+    redis.call('PEXPIRE', K.meta, keep_ms)
     return reply({1, 0})
   end
-else
-  start(now)
 end
+
+-- #include common
+
+start(now)
 local status, left = 0, 0
 local expiry = redis.call('ZSCORE', K.leases, tok)
 if expiry and tonumber(expiry) > now then

@@ -1,7 +1,7 @@
 -- release_where.lua: drop every lease whose owner record matches, e.g. the task id and pid of a
 -- worker child that was killed and cannot release for itself.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see common.lua)
--- ARGV: 1 the lock's spec (see parse_spec in common.lua),
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see lockbase.lua)
+-- ARGV: 1 the lock's spec (see parse_spec in lockbase.lua),
 --       2 match (JSON object: every field must equal the lease's info field)
 -- Returns {number released, released tokens..., granted...} (granted as in release.lua).
 -- Run twice, the second run finds nothing left to release: it returns 0 and no tokens.
