@@ -20,6 +20,8 @@ Everything runs in one run on one Redis: a throwaway ``redis-server`` started he
    INFO/CONFIG; Redis also counts there the commands that a Lua script runs) and client-side
    (commands the workers sent, i.e. round trips). ``--json`` writes the client-side figure as
    ``commands_per_acquisition`` and the server-side one as ``commands_per_acquisition_in_redis``.
+   Redis's CPU per acquisition (``INFO cpu``, ``server_cpu_us_per_acquisition``) says what those
+   commands cost it: a command inside a script costs far less than one a client sends.
 4. Renewal. 10,000 leases on 10,000 names (not timed), then one timed ``renew_leases`` call.
    Round trips are the commands the client sent for it, checked against the server's EVALSHA
    count.
@@ -424,10 +426,15 @@ class ContentionResult:
     per_process: list[int]
     commands_sent: int  # by all workers, while measured
     server_calls: dict[str, int]  # commandstats, script internals included
+    server_cpu_s: float  # redis-server user+sys while measured
 
     @property
     def acquisitions(self) -> int:
         return sum(self.per_process)
+
+    @property
+    def server_cpu_us_per_acquisition(self) -> float:
+        return self.server_cpu_s * 1e6 / self.acquisitions
 
     @property
     def fairness(self) -> float:
@@ -503,10 +510,12 @@ def measure_contention(
             if error:
                 raise RuntimeError(f"{lib}: a worker failed to start: {error}")
         admin.config_resetstat()
+        cpu_before = server_cpu_s(admin)
         go.set()
         reports = sorted(
             (results.get(timeout=duration + 60) for _ in workers), key=lambda r: r.index
         )
+        cpu = server_cpu_s(admin) - cpu_before
         calls = command_calls(admin)
     finally:
         go.set()
@@ -517,7 +526,7 @@ def measure_contention(
     if errors:
         raise RuntimeError(f"{lib}: workers failed: {errors}")
     return ContentionResult(
-        [r.acquisitions for r in reports], sum(r.commands_sent for r in reports), calls
+        [r.acquisitions for r in reports], sum(r.commands_sent for r in reports), calls, cpu
     )
 
 
@@ -644,17 +653,19 @@ def print_contention(contention: dict[str, ContentionResult], duration: float) -
     )
     print(
         f"  {'lock':<22}{'acquired':>9}  {'per process':<26}{'min/max':>8}"
-        f"{'server cmds/acq':>17}{'client cmds/acq':>17}"
+        f"{'server cmds/acq':>17}{'server CPU/acq':>16}{'client cmds/acq':>17}"
     )
     for lib, c in contention.items():
         per = " ".join(str(n) for n in c.per_process)
         print(
             f"  {lib:<22}{c.acquisitions:>9}  {per:<26}{c.fairness:>8.3f}"
-            f"{c.server_per_acquisition:>17.2f}{c.client_per_acquisition:>17.2f}"
+            f"{c.server_per_acquisition:>17.2f}{c.server_cpu_us_per_acquisition:>14.1f}us"
+            f"{c.client_per_acquisition:>17.2f}"
         )
     print(
-        "  server cmds: INFO commandstats (incl. commands run inside Lua scripts); "
-        "client cmds: commands the workers sent (round trips)"
+        "  server cmds: INFO commandstats (incl. commands run inside Lua scripts); server CPU: "
+        "redis-server user+sys (INFO cpu) per acquisition; client cmds: commands the workers sent "
+        "(round trips)"
     )
     for lib, c in contention.items():
         top = sorted(c.server_calls.items(), key=lambda kv: -kv[1])[:8]
@@ -763,6 +774,9 @@ def to_json(
         },
         "commands_per_acquisition_in_redis": {
             lib: round(c.server_per_acquisition, 3) for lib, c in contention.items()
+        },
+        "server_cpu_us_per_acquisition": {
+            lib: round(c.server_cpu_us_per_acquisition, 2) for lib, c in contention.items()
         },
         "renew_10k": {"seconds": round(renew.seconds, 5), "round_trips": renew.round_trips},
     }
