@@ -18,6 +18,12 @@ the pure-Python parser, and checks.
 The benchmark process builds the same apps with :func:`make_app` to publish: celery-singleton
 and celery-once lock when a task is *published*, so the publishing side must be theirs too.
 
+The ``floor`` variant takes no lock: its tasks only make the Redis round trips a lock of each
+kind cannot do without, on the same Redis, so that its figures are the least such a lock can
+cost here. A ``noop`` or ``hold`` sends one ``PING`` before its body and one after it, in the pool
+child (where our lock takes and gives back its lease); a ``unique`` call sends one ``PING``
+before it is published (where an enqueue-time claim is made).
+
 Every variant has the same three tasks, with the same signatures and bodies:
 
 * ``noop(run, i)``: INCR of a per-variant counter, which the benchmark polls to see completions.
@@ -38,7 +44,7 @@ from typing import Any
 import redis
 from celery import Celery, Task
 
-VARIANTS = ("plain", "celery_redislock", "celery_singleton", "celery_once")
+VARIANTS = ("plain", "celery_redislock", "celery_singleton", "celery_once", "floor")
 ONCE_DEFAULT_TIMEOUT_S = 60 * 60  # celery-once's default lock timeout (QueueOnce.default_timeout)
 
 
@@ -81,6 +87,32 @@ def _client(url: str) -> redis.Redis:
     if url not in _clients:
         _clients[url] = redis.Redis.from_url(url)
     return _clients[url]
+
+
+class _WorkerRoundTrips(Task):  # type: ignore[misc]
+    """The floor of a lock held in the worker: one round trip before the body, one after it."""
+
+    abstract = True
+    floor_url = ""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        client = _client(self.floor_url)
+        client.ping()
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            client.ping()
+
+
+class _PublishRoundTrip(Task):  # type: ignore[misc]
+    """The floor of a claim made at enqueue: one round trip before each publish."""
+
+    abstract = True
+    floor_url = ""
+
+    def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+        _client(self.floor_url).ping()
+        return super().apply_async(*args, **kwargs)
 
 
 def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> Celery:
@@ -138,6 +170,9 @@ def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> 
         noop_opts["base"] = base
         hold_opts["base"] = base
         unique_opts["base"] = base  # celery-singleton, celery-once: unique on all arguments
+    if variant == "floor":
+        noop_opts = hold_opts = {"base": _WorkerRoundTrips, "floor_url": url}
+        unique_opts = {"base": _PublishRoundTrip, "floor_url": url}
 
     # shared=False: a shared task would be added to every app this process creates.
     @app.task(name="celerybench.noop", shared=False, **noop_opts)  # type: ignore[untyped-decorator]

@@ -22,7 +22,9 @@ only the task base / lock options differ. What is measured:
    processes, of redis-server, and of this publishing process) is shown beside the rate: it
    says where the time goes and is less sensitive than wall time to other load on the host.
    Our task: ``@app.task(lock={"key": "bench:{run}:{i}"})`` with ``celery_redislock.install``;
-   celery-singleton: ``base=Singleton``; celery-once: ``base=QueueOnce``.
+   celery-singleton: ``base=Singleton``; celery-once: ``base=QueueOnce``; ``floor``: no lock, one
+   ``PING`` to the same Redis before the body and one after it, in the pool child: the least any
+   lock that takes and gives back its lease in the worker (two round trips there) can cost.
 2. Recovery after a crash. A long locked task ``hold(run, key, ...)`` starts and runs ``hold_s``
    (4 s: longer than our ttl, so its lease has been renewed); a duplicate published then must
    be refused (ours: it ends SKIPPED; the peers refuse it at publish). Then
@@ -695,6 +697,14 @@ def print_throughput(rates: Rates, count: int, load: int, loadavg: float) -> Non
         "task / this one's (the rate ratio a CPU-bound host would give, steadier than wall "
         "time on a shared one); parser: the workers' redis-py"
     )
+    for by_variant in rates.values():
+        ours, floor = by_variant[OURS].best, by_variant["floor"].best
+        print(
+            f"  {OURS} / floor ({by_variant[OURS].parser}): "
+            f"{ours.tasks_per_s / floor.tasks_per_s:.2f}x the rate, "
+            f"{floor.cpu_ms / ours.cpu_ms:.2f}x the CPU per task (floor: two PINGs in the pool "
+            "child, no lock)"
+        )
 
 
 def print_recovery(recovery: dict[str, dict[str, Recovery]], hold_s: float) -> None:

@@ -10,9 +10,11 @@ import sys
 from typing import Any
 
 COLUMNS = ("celery_redislock", "celery_redislock_fair", "redis_py", "python_redis_lock")
+FLOORS = ("pottery", "raw_floor", "fenced_floor", "ping_x2")  # pairs only
 HEADER = (
     "| measure | celery-redislock | fair mode | redis-py `Lock` | python-redis-lock "
-    "| pottery `Redlock` | raw floor |\n|---|---|---|---|---|---|---|"
+    "| pottery `Redlock` | raw floor | fenced floor | two PINGs |\n"
+    "|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -28,12 +30,13 @@ def table(b: dict[str, Any]) -> str:
         return f"{hand[lib]['mean']:.2f} / {hand[lib]['p99']:.2f}" if lib in hand else ""
 
     def per_lib(key: str, fmt: str) -> list[str]:
-        return [format(b[key][lib], fmt) if lib in b[key] else "" for lib in COLUMNS] + ["", ""]
+        of = b.get(key, {})
+        return [format(of[lib], fmt) if lib in of else "" for lib in COLUMNS] + [""] * 4
 
     def pairs_row(label: str, of: dict[str, float]) -> str:
         return _row(
             label,
-            [f"{of[lib]:,.0f}" if lib in of else "" for lib in (*COLUMNS, "pottery", "raw_floor")],
+            [f"{of[lib]:,.0f}" if lib in of else "" for lib in (*COLUMNS, *FLOORS)],
         )
 
     by_parser = b.get("pairs_per_s_by_parser", {})
@@ -50,7 +53,7 @@ def table(b: dict[str, Any]) -> str:
         *pairs_rows,
         _row(
             "handoff to a waiter blocked in another process, mean / p99 ms",
-            [handoff(lib) for lib in COLUMNS] + [handoff("pottery"), ""],
+            [handoff(lib) for lib in COLUMNS] + [handoff("pottery"), "", "", ""],
         ),
         _row(
             "4 processes, 10 ms hold: min/max acquisitions per process",
@@ -62,11 +65,15 @@ def table(b: dict[str, Any]) -> str:
             per_lib("commands_per_acquisition_in_redis", ".0f"),
         ),
         _row(
+            "same: Redis CPU per acquisition, µs (INFO cpu)",
+            per_lib("server_cpu_us_per_acquisition", ".0f"),
+        ),
+        _row(
             "renew 10,000 leases in one process",
             [
                 f"{b['renew_10k']['seconds'] * 1000:.0f} ms, "
                 f"{b['renew_10k']['round_trips']} round trip",
-                *[""] * 5,
+                *[""] * 7,
             ],
         ),
     ]

@@ -5,6 +5,7 @@ Over 300 lines: one class, whose methods each wrap one script (:mod:`.protocol` 
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -175,6 +176,17 @@ class Lock:
 
     def __repr__(self) -> str:
         return f"Lock({self.name!r}, mode={self.mode!r}, limit={self.limit}, ttl={self.ttl})"
+
+    def _renamed(self, name: str) -> Lock:
+        """This lock's twin under another name: the same client and settings, which were
+        checked when this one was made and are not checked again (a framework makes one lock
+        per call of a task, each with the task's settings)."""
+        twin = copy.copy(self)
+        twin.name = check_name(name)
+        twin.keys = LockKeys.of(self.namespace, twin.name)
+        twin.encoded_keys = [key.encode() for key in twin.keys.all]
+        twin._entered = threading.local()  # what this thread entered is per lock
+        return twin
 
     # -- acquiring ---------------------------------------------------------------------------
 

@@ -51,10 +51,26 @@ __all__ = ["acquire_for", "lock_for", "make_lock"]
 log = logging.getLogger(__name__)
 
 
+# task name -> (settings, client, options, handover, a lock made with them): every call of a
+# task makes a lock with the same settings under its own name, which then need not be checked
+# again (a worker's settings are read once; elsewhere a changed setting is a new Settings).
+_made: dict[str, tuple[Settings, RedisClient, LockOptions, object, Lock]] = {}
+
+
 def make_lock(task: LockedTask, settings: Settings, client: RedisClient, name: str) -> Lock:
     options = task.lock_options
     assert options is not None
-    return lock_factory(
+    handover = handover_for(task.app)
+    made = _made.get(task.name)
+    if (
+        made is not None
+        and made[0] is settings
+        and made[1] is client
+        and made[2] is options
+        and made[3] is handover
+    ):
+        return made[4]._renamed(name)
+    lock = lock_factory(
         settings.redlock_urls or client,
         name,
         ttl=options.ttl or settings.ttl,
@@ -62,9 +78,12 @@ def make_lock(task: LockedTask, settings: Settings, client: RedisClient, name: s
         limit=options.limit,
         namespace=settings.namespace,
         fence_keep=settings.fence_keep,
-        handover=handover_for(task.app),
+        handover=handover,
         handover_window=settings.line_handover_window,
     )
+    if type(lock) is Lock and len(_made) < 4096:  # (a RedLock is made in full each time)
+        _made[task.name] = (settings, client, options, handover, lock)
+    return lock
 
 
 def lock_for(
