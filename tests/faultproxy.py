@@ -1,6 +1,7 @@
 """A fault-injecting TCP proxy between Redis clients and a ``redis-server``, for tests and soaks.
 
-It loses replies after Redis ran the command (:meth:`FaultProxy.drop_replies`), resets a
+It loses replies after Redis ran the command (:meth:`FaultProxy.drop_replies`), loses requests
+before Redis sees them (:meth:`FaultProxy.lose_requests`), resets a
 connection right after Redis answered (:meth:`FaultProxy.reset_after`), adds latency
 (:meth:`FaultProxy.delay`) and resets every open connection (:meth:`FaultProxy.reset_connections`).
 Its asyncio loop runs in a daemon thread; every method may be called from any thread.
@@ -26,7 +27,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-Action = Literal["drop", "reset"]
+Action = Literal["drop", "reset", "lose"]
 
 
 _LINES = b"+-:_#,("  # RESP2 and RESP3 types of one line
@@ -151,6 +152,11 @@ class FaultProxy:
         :meth:`heal`. Redis still runs them; the client waits for its socket timeout."""
         self._add("drop", count, command)
 
+    def lose_requests(self, count: int | None = 1, *, command: str | None = None) -> None:
+        """Swallows the next ``count`` requests of ``command`` themselves: Redis never sees them
+        (a request lost on the way); the client waits for its socket timeout."""
+        self._add("lose", count, command)
+
     def reset_after(self, count: int | None = 1, *, command: str | None = None) -> None:
         """Like :meth:`drop_replies`, but resets (RST) the client's connection once Redis has
         answered: the client fails at once with a connection error."""
@@ -174,7 +180,7 @@ class FaultProxy:
 
     @property
     def faults(self) -> int:
-        """How many replies were dropped or reset so far."""
+        """How many replies were dropped or reset, and requests lost, so far."""
         with self._lock:
             return self._faults
 
@@ -190,17 +196,23 @@ class FaultProxy:
             self._rules.append(_Rule(action, count, None if command is None else command.upper()))
 
     def _forwarded(self, name: str) -> Action | None:
-        """Counts a request forwarded now and picks the fault its reply gets, if any."""
+        """Counts a request forwarded now and picks the fault its reply gets, if any (or
+        ``"lose"``: the request itself is not forwarded, and counted as a fault, not seen)."""
         with self._lock:
-            self._seen[name] += 1
+            action: Action | None = None
             for rule in self._rules:
                 if rule.command in (None, name):
                     if rule.remaining is not None:
                         rule.remaining -= 1
                         if rule.remaining == 0:
                             self._rules.remove(rule)
-                    return rule.action
-        return None
+                    action = rule.action
+                    break
+            if action == "lose":
+                self._faults += 1
+            else:
+                self._seen[name] += 1
+        return action
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -228,20 +240,27 @@ class FaultProxy:
         try:
             while data := await reader.read(1 << 16):
                 buf += data
-                names: list[str | None] = []
+                requests: list[tuple[int, int, str | None]] = []
                 end = 0
                 while (found := _request(buf, end)) is not None:
-                    end, name = found
-                    names.append(name)
-                if not names:
+                    start, (end, name) = end, found
+                    requests.append((start, end, name))
+                if not requests:
                     continue
                 with self._lock:
                     wait = self._delays[0]
                 if wait:
                     await asyncio.sleep(wait)
                 # Counted and matched to a fault only when sent on: the reply comes after this.
-                conn.pending.extend(self._forwarded(n) for n in names if n is not None)
-                conn.upstream.write(bytes(buf[:end]))
+                out = bytearray()
+                for start, stop, name in requests:
+                    action = self._forwarded(name) if name is not None else None
+                    if action == "lose":
+                        continue  # never reaches Redis, so no reply to pair
+                    if name is not None:
+                        conn.pending.append(action)
+                    out += buf[start:stop]
+                conn.upstream.write(bytes(out))
                 del buf[:end]
                 await conn.upstream.drain()
         except (OSError, ValueError):

@@ -78,7 +78,16 @@ class ClaimModel(RuleBasedStateMachine):
         """A publish claims the key: the model says which status, holder and state."""
         before = self.client.pttl(self.keys.queued)
         runner = self.running[0] if self.running else None
-        if running_counts and kind is not ClaimKind.REPUBLISH and runner not in (None, task_id):
+        same_job = kind in (ClaimKind.REPUBLISH, ClaimKind.CONFIRM)
+        if kind is ClaimKind.CONFIRM:
+            # A publish went through: only this id's own claim is extended, none is made (the
+            # copy may have started and given it up already).
+            if self.queued == task_id:
+                want, holder, running = ClaimStatus.CLAIMED, task_id, False
+            else:
+                want, holder = ClaimStatus.REPUBLISH_UNCLAIMED, self.queued or "-"
+                running = False
+        elif running_counts and not same_job and runner not in (None, task_id):
             want, holder, running = ClaimStatus.DUPLICATE, runner, True
         elif self.queued in (None, task_id):
             want, holder, running = ClaimStatus.CLAIMED, task_id, False
@@ -101,7 +110,9 @@ class ClaimModel(RuleBasedStateMachine):
             f"{kind.name} claim by {task_id} (running counts: {running_counts}): {got}"
         )
         after = self.client.pttl(self.keys.queued)
-        if want in (ClaimStatus.DUPLICATE, ClaimStatus.REPUBLISH_UNCLAIMED):
+        if kind is ClaimKind.CONFIRM and want is ClaimStatus.REPUBLISH_UNCLAIMED:
+            assert got.ms_left == 0
+        elif want in (ClaimStatus.DUPLICATE, ClaimStatus.REPUBLISH_UNCLAIMED):
             # What the holder has left: its claim, or its run lease when it runs.
             assert 0 < got.ms_left <= (RUN_TTL if running else max(LIFETIMES)) * 1000
             if not running:

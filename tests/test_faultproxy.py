@@ -63,6 +63,20 @@ def test_dropped_reply_ran_in_redis_and_the_client_timed_out(
     assert proxy.seen("EVALSHA") == 2
 
 
+def test_a_lost_request_never_ran_in_redis_and_the_client_timed_out(
+    proxy: FaultProxy, client: redis.Redis
+) -> None:
+    sha = client.script_load(COUNT)
+    c = _through(proxy)
+    proxy.lose_requests(1, command="evalsha")
+    with pytest.raises(redis.TimeoutError):
+        c.evalsha(sha, 1, "runs")
+    assert client.get("runs") is None  # Redis never saw it
+    assert proxy.faults == 1 and proxy.seen("EVALSHA") == 0
+    assert c.evalsha(sha, 1, "runs") == 1  # one request only: the next one comes through
+    assert proxy.seen("EVALSHA") == 1
+
+
 def test_a_retry_after_a_lost_reply_runs_the_script_again(
     proxy: FaultProxy, client: redis.Redis
 ) -> None:

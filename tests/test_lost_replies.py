@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import redis
+from conftest import wait_for
 from faultproxy import FaultProxy
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -334,6 +335,42 @@ def test_unique_claim_with_no_retry_leaves_no_phantom_claim(
     assert lockapp.r.llen("celery") == 1, "the new call was published"
 
 
+def test_a_claim_whose_give_up_is_lost_too_frees_the_key_after_the_publish_window(
+    lockapp: ModuleType, lock_proxy: FaultProxy, producer: Callable[[int], None]
+) -> None:
+    """Issue 24, item 9: the claim's reply is lost, then its give-up. Nothing was published,
+    and the claim cannot be taken back: it must free the key within the short publish window,
+    not after its whole lifetime (at 8537bad it stayed 598 s, and every later call was handed
+    the id of a task that was never published). Once a call is published, its claim is
+    extended to its lifetime."""
+    producer(0)
+    conf = lockapp.app.conf
+    saved = conf.get("redislock_unique_publish_window")
+    window = 10 * TIMEOUT  # past the two timeouts of the lost replies, well short of 600 s
+    conf.redislock_unique_publish_window = window
+    try:
+        sent = _evalsha_sent(lock_proxy)
+        lock_proxy.drop_replies(1, command="EVALSHA")  # the claim runs; its reply is lost
+        lock_proxy.lose_requests(1, command="EVALSHA")  # the give-up never reaches Redis
+        with pytest.raises(LockBackendError):
+            lockapp.unique_finished.apply_async(("twice-lost",), task_id="never-published")
+        assert sent() == 1 and lock_proxy.faults == 2, "the claim ran; the give-up was lost"
+        assert lockapp.r.llen("celery") == 0, "nothing was published"
+        key = LockKeys.of("redislock", "fin:twice-lost").queued
+        assert _claim(lockapp, "twice-lost") == b"never-published", "the claim was written"
+        assert 0 < lockapp.r.pttl(key) <= window * 1000, "it lasts the publish window, no longer"
+        wait_for(lambda: _claim(lockapp, "twice-lost") is None, "the claim lapsed", window + 5)
+
+        fresh = lockapp.unique_finished.delay("twice-lost")
+        assert fresh.id != "never-published", "a new task, not the one never published"
+        assert lockapp.r.llen("celery") == 1, "the new call was published"
+        assert _claim(lockapp, "twice-lost") == fresh.id.encode()
+        assert lockapp.r.pttl(key) > 500_000, "published: the claim lasts its lifetime (600 s)"
+        assert lockapp.unique_finished.delay("twice-lost").id == fresh.id
+    finally:
+        conf.redislock_unique_publish_window = saved
+
+
 def test_unique_claim_retried_after_its_reply_was_lost_publishes_once(
     lockapp: ModuleType, lock_proxy: FaultProxy, producer: Callable[[int], None]
 ) -> None:
@@ -345,7 +382,7 @@ def test_unique_claim_retried_after_its_reply_was_lost_publishes_once(
     lock_proxy.drop_replies(1, command="EVALSHA")
     job = lockapp.unique_finished.apply_async(("retried",), task_id="claimed-twice")
     assert job.id == "claimed-twice"
-    assert sent() == 2 and lock_proxy.faults == 1, "the claim script ran twice"
+    assert sent() == 3 and lock_proxy.faults == 1, "the claim script ran twice, then confirmed"
     assert _claim(lockapp, "retried") == b"claimed-twice"
     assert lockapp.r.llen("celery") == 1, "published once"
     # The key is held by that very task: the next call is its duplicate.
@@ -361,6 +398,6 @@ def test_lock_proxy_setup_reaches_redis_through_the_proxy(
     producer(0)
     sent = _evalsha_sent(lock_proxy)
     job = lockapp.unique_finished.delay("premise")
-    assert sent() == 1
+    assert sent() == 2, "the claim, and its confirmation once published"
     assert _claim(lockapp, "premise") == job.id.encode()
     assert lockapp.r.llen("celery") == 1

@@ -1,14 +1,36 @@
 """Enqueue-time uniqueness in Redis: the claim a queued copy holds on its key from publish
-until it starts (or finishes), one script call per step, safe to run twice."""
+until it starts (or finishes), one script call per step, safe to run twice; and the publish of
+a claimed call (:func:`publish_claimed`), which Celery and RQ share."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from ..errors import LockBackendError
 from .keys import LockKeys
 from .lease import RedisClient, backend_errors
 from .protocol import ClaimArgs, ClaimKind, ClaimReply, ReleaseClaimArgs, ReleaseClaimReply
 from .scripts import run
 
-__all__ = ["Claim", "ClaimKind", "claim", "release_claim"]
+__all__ = [
+    "DEFAULT_PUBLISH_WINDOW",
+    "Claim",
+    "ClaimKind",
+    "claim",
+    "holds_claim",
+    "publish_claimed",
+    "release_claim",
+]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DEFAULT_PUBLISH_WINDOW = 30.0
+"""Seconds a claim lasts until its message is known to be published: a claim whose publish
+never happened (a lost reply, then a lost give-up) frees the key after this, not after the
+claim's whole lifetime."""
 
 Claim = ClaimReply
 """What :func:`claim` found (``unique_claim.lua``'s reply)."""
@@ -53,3 +75,103 @@ def release_claim(client: RedisClient, namespace: str, name: str, task_id: str) 
     with backend_errors(name):
         reply = run("unique_release", client, own, ReleaseClaimArgs(task_id=task_id).encode())
     return ReleaseClaimReply.decode(reply).superseded_by
+
+
+def holds_claim(client: RedisClient, namespace: str, name: str, task_id: str) -> bool:
+    """Whether ``task_id``'s message holds the queued claim on the key ``name`` (one ``GET``)."""
+    (queued, _), _ = _keys(namespace, name)
+    with backend_errors(name):
+        holder = client.get(queued)
+    return holder is not None and (holder.decode() if isinstance(holder, bytes) else holder) == (
+        task_id
+    )
+
+
+def publish_claimed(
+    client: RedisClient,
+    namespace: str,
+    name: str,
+    *,
+    task_id: str,
+    lifetime: float,
+    kind: ClaimKind,
+    running_counts: bool,
+    window: float,
+    publish: Callable[[], T],
+    what: str,
+) -> tuple[Claim, T | None]:
+    """Claims the key ``name`` for ``task_id``, publishes the call with ``publish()`` unless
+    it is a duplicate, then confirms the claim for its whole ``lifetime``.
+
+    Until the confirmation the claim lasts at most ``window`` seconds: when the claim's reply
+    and then its give-up are both lost, nothing was published, and the key must not name a
+    message that does not exist for long. Returns the claim's answer and what ``publish``
+    returned (``None`` for a duplicate, which the caller answers). A backend error of the claim
+    is raised after the claim this call may have written was given up; ``what`` names the call
+    in log lines (``"task add[3f2a…]"``).
+    """
+    pending = min(lifetime, window)
+    try:
+        found = claim(
+            client,
+            namespace,
+            name,
+            task_id=task_id,
+            lifetime=pending,
+            kind=kind,
+            running_counts=running_counts,
+        )
+    except LockBackendError:
+        # The claim may have been written before its reply was lost: give it up, or later
+        # calls would be handed a task that was never published (the window bounds it if the
+        # give-up fails too, as it will when Redis is down: the claim's error is the news).
+        _give_up(client, namespace, name, task_id, what, "its claim failed", logging.DEBUG)
+        raise
+    if found.duplicate:
+        return found, None
+    try:
+        result = publish()
+    except BaseException:
+        # Not published: the key must not stay claimed by a message that does not exist.
+        _give_up(client, namespace, name, task_id, what, "a failed publish", logging.WARNING)
+        raise
+    if lifetime > pending:
+        try:
+            claim(
+                client,
+                namespace,
+                name,
+                task_id=task_id,
+                lifetime=lifetime,
+                kind=ClaimKind.CONFIRM,
+                running_counts=running_counts,
+            )
+        except LockBackendError as exc:
+            log.warning(
+                "%s published; its unique key %r lapses %.0fs after the publish instead of "
+                "%.0fs (the claim could not be extended): a duplicate call after that is "
+                "published too, and only the newer copy runs: %s",
+                what,
+                name,
+                pending,
+                lifetime,
+                exc,
+            )
+    return found, result
+
+
+def _give_up(
+    client: RedisClient, namespace: str, name: str, task_id: str, what: str, after: str, level: int
+) -> None:
+    try:
+        release_claim(client, namespace, name, task_id)
+    except LockBackendError as exc:
+        log.log(
+            level,
+            "unique key %r: could not give up the claim of %s after %s (it lapses within the "
+            "publish window): %s",
+            name,
+            what,
+            after,
+            exc,
+        )

@@ -404,6 +404,9 @@ class ClaimKind(StrEnum):
     """A new call that replaces a queued holder."""
     REPUBLISH = "r"
     """A re-publish of the same job (its retry)."""
+    CONFIRM = "c"
+    """The publish of this id went through: its claim is extended to its lifetime (never made
+    anew: the copy may have started and given it up already)."""
 
 
 class ClaimStatus(IntEnum):
@@ -414,7 +417,8 @@ class ClaimStatus(IntEnum):
     REPLACED = 2
     """Claimed from a queued holder, for the caller to revoke."""
     REPUBLISH_UNCLAIMED = 3
-    """A re-publish that found another id holding the key: published without it."""
+    """A re-publish that found another id holding the key: published without it. For a
+    confirmation: the key is not this id's (holder ``'-'``: nobody holds it)."""
 
 
 _CLAIM_STATUS = {int(s): s for s in ClaimStatus}

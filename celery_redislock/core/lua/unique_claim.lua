@@ -5,16 +5,20 @@
 -- ARGV: 1 task id, 2 lifetime ms,
 --       3 kind: 'n' a new call, 'x' a new call that replaces a queued holder,
 --               'r' a re-publish of the same job (its retry),
+--               'c' the confirmation of a publish: extends this id's claim, never makes one
+--                 (the copy may have started and given its claim up already)
 --       4 '1' if a running copy counts as a duplicate (until_finished), else '0'
 -- Returns 'status holder ms state' (one string):
 --   1 claimed, or this id's already (lifetime extended, never shortened); holder = this id
 --   2 claimed from a queued holder (replace): holder = the replaced id, for the caller to revoke
 --   0 a duplicate: holder = the id holding the key, ms = what its claim has left,
 --     state 'q' (queued) or 'r' (running)
---   3 a re-publish that found another id holding the key: published without it
+--   3 a re-publish that found another id holding the key: published without it; a
+--     confirmation that found the key not this id's (holder '-' if nobody holds it)
 local id, ttl, kind, count_running = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
 -- A live run lease: the job runs (its leases key exists only while a lease may be live).
-if count_running and kind ~= 'r' and redis.call('EXISTS', KEYS[2]) == 1 then
+-- A re-publish or a confirmation is the job that may hold the lease itself.
+if count_running and kind ~= 'r' and kind ~= 'c' and redis.call('EXISTS', KEYS[2]) == 1 then
   local now = server_now()
   local live = redis.call('ZRANGEBYSCORE', KEYS[2], string.format('(%d', now), '+inf',
     'WITHSCORES', 'LIMIT', 0, 1)
@@ -25,6 +29,16 @@ if count_running and kind ~= 'r' and redis.call('EXISTS', KEYS[2]) == 1 then
       return string.format('0 %s %d r', holder, tonumber(live[2]) - now)
     end
   end
+end
+
+if kind == 'c' then
+  local cur = redis.call('GET', KEYS[1])
+  if cur ~= id then
+    return string.format('3 %s 0 q', cur or '-')
+  end
+  -- Never shortened: run twice (a lost reply), it answers the same.
+  redis.call('PEXPIRE', KEYS[1], math.max(ttl, redis.call('PTTL', KEYS[1])))
+  return string.format('1 %s 0 q', id)
 end
 
 -- The common case, a new call and nobody holds the key: one command.

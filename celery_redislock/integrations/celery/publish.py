@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from celery.utils import uuid
 
-from ...core.claims import Claim, ClaimKind, claim, release_claim
+from ...core.claims import Claim, ClaimKind, publish_claimed
 from ...core.naming import lock_name
 from ...errors import DuplicateTask, LockBackendError
 from .registry import Spec, spec_for
@@ -142,8 +142,9 @@ def publish(
         else ClaimKind.NEW
     )
     client = client_for(app, settings)
+    what = f"task {spec.task}[{task_id}]"
     try:
-        found = claim(
+        found, result = publish_claimed(
             client,
             settings.namespace,
             name,
@@ -151,45 +152,23 @@ def publish(
             lifetime=life,
             kind=kind,
             running_counts=spec.unique.running_counts,
+            window=settings.unique_publish_window,
+            publish=lambda: send(spec.task, args, kwargs, **options),
+            what=what,
         )
     except LockBackendError as exc:
         if settings.on_backend_error != "run":
-            # The claim may have been written before its reply was lost: give it up, or every
-            # later call would be handed the result of a task that was never published.
-            _give_up_claim(client, settings.namespace, name, task_id, "its claim failed")
             raise
         # Published under this id: a claim the call may have written names this very message.
-        log.error("task %s[%s] published WITHOUT unique key %r: %s", spec.task, task_id, name, exc)
+        log.error("%s published WITHOUT unique key %r: %s", what, name, exc)
         return send(spec.task, args, kwargs, **options)
     if found.duplicate:
         return _duplicate(app, spec, name, task_id, found, action, options)
-    try:
-        result = send(spec.task, args, kwargs, **options)
-    except BaseException:
-        # Not published: the key must not stay claimed by a message that does not exist.
-        _give_up_claim(client, settings.namespace, name, task_id, "a failed publish")
-        raise
     if found.replaced:
-        log.info(
-            "task %s[%s] replaces %s under unique key %r", spec.task, task_id, found.holder, name
-        )
+        log.info("%s replaces %s under unique key %r", what, found.holder, name)
         _signal(app, spec, task_id, name, "replace", found)
         app.control.revoke(found.holder)
     return result
-
-
-def _give_up_claim(client: Any, namespace: str, name: str, task_id: str, after: str) -> None:
-    try:
-        release_claim(client, namespace, name, task_id)
-    except LockBackendError as exc:
-        log.warning(
-            "unique key %r: could not give up the claim of %s after %s (it lapses with its "
-            "lifetime): %s",
-            name,
-            task_id,
-            after,
-            exc,
-        )
 
 
 def _signal(app: Celery, spec: Spec, task_id: str, name: str, action: str, found: Claim) -> None:

@@ -19,6 +19,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from ...core._validate import one_of
+from ...core.claims import DEFAULT_PUBLISH_WINDOW
 from ...core.clients import parse_sentinels, sentinel_client
 from ...core.durations import ALLOWANCE, OTHER, TTL, Duration, seconds
 from ...core.handover import DEFAULT_HANDOVER_WINDOW
@@ -66,6 +67,8 @@ class Settings:
     """Seconds a unique task's queued claim lasts beyond its countdown/ETA."""
     task_time_limit: float | None
     """Celery's own ``task_time_limit``: the default maximum hold of a lease."""
+    unique_publish_window: float = DEFAULT_PUBLISH_WINDOW
+    """Seconds a unique task's claim lasts until its publish went through (then: its lifetime)."""
     completion_ttl: float = DEFAULT_COMPLETION_TTL
     """Seconds a finished ``acks_late`` delivery is remembered, so a redelivery is dropped."""
     fence_keep: float = DEFAULT_FENCE_KEEP
@@ -161,6 +164,9 @@ def _read(app: Celery) -> Settings:
         on_backend_error=policy,
         on_duplicate=on_duplicate,
         queue_allowance=allowance,
+        unique_publish_window=_seconds(
+            app, "redislock_unique_publish_window", DEFAULT_PUBLISH_WINDOW, ALLOWANCE
+        ),
         task_time_limit=app.conf.task_time_limit,
         completion_ttl=_seconds(app, "redislock_completion_ttl", DEFAULT_COMPLETION_TTL, ALLOWANCE),
         fence_keep=_seconds(app, "redislock_fence_keep", DEFAULT_FENCE_KEEP, OTHER),
@@ -261,6 +267,7 @@ _READ_KEYS = (
     "redislock_namespace",
     "redislock_ttl",
     "redislock_queue_allowance",
+    "redislock_unique_publish_window",
     "redislock_completion_ttl",
     "redislock_fence_keep",
     "redislock_on_conflict",

@@ -11,8 +11,7 @@ from typing import Any
 from rq import Queue
 from rq.exceptions import NoSuchJobError
 
-from ...core.claims import Claim, ClaimKind, claim, release_claim
-from ...core.lease import RedisClient
+from ...core.claims import Claim, ClaimKind, publish_claimed
 from ...errors import DuplicateTask, LockBackendError
 from ._compat import Job
 from .job import JobSpec, spec_of
@@ -84,49 +83,34 @@ class UniqueQueue(Queue):
         life = min(delay + (unique.allowance or settings.queue_allowance), _MAX_CLAIM_S)
         if job.ttl is not None and job.ttl > 0:
             life = min(life, delay + float(job.ttl))  # RQ drops a job not started within its ttl
+        what = f"job {spec.name}[{job.id}]"
         try:
-            found = self._claim(client, spec, name, job.id, life, kind)
+            found, result = publish_claimed(
+                client,
+                settings.namespace,
+                name,
+                task_id=job.id,
+                lifetime=life,
+                kind=kind,
+                running_counts=unique.running_counts,
+                window=settings.unique_publish_window,
+                publish=enqueue,
+                what=what,
+            )
         except LockBackendError as exc:
             if settings.on_backend_error != "run":
-                _give_up(client, settings.namespace, name, job.id, "its claim failed")
                 raise
-            log.error("job %s[%s] enqueued WITHOUT unique key %r: %s", spec.name, job.id, name, exc)
+            log.error("%s enqueued WITHOUT unique key %r: %s", what, name, exc)
             return enqueue()  # type: ignore[no-any-return]
         if found.duplicate:
             _signal(spec, job.id, name, "raise" if action == "raise" else "existing", found)
             return self._duplicate(spec, name, job, found, action)
-        try:
-            result: Job = enqueue()
-        except BaseException:
-            _give_up(client, settings.namespace, name, job.id, "a failed enqueue")
-            raise
         if found.replaced and found.holder:
-            log.info(
-                "job %s[%s] replaces %s under unique key %r", spec.name, job.id, found.holder, name
-            )
+            log.info("%s replaces %s under unique key %r", what, found.holder, name)
             _signal(spec, job.id, name, "replace", found)
             self._cancel(found.holder)
-        return result
-
-    def _claim(
-        self,
-        client: RedisClient,
-        spec: JobSpec,
-        name: str,
-        job_id: str,
-        life: float,
-        kind: ClaimKind,
-    ) -> Claim:
-        assert spec.unique is not None
-        return claim(
-            client,
-            spec.settings.namespace,
-            name,
-            task_id=job_id,
-            lifetime=life,
-            kind=kind,
-            running_counts=spec.unique.running_counts,
-        )
+        assert result is not None
+        return result  # type: ignore[no-any-return]
 
     def _existing(self, job_id: str) -> Job:
         """The copy that holds the key. It may not be saved yet (queued in the same
@@ -174,20 +158,6 @@ class UniqueQueue(Queue):
                 job_id,
                 exc,
             )
-
-
-def _give_up(client: RedisClient, namespace: str, name: str, job_id: str, after: str) -> None:
-    try:
-        release_claim(client, namespace, name, job_id)
-    except LockBackendError as exc:
-        log.warning(
-            "unique key %r: could not give up the claim of %s after %s (it lapses with its "
-            "lifetime): %s",
-            name,
-            job_id,
-            after,
-            exc,
-        )
 
 
 def _signal(spec: JobSpec, job_id: str, name: str, action: str, found: Claim) -> None:

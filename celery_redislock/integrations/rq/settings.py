@@ -17,6 +17,7 @@ from typing import Any, Literal
 import redis
 
 from ...core._validate import one_of
+from ...core.claims import DEFAULT_PUBLISH_WINDOW
 from ...core.clients import parse_sentinels, sentinel_client
 from ...core.durations import ALLOWANCE, OTHER, TTL, Duration, seconds
 from ...core.keys import DEFAULT_NAMESPACE, check_namespace
@@ -58,6 +59,8 @@ class Settings:
     on_backend_error: BackendPolicy = "fail"
     queue_allowance: float = 600.0
     """Seconds a unique job's queued claim lasts beyond its scheduled time."""
+    unique_publish_window: float = DEFAULT_PUBLISH_WINDOW
+    """Seconds a unique job's claim lasts until its enqueue went through (then: its lifetime)."""
     completion_ttl: float = 3600.0
     """Seconds a finished run is remembered, so a copy of it requeued meanwhile is dropped."""
     fence_keep: float = DEFAULT_FENCE_KEEP
@@ -146,6 +149,7 @@ class Settings:
 _DURATIONS: dict[str, Duration] = {
     "ttl": TTL,
     "queue_allowance": ALLOWANCE,
+    "unique_publish_window": ALLOWANCE,
     "completion_ttl": ALLOWANCE,
     "fence_keep": OTHER,
     "line_handover_window": ALLOWANCE,
