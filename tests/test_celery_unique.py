@@ -408,3 +408,55 @@ def test_a_running_copy_is_kept_and_a_superseded_copy_does_not_run(
     stop(lockapp, "sr")
     assert running.get(timeout=20) == "ran" and strict.get(timeout=20) == "ran"
     assert started(lockapp, "rr") == [running.id] and started(lockapp, "sr") == [strict.id]
+
+
+def test_the_claim_holder_runs_when_a_superseded_copy_holds_the_run_lease(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """Issue 24, item 10: a superseded copy takes the run lease before it learns that it was
+    superseded (then steps aside). The copy holding the claim, refused the lease in that
+    window, must not be skipped (at 8537bad it was, and the call never ran): it comes back."""
+    workers()
+    holder = lockapp.unique_finished.apply_async(("window",), queue="parked")
+    # The superseded copy, in its window: it holds the run lease of the key.
+    lease = lock_for(lockapp.unique_finished, ("window",)).acquire(
+        blocking=False, owner="superseded", info={"task_id": "superseded"}
+    )
+    try:
+        assert lockapp.app.control.add_consumer("parked", reply=True, timeout=10, limit=1)
+        result = lockapp.app.AsyncResult(holder.id)
+        wait_for(lambda: result.state in ("RETRY", SKIPPED), "the holder met the lease", 20)
+        assert result.state == "RETRY", "the claim holder comes back instead of being skipped"
+        assert conflicts_of(lockapp, holder.id) == ["retry"]
+        assert lockapp.r.get(claim_key("fin:window")) == holder.id.encode(), "it keeps its claim"
+    finally:
+        lease.release()  # the superseded copy stepped aside
+    assert holder.get(timeout=30) == "ran"
+    assert started(lockapp, "window") == [holder.id]
+
+
+def test_a_lost_claim_and_the_same_call_again_run_once(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """Issue 24, item 10, end to end: the lock Redis loses a queued copy's claim (a restart
+    without persistence), the same call is made again (two messages, two ids), and a worker
+    with two processes starts both at once. The newer copy runs, once; at 8537bad both were
+    often skipped and the call never ran."""
+    pairs = []
+    for n in range(3):
+        key = f"lost{n}"
+        first = lockapp.unique_finished.delay(key)
+        assert lockapp.r.delete(claim_key(f"fin:{key}")) == 1, "the claim is lost"
+        second = lockapp.unique_finished.delay(key)
+        assert second.id != first.id, "published again: two messages"
+        pairs.append((key, first, second))
+    workers(concurrency=2)
+    for key, first, second in pairs:
+        wait_for(
+            lambda a=first, b=second: {a.state, b.state} <= {"SUCCESS", SKIPPED},
+            f"both copies of {key} ended",
+            30,
+        )
+        assert sorted([first.state, second.state]) == [SKIPPED, "SUCCESS"], key
+        assert second.state == "SUCCESS", "the newer copy, holding the claim, ran"
+        assert started(lockapp, key) == [second.id]

@@ -20,8 +20,10 @@ from rq.job import Job, Retry
 from rqcheck import spans, started, status, wait_ended
 from rqworkers import TESTS
 
+from celery_redislock import Lock
 from celery_redislock.errors import DuplicateTask
 from celery_redislock.integrations.rq import SKIPPED, UniqueQueue, outcome_of
+from celery_redislock.integrations.rq.job import spec_of
 
 PRODUCER = textwrap.dedent(
     """
@@ -146,3 +148,26 @@ def test_a_failed_enqueue_gives_its_claim_up(rq_conn, rq_server, monkeypatch):
     q = UniqueQueue("default", connection=rq_conn)
     job = q.enqueue(rqjobs.report, "e")
     assert q.job_ids == [job.id]
+
+
+def test_the_claim_holder_runs_when_a_superseded_copy_holds_the_run_lease(rq_conn, rq_workers):
+    """Issue 24, item 10, on RQ: the copy holding the claim, refused the run lease by a
+    superseded copy that has yet to step aside, comes back (a conflict retry) and runs."""
+    q = UniqueQueue("default", connection=rq_conn)
+    job = q.enqueue(rqjobs.report, "window", 0.0)
+    spec = spec_of(rqjobs.report)
+    assert spec is not None
+    name = spec.unique_name(("window", 0.0), {})
+    lease = Lock(rq_conn, name, ttl=30).acquire(
+        blocking=False, owner="superseded", info={"task_id": "superseded"}
+    )
+    try:
+        rq_workers(name="w0")
+        wait_for(lambda: status(job) in ("scheduled", "finished"), "the holder met the lease")
+        assert status(job) == "scheduled", "it comes back instead of being skipped"
+        assert outcome_of(Job.fetch(job.id, connection=rq_conn)) is None
+    finally:
+        lease.release()  # the superseded copy stepped aside
+    assert wait_ended([job], timeout=30) == ["finished"]
+    assert Job.fetch(job.id, connection=rq_conn).return_value() != SKIPPED
+    assert [s["job"] for s in spans(rq_conn, "report")] == [job.id]

@@ -19,6 +19,7 @@ __all__ = [
     "Claim",
     "ClaimKind",
     "claim",
+    "claim_holder_action",
     "holds_claim",
     "publish_claimed",
     "release_claim",
@@ -175,3 +176,30 @@ def _give_up(
             after,
             exc,
         )
+
+
+def claim_holder_action(
+    client: RedisClient,
+    namespace: str,
+    name: str,
+    task_id: str,
+    action: str,
+    *,
+    running_counts: bool,
+) -> str:
+    """What a unique copy refused the run lease of its own key does: ``action``, or
+    ``"retry"`` for the copy whose message holds the key's queued claim.
+
+    When a running copy counts as a duplicate (``until_finished``), a live run lease and a
+    queued claim cannot both be legitimate: the lease is a superseded copy's (it takes the lease
+    before it learns that it was superseded, then steps aside) or a run whose claim Redis lost.
+    The copy holding the claim is the one meant to run, so a skip or a raise would lose the
+    call: it comes back instead. When Redis cannot say, it comes back too.
+    """
+    if not running_counts or action not in ("skip", "raise"):
+        return action
+    try:
+        holds = holds_claim(client, namespace, name, task_id)
+    except LockBackendError:
+        return "retry"
+    return "retry" if holds else action

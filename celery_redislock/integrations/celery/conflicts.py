@@ -5,11 +5,12 @@ or drop a copy whose job finished), and Redis failing (``redislock_on_backend_er
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from celery.exceptions import Ignore, Reject, Retry
 
 from ...core.backoff import conflict_delay, first_delivery_delay
+from ...core.claims import claim_holder_action
 from ...core.line import Parked
 from ...core.lock import Lock
 from ...core.options import ConflictAction, LockOptions
@@ -17,7 +18,7 @@ from ...errors import LineFull, LockBackendError, LockNotAcquired
 from .claiming import end_claim, keep_claim
 from .ending import store_skipped
 from .publish import CONFLICTS_HEADER, REDELIVERY_HEADER
-from .settings import Settings
+from .settings import Settings, client_for, settings_for
 from .signals import lock_conflict
 
 if TYPE_CHECKING:
@@ -111,6 +112,23 @@ def conflict(
 ) -> NoReturn:
     holders = _holder_ids(lock)
     held_by = ", ".join(holders) or "a task that just finished"
+    unique = task.unique_options
+    if unique is not None and unique.queued and not task.request.is_eager:
+        settings = settings_for(task.app)
+        was = action
+        action = cast(
+            ConflictAction,
+            claim_holder_action(
+                client_for(task.app, settings),
+                settings.namespace,
+                lock.name,
+                task_id,
+                action,
+                running_counts=unique.running_counts,
+            ),
+        )
+        if action != was:
+            held_by += ", and this copy holds the unique claim"
     lock_conflict.send(sender=task, task_id=task_id, lock=lock.name, action=action, holders=holders)
     if action == "skip":
         log.info(

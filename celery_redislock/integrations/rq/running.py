@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...core.backoff import conflict_delay, first_delivery_delay
-from ...core.claims import ClaimKind, claim, release_claim
+from ...core.claims import ClaimKind, claim, claim_holder_action, release_claim
 from ...core.heartbeat import Heartbeat
 from ...core.lease import Lease, RedisClient
 from ...core.line import Parked
@@ -264,6 +264,19 @@ class _Run:
         assert options is not None
         holders = self.holder_ids(lock)
         held_by = ", ".join(holders) or "a job that just finished"
+        unique = spec.unique
+        if unique is not None and unique.queued and self.job is not None:
+            was = action
+            action = claim_holder_action(
+                self.client,
+                self.settings.namespace,
+                lock.name,
+                self.job_id,
+                action,
+                running_counts=unique.running_counts,
+            )
+            if action != was:
+                held_by += ", and this copy holds the unique claim"
         why = f"lock {lock.name!r} is held by {held_by}"
         self.signal_conflict(lock.name, action, holders)
         if action == "skip":
