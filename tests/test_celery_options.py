@@ -89,9 +89,7 @@ def test_lock_on_a_task_that_is_not_locked_is_refused() -> None:
     def h() -> None: ...
 
     plain.finalize()
-    with pytest.raises(
-        LockConfigError, match=r"opts\.h declare lock= or unique= but do not derive"
-    ):
+    with pytest.raises(LockConfigError, match=r"opts\.h declares? lock=, unique= or rate=, but"):
         install(plain)
 
 
@@ -294,7 +292,7 @@ def test_a_worker_with_a_lock_on_a_plain_task_refuses_to_start(
     (tmp_path / "plainapp.py").write_text(PLAIN_APP)
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS)])}
     log = refused_to_start(Worker(celery_server.url, tmp_path, app="plainapp", env=env))
-    assert "plainapp.forgotten declare lock= or unique= but do not derive" in log
+    assert "task plainapp.forgotten declares lock=, unique= or rate=, but" in log
 
 
 def test_a_worker_with_good_settings_starts(celery_server: RedisServer, tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ def test_unique_on_a_task_that_is_not_locked_is_refused() -> None:
     def f() -> None: ...
 
     plain.finalize()
-    with pytest.raises(LockConfigError, match="declare lock= or unique= but do not derive"):
+    with pytest.raises(LockConfigError, match=r"plain\.f declares? lock=, unique= or rate=, but"):
         install(plain)
 
 

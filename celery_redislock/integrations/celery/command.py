@@ -8,10 +8,12 @@ the Redis and namespace of the app's lock settings. Registered through Celery's
 from __future__ import annotations
 
 import click
+from celery.signals import worker_init
 
 from ...cli.commands import COMMANDS, Target, redacted, set_target
 from ...core.lease import RedisClient
 from ...errors import LockConfigError
+from .guard import refuse_unlocked_tasks
 from .settings import client_for, settings_for
 
 __all__ = ["redislock"]
@@ -53,3 +55,9 @@ def redislock(ctx: click.Context) -> None:
 
 for _command in COMMANDS:
     redislock.add_command(_command)
+
+# Celery imports this module for every `celery` command (its entry point): the one place that
+# runs in a worker whose app never called install(), whose locked tasks would run unlocked.
+worker_init.connect(
+    refuse_unlocked_tasks, weak=False, dispatch_uid="celery_redislock.refuse_unlocked_tasks"
+)

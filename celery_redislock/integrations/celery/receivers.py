@@ -26,6 +26,7 @@ from ._compat import is_test_worker, names_locked_task
 from .claiming import end_claim
 from .ending import end_run, release_all_held
 from .events import enable_at_worker_start
+from .guard import refuse_to_start, unlocked_message, unlocked_tasks
 from .kind import LockAware, is_locked_task
 from .line import start_sweeping, stop_sweeping, uses_line
 from .parent import LockRequest
@@ -124,21 +125,9 @@ def check_tasks(app: Celery) -> None:
     """Raises :class:`LockConfigError` naming the tasks of ``app`` that declare ``lock=`` or
     ``unique=`` but are not LockedTasks (the option would be ignored), or whose ``Request``
     class does not derive from :class:`~celery_redislock.LockRequest`."""
-    unlocked = sorted(
-        name
-        for name, task in app.tasks.items()
-        if not is_locked_task(task)
-        and any(
-            getattr(task, option, None) not in (None, False)
-            for option in ("lock", "unique", "rate")
-        )
-    )
+    unlocked = unlocked_tasks(app)
     if unlocked:
-        raise LockConfigError(
-            f"task(s) {', '.join(unlocked)} declare lock= or unique= but do not derive from "
-            "celery_redislock.LockedTask: it would be ignored. Create the app with "
-            "task_cls='celery_redislock:LockedTask' or call install(app) before declaring tasks"
-        )
+        raise LockConfigError(unlocked_message(unlocked))
     for task in app.tasks.values():
         if is_locked_task(task) and task.lock_options is not None:
             check_request_class(task.name, task.Request, final=True)
@@ -187,11 +176,7 @@ def _check_at_worker_start(sender: Any = None, **_: Any) -> None:
     try:
         check_worker_app(app)
     except LockConfigError as exc:
-        # Signal.send catches and only logs an Exception a receiver raises, so raising it would
-        # let the worker start and fail (or run unlocked) at every task. SystemExit is not an
-        # Exception: it ends the worker before it consumes anything.
-        log.critical("celery_redislock: the worker refuses to start: %s", exc)
-        raise SystemExit(1) from exc
+        refuse_to_start(exc)
     # Producers that cannot import a unique task (beat, services sending by name) read its
     # options from Redis: publish them.
     publish_specs(app)

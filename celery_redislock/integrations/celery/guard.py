@@ -1,0 +1,90 @@
+"""The guard against a forgotten ``install(app)``: Celery accepts unknown task options, so an
+app that never made :class:`LockedTask` its task class declares ``lock=``, ``unique=`` and
+``rate=`` without complaint, and its worker would run those tasks with no lock at all. Such a
+worker refuses to start instead, naming the tasks and the fix.
+
+The receiver is connected when Celery loads the ``celery redislock`` command (the
+``celery.commands`` entry point, loaded by every ``celery`` command), so it guards every worker
+started with ``celery worker`` or ``app.worker_main()`` whether ``install()`` ran or not.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NoReturn
+
+from celery import Celery
+
+from ...core.options import parse_lock_option
+from ...core.rate_options import parse_rate_option
+from ...core.unique_options import parse_unique_option
+from .kind import is_locked_task
+
+__all__ = ["refuse_to_start", "refuse_unlocked_tasks", "unlocked_message", "unlocked_tasks"]
+
+log = logging.getLogger(__name__)
+
+_PARSERS: dict[str, Any] = {
+    "lock": lambda name, value: parse_lock_option(name, None, value),
+    "unique": lambda name, value: parse_unique_option(name, None, value, None),
+    "rate": lambda name, value: parse_rate_option(name, None, value),
+}
+
+
+def _declares(name: str, option: str, value: object) -> bool:
+    """Whether ``value`` reads as our ``option`` (an unrelated class attribute of that name, a
+    threading lock say, does not)."""
+    if value is None or value is False or callable(getattr(value, "acquire", None)):
+        return False
+    try:
+        _PARSERS[option](name, value)
+    except Exception:
+        return False
+    return True
+
+
+def unlocked_tasks(app: Celery) -> list[str]:
+    """The app's tasks that declare ``lock=``, ``unique=`` or ``rate=`` but are not of a
+    :class:`LockedTask` class: nothing would enforce their options.
+
+    >>> unlocked_tasks(app)   # doctest: +SKIP
+    ['proj.nightly_report']
+    """
+    return [
+        name
+        for name, task in sorted(app.tasks.items())
+        if not is_locked_task(task)
+        and any(_declares(name, option, getattr(task, option, None)) for option in _PARSERS)
+    ]
+
+
+def unlocked_message(names: list[str]) -> str:
+    """What a worker says of :func:`unlocked_tasks` as it refuses to start."""
+    plural = len(names) > 1
+    return (
+        f"task{'s' if plural else ''} {', '.join(names)} declare{'' if plural else 's'} lock=, "
+        "unique= or rate=, but the app's task class is not celery_redislock's, so nothing would "
+        "enforce them and they would run with no lock. Call celery_redislock.install(app) right "
+        "after creating the app (before declaring tasks), or create it with "
+        'Celery(..., task_cls="celery_redislock:LockedTask")'
+    )
+
+
+def refuse_unlocked_tasks(sender: Any = None, **_: Any) -> None:
+    """``worker_init`` receiver: ends the worker before it consumes anything if a task would
+    run unlocked."""
+    app = getattr(sender, "app", None)
+    if not isinstance(app, Celery):
+        return
+    names = unlocked_tasks(app)
+    if names:
+        refuse_to_start(unlocked_message(names))
+
+
+def refuse_to_start(why: object) -> NoReturn:
+    """Ends a starting worker (from a ``worker_init`` receiver), saying why at CRITICAL."""
+    log.critical("celery_redislock: the worker refuses to start: %s", why)
+    # Signal.send catches and only logs an Exception a receiver raises, so raising one would
+    # let the worker start and fail (or run unlocked) at every task. SystemExit is not an
+    # Exception: it ends the worker before it consumes anything.
+    raise SystemExit(1)
