@@ -1,0 +1,105 @@
+"""What a worker's log says, under Celery and RQ alike: a run that does not run (skipped,
+retried) logs the same line in both (one logger, one level, the same words).
+
+Real workers, their logs read as an operator would: each is started with a log format that
+shows every line's level and logger.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+import redis
+import rqjobs
+from conftest import wait_for
+from rq import Queue
+from rqworkers import RQWorker
+from workers import Worker
+
+from celery_redislock import SKIPPED, Lock
+from celery_redislock.contrib.redis_server import RedisServer
+
+pytestmark = [pytest.mark.celery, pytest.mark.rq]
+
+FORMAT = "%(levelname)s %(name)s %(message)s"
+CELERY_ENV = {"LOCKAPP_LOG_FORMAT": FORMAT}
+RQ_ARGS = ("--log-format", FORMAT)
+HOLDER = {"task_id": "the-test"}
+
+
+def lines(log: str, pattern: str) -> list[re.Match[str]]:
+    """The log's lines that match ``pattern`` in full."""
+    return [m for line in log.splitlines() if (m := re.fullmatch(pattern, line.strip()))]
+
+
+def as_said(match: re.Match[str]) -> str:
+    """A line with the run's name, id and lock taken out: what is left must be equal."""
+    text = match.group(0)
+    for name in ("name", "id", "lock"):
+        text = text.replace(match.group(name), f"<{name}>", 1)
+    return re.sub(r"\d+\.\d+s", "<n>s", text)
+
+
+OUTCOME = r"(?P<level>[A-Z]+) (?P<logger>\S+) task (?P<name>\S+)\[(?P<id>[^\]]+)\] "
+SKIPPED_LINE = OUTCOME + r"skipped: lock '(?P<lock>[^']+)' is held by the-test"
+RETRY_LINE = OUTCOME + r"retries in \d+\.\ds: lock '(?P<lock>[^']+)' is held by the-test"
+
+
+def test_a_skip_and_a_conflict_retry_log_the_same_line_under_celery_and_rq(
+    lockapp: ModuleType,
+    workers: Callable[..., Worker],
+    celery_server: RedisServer,
+    rq_conn: redis.Redis,
+    rq_server: RedisServer,
+    rq_workers: Callable[..., RQWorker],
+) -> None:
+    celery = workers(env=CELERY_ENV)
+    rq = rq_workers(name="w0", args=RQ_ARGS)
+    queue = Queue("default", connection=rq_conn)
+    celery_lock = Lock(redis.Redis.from_url(celery_server.url), "hold:lg", ttl=30)
+    rq_skip_lock = Lock(redis.Redis.from_url(rq_server.url), "s:lg", ttl=30)
+    rq_retry_lock = Lock(redis.Redis.from_url(rq_server.url), "r:lg", ttl=30)
+
+    # Skipped: the lock is held by the test.
+    with (
+        celery_lock.acquire(owner="test", info=HOLDER),
+        rq_skip_lock.acquire(owner="test", info=HOLDER),
+    ):
+        task = lockapp.hold.delay("lg")
+        job = queue.enqueue(rqjobs.exclusive_skip, "lg")
+        wait_for(lambda: task.state == SKIPPED, "the Celery task skipped", 30)
+        wait_for(lambda: job.get_status(refresh=True) == "finished", "the RQ job ended", 30)
+    assert job.return_value() == SKIPPED
+    wait_for(lambda: lines(celery.log(), SKIPPED_LINE), "Celery logs the skip", 10)
+    wait_for(lambda: lines(rq.log(), SKIPPED_LINE), "RQ logs the skip", 10)
+    (in_celery,) = lines(celery.log(), SKIPPED_LINE)
+    (in_rq,) = lines(rq.log(), SKIPPED_LINE)
+    assert (in_celery["name"], in_celery["id"], in_celery["lock"]) == (
+        "lockapp.hold",
+        task.id,
+        "hold:lg",
+    )
+    assert (in_rq["name"], in_rq["id"], in_rq["lock"]) == ("rqjobs.exclusive_skip", job.id, "s:lg")
+    assert in_celery["level"] == in_rq["level"] == "INFO"
+    assert in_celery["logger"] == in_rq["logger"] == "celery_redislock.core.outcomes"
+    assert as_said(in_celery) == as_said(in_rq)
+
+    # Retried on the conflict: the same line again, each with its own delay.
+    with (
+        celery_lock.acquire(owner="test", info=HOLDER),
+        rq_retry_lock.acquire(owner="test", info=HOLDER),
+    ):
+        task = lockapp.duplicate.delay("lg")
+        job = queue.enqueue(rqjobs.exclusive_retry, "lg")
+        wait_for(lambda: lines(celery.log(), RETRY_LINE), "Celery logs the retry", 30)
+        wait_for(lambda: lines(rq.log(), RETRY_LINE), "RQ logs the retry", 30)
+    assert task.get(timeout=30) == "ran"
+    wait_for(lambda: job.get_status(refresh=True) == "finished", "the RQ job ran", 30)
+    in_celery, in_rq = lines(celery.log(), RETRY_LINE)[0], lines(rq.log(), RETRY_LINE)[0]
+    assert (in_celery["id"], in_rq["id"]) == (task.id, job.id)
+    assert in_celery["level"] == in_rq["level"] == "INFO"
+    assert in_celery["logger"] == in_rq["logger"] == "celery_redislock.core.outcomes"
+    assert as_said(in_celery) == as_said(in_rq)
