@@ -1,5 +1,6 @@
 """What a worker's log says, under Celery and RQ alike: a run that does not run (skipped,
-retried) logs the same line in both (one logger, one level, the same words).
+retried) logs the same line in both (one logger, one level, the same words), and a worker
+names its lock Redis once as it starts, saying what tasks do while that Redis does not answer.
 
 Real workers, their logs read as an operator would: each is started with a log format that
 shows every line's level and logger.
@@ -8,6 +9,7 @@ shows every line's level and logger.
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Callable
 from types import ModuleType
 
@@ -103,3 +105,57 @@ def test_a_skip_and_a_conflict_retry_log_the_same_line_under_celery_and_rq(
     assert in_celery["level"] == in_rq["level"] == "INFO"
     assert in_celery["logger"] == in_rq["logger"] == "celery_redislock.core.outcomes"
     assert as_said(in_celery) == as_said(in_rq)
+
+    # Both named their lock Redis once as they started, at INFO.
+    started = r"INFO celery_redislock\.core\.reach lock Redis (\S+) answers; .*"
+    assert [m[1] for m in lines(celery.log(), started)] == [celery_server.url]
+    assert [m[1] for m in lines(rq.log(), started)] == [rq_server.url]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def unanswered(port: int, policy: str) -> str:
+    """The one line a worker logs as it starts when its lock Redis does not answer."""
+    return (
+        rf"ERROR celery_redislock\.core\.reach lock Redis redis://:\*\*\*@127\.0\.0\.1:{port}/0 "
+        r"does not answer as the worker starts \(ConnectionError: .*\); the worker starts "
+        r"anyway, and until it answers, tasks with lock=, unique= or rate= options fail with "
+        rf"LockBackendError \({policy}='fail'\).*"
+    )
+
+
+@pytest.mark.faults
+def test_a_celery_worker_names_its_unreachable_lock_redis_once(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    port = _free_port()  # nothing listens there
+    worker = workers(env={**CELERY_ENV, "LOCKAPP_LOCK_URL": f"redis://:s3cret@127.0.0.1:{port}/0"})
+    log = worker.log()
+    assert len(lines(log, unanswered(port, "redislock_on_backend_error"))) == 1, log
+    assert "s3cret" not in log
+    assert "could not publish unique task specs" not in log  # said once, in that line
+
+
+@pytest.mark.faults
+def test_an_rq_lock_worker_names_its_unreachable_lock_redis_once(
+    rq_conn: redis.Redis, rq_workers: Callable[..., RQWorker]
+) -> None:
+    port = _free_port()
+    url = f"redis://:s3cret@127.0.0.1:{port}/0"
+    worker = rq_workers(name="w0", args=RQ_ARGS, env={"REDISLOCK_URL": url})
+    log = worker.log()
+    assert len(lines(log, unanswered(port, "REDISLOCK_ON_BACKEND_ERROR"))) == 1, log
+    assert "s3cret" not in log
+
+
+def test_the_lock_redis_is_named_without_its_password() -> None:
+    from celery_redislock.core.reach import where
+
+    assert where(redis.Redis.from_url("redis://ops:pw@h:1/2")) == "redis://ops:***@h:1/2"
+    assert where(redis.Redis.from_url("redis://:pw@h:1")) == "redis://:***@h:1/0"
+    assert where(redis.Redis.from_url("rediss://h:1/3")) == "rediss://h:1/3"
+    assert where(redis.Redis(unix_socket_path="/run/r.sock")) == "unix:///run/r.sock?db=0"

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from ...core.childwatch import alive
+from ...core.reach import check_at_start
 from ...errors import LockBackendError, LockConfigError
 from ._compat import Job, SpawnWorker, Worker
 from .job import lock_for_job
@@ -60,6 +61,17 @@ class ReleasesDeadHorses:
         # RQ sets its log up here (for a worker made in code, only here), before its first job.
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
         to_worker_log()
+        settings = default_settings()
+        if settings.disabled:
+            return
+        try:
+            client = client_for(settings, self.connection)  # type: ignore[attr-defined]
+        except LockConfigError as exc:
+            log.error("no lock Redis for this worker's jobs: %s", exc)
+            return
+        check_at_start(
+            client, policy=settings.on_backend_error, setting="REDISLOCK_ON_BACKEND_ERROR"
+        )
 
     def _redislock_sweeper(self, settings: Settings) -> Sweeper | None:
         """Starts sweeping the task lines of the environment's settings (their namespace, on
