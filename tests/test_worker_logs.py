@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 from collections.abc import Callable
 from types import ModuleType
 
@@ -128,8 +129,13 @@ def unanswered(port: int, policy: str) -> str:
     )
 
 
+SWEEP_FAILED = r"WARNING celery_redislock\.\S+ task line sweep on \S+ failed, retrying: .*"
+SWEEP_OLD = r".*task lines: sweep failed.*"
+
+
+@pytest.mark.slow
 @pytest.mark.faults
-def test_a_celery_worker_names_its_unreachable_lock_redis_once(
+def test_a_celery_worker_names_its_unreachable_lock_redis_once_and_is_not_noisy(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
     port = _free_port()  # nothing listens there
@@ -138,6 +144,17 @@ def test_a_celery_worker_names_its_unreachable_lock_redis_once(
     assert len(lines(log, unanswered(port, "redislock_on_backend_error"))) == 1, log
     assert "s3cret" not in log
     assert "could not publish unique task specs" not in log  # said once, in that line
+
+    # Its line sweeper (lockapp has tasks that may park) fails each second: one line, not one
+    # a second. (Counted over a window: what is measured is that nothing more is said.)
+    def failed() -> bool:
+        log = worker.log()
+        return bool(lines(log, SWEEP_FAILED) or lines(log, SWEEP_OLD))
+
+    wait_for(failed, "the first sweep failure logged", 10)
+    time.sleep(4)
+    log = worker.log()
+    assert len(lines(log, SWEEP_FAILED)) == 1 and not lines(log, SWEEP_OLD), log
 
 
 @pytest.mark.faults
