@@ -41,6 +41,8 @@ if os.environ.get("LOCKAPP_BACKEND_POLICY"):
     app.conf.redislock_on_backend_error = os.environ["LOCKAPP_BACKEND_POLICY"]
 if os.environ.get("LOCKAPP_LOCK_URL"):
     app.conf.redislock_url = os.environ["LOCKAPP_LOCK_URL"]
+if os.environ.get("LOCKAPP_LOG_FORMAT"):  # e.g. with each line's level and logger
+    app.conf.worker_log_format = os.environ["LOCKAPP_LOG_FORMAT"]
 r = redis.Redis.from_url(URL)
 RETRY = {"on_conflict": "retry", "countdown": 0.05}
 

@@ -53,12 +53,14 @@ class RQWorker:
         scheduler: bool = True,
         pool: int = 0,
         env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         # A name of its own: RQ refuses a second live worker of one name, and a horse killed
         # while it wrote its worker's state could leave one behind for the next test.
         self.name = f"{name}-{os.urandom(3).hex()}"
         self.worker_class = CLASSES.get(worker_class, worker_class)
         self.url, self.scheduler, self.pool = url, scheduler, pool
+        self.args = args  # more options for `rq worker` (e.g. --log-format)
         self.log_path = log_dir / f"rq-{name}.log"
         self.env = {
             **os.environ,
@@ -75,6 +77,7 @@ class RQWorker:
             command = [RQ, "worker", "--url", self.url, "-w", self.worker_class, "-n", self.name]
             if self.scheduler:
                 command.append("--with-scheduler")
+        command += self.args
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True

@@ -168,9 +168,18 @@ def test_redis_down_at_enqueue_follows_the_backend_policy(
     def down() -> None: ...
 
     app.conf.redislock_url = "redis://127.0.0.1:1/0"
-    with pytest.raises(LockBackendError) as raised:
+    with (
+        caplog.at_level(logging.DEBUG, "celery_redislock"),
+        pytest.raises(LockBackendError) as raised,
+    ):
         down.delay()
     assert raised.value.name == "uq.down:" + canonical_hash({})  # the key of down()
+    # Issue 24, item 5: the error is the news; the give-up that failed with it (Redis is
+    # unreachable) is not a warning before it.
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name.startswith("celery_")]
+    assert [m for level, m in said if level >= logging.WARNING] == []
+    assert [level for level, m in said if "could not give up the claim" in m] == [logging.DEBUG]
+    caplog.clear()
     assert queued(app) == 0
     app.conf.redislock_on_backend_error = "run"
     with caplog.at_level(logging.ERROR, "celery_redislock"):

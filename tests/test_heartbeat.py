@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import threading
 import time
 
@@ -248,3 +250,52 @@ def test_a_late_answer_does_not_revive_a_lost_lease(
             lease.check()
         assert len(notices) == 1 and isinstance(notices[0], LockBackendError)
         assert proxy.seen("EVALSHA") == sent + 1
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_renewal_failing_for_ten_seconds_is_logged_once_summed_up_and_once_recovered(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24, item 5: a renewal retried every 0.5 s while Redis is unreachable logged each
+    try (20 lines in 10 s for one lease). Now: its first failure, a summary every 10 s, and
+    one line when it works again."""
+    ttl = 21.0  # first renewal after 7 s; 14 s of failures before it could lapse
+    with FaultProxy("127.0.0.1", redis_server.port) as proxy:
+        flaky = redis.Redis.from_url(proxy.url, retry=Retry(NoBackoff(), 0))
+        lease = Lock(flaky, "quiet", ttl=ttl).acquire()
+        lease.renew()  # the renew script is loaded: one renewal is one EVALSHA
+        heartbeat = Heartbeat.current()
+        heartbeat.register(lease)
+        try:
+            proxy.reset_after(None, command="EVALSHA")  # every renewal fails from now on
+
+            def said() -> list[str]:
+                return [
+                    r.getMessage()
+                    for r in caplog.records
+                    if r.name == "celery_redislock.core.heartbeat" and "renewal" in r.getMessage()
+                ]
+
+            wait_for(said, "the first renewal failure logged", timeout=ttl / 3 + 3)
+            failing_since = time.monotonic()
+            tries = proxy.faults
+            # What is measured is how little is said over 10.5 s of failures.
+            time.sleep(max(0.0, failing_since + 10.5 - time.monotonic()))
+            assert proxy.faults - tries >= 15, "renewal was retried every 0.5 s meanwhile"
+            assert len(said()) == 2, said()  # the first failure and one summary
+            proxy.heal()
+            wait_for(lambda: any("works again" in m for m in said()), "the recovery logged", 5)
+            where = f"redis://127.0.0.1:{proxy.port}/0"
+            first, summary, recovered = said()
+            assert first.startswith(f"lease renewal on {where} failed, retrying: ")
+            at = re.escape(where)
+            still = rf"lease renewal on {at} still failing for 1\ds \(\d+ attempts\): .*"
+            assert re.fullmatch(still, summary), summary
+            again = rf"lease renewal on {at} works again after 1\ds \(\d+ failed attempts\)"
+            assert re.fullmatch(again, recovered), recovered
+            assert not lease.lost and lease in heartbeat.leases()
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        finally:
+            heartbeat.unregister(lease)
+            flaky.close()

@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from ..errors import LockBackendError
 from .durations import MAX_HOLD, seconds
 from .lease import Lease, RedisClient, _send
+from .lock import Lock
+from .reach import where
 from .redlock import RedLock
 from .redlock_renew import renew_on_masters
+from .repeated import RepeatedFailure
 
 __all__ = ["Heartbeat"]
 
@@ -46,6 +49,7 @@ class _Call:
     client: RedisClient
     entries: list[_Entry]
     redlock: bool = False  # renewed on a majority of the masters of its lock
+    key: object = None  # the Redis it goes to (_client_key)
     results: list[tuple[int, float, str | None]] | None = None
     error: BaseException | None = None
 
@@ -64,6 +68,13 @@ class _Helper:
     def _work(self) -> None:
         while (job := self.jobs.get()) is not None:
             job()
+
+
+def _client_key(lock: Lock) -> object:
+    """Which Redis a lease is renewed on: one call per key (a RedLock's: its masters)."""
+    if isinstance(lock, RedLock):
+        return tuple(map(id, lock.masters))
+    return id(lock.client)
 
 
 def _no_answer(lease: Lease) -> LockBackendError:
@@ -106,6 +117,8 @@ class Heartbeat:
         # outlives a fork: the child makes a Heartbeat of its own (_forget_after_fork).
         self._answered: list[_Call] = []
         self._idle: list[_Helper] = []
+        # Per Redis: its renewals failing, logged once then summed up (not every 0.5 s).
+        self._failures: dict[object, RepeatedFailure] = {}
 
     @classmethod
     def current(cls) -> Heartbeat:
@@ -196,8 +209,11 @@ class Heartbeat:
                 if self._stopped:
                     return
             for call in answered:
+                failures = self._failures_of(call)
                 if call.error is not None:
-                    log.warning("lease renewal failed, retrying: %s", call.error)
+                    failures.failed(call.error)
+                else:
+                    failures.worked()
             for e in late:
                 # Its holder was told it is lost: it lapses in Redis within its ttl.
                 log.warning(
@@ -214,7 +230,18 @@ class Heartbeat:
             for call in calls:
                 self._start(call)
             for e, error in lost:
+                if error is not None:  # it lapsed while failing: the loss says the rest
+                    found = self._failures.get(_client_key(e.lease.lock))
+                    if found is not None:
+                        found.forget()
                 self._report(e, error)
+
+    def _failures_of(self, call: _Call) -> RepeatedFailure:
+        found = self._failures.get(call.key)
+        if found is None:
+            place = "RedLock masters" if call.redlock else where(call.client)
+            found = self._failures[call.key] = RepeatedFailure(log, f"lease renewal on {place}")
+        return found
 
     def _apply(
         self, answered: list[_Call], now: float
@@ -270,11 +297,11 @@ class Heartbeat:
             if e.hold_until is None or now < e.hold_until:
                 e.busy = True
                 lock = e.lease.lock
-                if isinstance(lock, RedLock):  # one call for the locks over the same masters
-                    key: object = tuple(map(id, lock.masters))
-                    call = calls.setdefault(key, _Call(lock.client, [], redlock=True))
-                else:
-                    call = calls.setdefault(id(lock.client), _Call(lock.client, []))
+                key = _client_key(lock)  # one call for the locks over the same Redis
+                call = calls.get(key)
+                if call is None:
+                    redlock = isinstance(lock, RedLock)
+                    call = calls[key] = _Call(lock.client, [], redlock=redlock, key=key)
                 call.entries.append(e)
         return expired_hold, list(calls.values())
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore
 
+from ...core import outcomes
 from ...core.claims import ClaimKind, claim, release_claim
 from ...core.naming import lock_name
 from ...errors import LockBackendError, LockConfigError
@@ -43,13 +44,7 @@ def start_claim(task: LockedTask, task_id: str, name: str, settings: Settings) -
     # This copy was replaced (its revoke may still be on its way, or was lost), or it outlived
     # its claim and a newer copy was queued. One of them runs: the newer.
     release_held(task)
-    log.info(
-        "task %s[%s] skipped: superseded by %s under unique key %r",
-        task.name,
-        task_id,
-        holder,
-        name,
-    )
+    outcomes.superseded(task.name, task_id, holder, name)
     lock_conflict.send(
         sender=task, task_id=task_id, lock=name, action="superseded", holders=[holder]
     )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from celery.exceptions import Ignore, Reject, Retry
 
+from ...core import outcomes
 from ...core.backoff import conflict_delay, first_delivery_delay
 from ...core.claims import claim_holder_action
 from ...core.line import Parked
@@ -47,12 +48,7 @@ def _holder_ids(lock: Lock) -> list[str]:
 def drop_finished(task: LockedTask, task_id: str, lock: Lock) -> NoReturn:
     """This delivery's job is recorded as finished: its message was delivered again after it
     ran (the ack was lost with a worker). It is not run twice; the first run's result stands."""
-    log.info(
-        "task %s[%s]: this delivery already ran to its end under lock %r; dropped",
-        task.name,
-        task_id,
-        lock.name,
-    )
+    outcomes.dropped(task.name, task_id, lock.name)
     lock_conflict.send(sender=task, task_id=task_id, lock=lock.name, action="drop", holders=[])
     raise Ignore()
 
@@ -73,14 +69,7 @@ def await_first_delivery(task: LockedTask, task_id: str, lock: Lock, expires_in:
     # Look again when the lease would lapse if its holder is dead, or sooner, as a live holder
     # may finish any moment: after a third of the ttl, doubling while it keeps running.
     countdown = first_delivery_delay(lock.ttl, expires_in, waits)
-    log.info(
-        "task %s[%s]: another delivery of this task holds lock %r (running, or its worker "
-        "died); this one looks again in %.1fs",
-        task.name,
-        task_id,
-        lock.name,
-        countdown,
-    )
+    outcomes.awaits_first(task.name, task_id, lock.name, countdown)
     lock_conflict.send(
         sender=task, task_id=task_id, lock=lock.name, action="await", holders=[task_id]
     )
@@ -111,7 +100,7 @@ def conflict(
     call: tuple[Any, Any],
 ) -> NoReturn:
     holders = _holder_ids(lock)
-    held_by = ", ".join(holders) or "a task that just finished"
+    held_by = outcomes.held_by(holders)
     unique = task.unique_options
     if unique is not None and unique.queued and not task.request.is_eager:
         settings = settings_for(task.app)
@@ -131,9 +120,7 @@ def conflict(
             held_by += ", and this copy holds the unique claim"
     lock_conflict.send(sender=task, task_id=task_id, lock=lock.name, action=action, holders=holders)
     if action == "skip":
-        log.info(
-            "task %s[%s] skipped: lock %r is held by %s", task.name, task_id, lock.name, held_by
-        )
+        outcomes.skipped(task.name, task_id, lock.name, holders)
         store_skipped(task, task_id, lock.name, holders)
         end_claim(task, task_id, *call)  # the job is over (other endings: task_postrun)
         raise Ignore()
@@ -159,14 +146,7 @@ def parked(
     """The task waits in the lock's line as data; this delivery ends (its message is acked).
     A unique task's queued claim is kept for as long as it may wait."""
     holders = _holder_ids(lock)
-    log.info(
-        "task %s[%s] parked in the task line of lock %r (%d waiting): held by %s",
-        task.name,
-        task_id,
-        lock.name,
-        place.parked,
-        ", ".join(holders) or "a task that just finished",
-    )
+    outcomes.parked(task.name, task_id, lock.name, place.parked, holders)
     lock_conflict.send(
         sender=task, task_id=task_id, lock=lock.name, action="queue", holders=holders
     )
@@ -186,13 +166,7 @@ def line_expired(
     task: LockedTask, task_id: str, lock: Lock, options: LockOptions, call: tuple[Any, Any]
 ) -> NoReturn:
     """Published from the line because its wait passed ``max_wait``: it fails, not run."""
-    log.warning(
-        "task %s[%s] not run: it waited in the task line of lock %r longer than max_wait (%ss)",
-        task.name,
-        task_id,
-        lock.name,
-        options.max_wait,
-    )
+    outcomes.line_expired(task.name, task_id, lock.name, options.max_wait)
     lock_conflict.send(
         sender=task, task_id=task_id, lock=lock.name, action="expired", holders=_holder_ids(lock)
     )
@@ -207,13 +181,7 @@ def line_expired(
 def line_full(task: LockedTask, task_id: str, lock: Lock, exc: LineFull) -> NoReturn:
     """The line holds ``max_waiting`` parked tasks: this one fails with :class:`LineFull`."""
     holders = _holder_ids(lock)
-    log.warning(
-        "task %s[%s] not run: the task line of lock %r is full (%d parked)",
-        task.name,
-        task_id,
-        lock.name,
-        exc.parked,
-    )
+    outcomes.line_full(task.name, task_id, lock.name, exc.parked)
     lock_conflict.send(sender=task, task_id=task_id, lock=lock.name, action="full", holders=holders)
     raise exc
 
@@ -222,7 +190,7 @@ def _retry(task: LockedTask, task_id: str, options: LockOptions, name: str, why:
     request = task.request
     conflicts = int((request.headers or {}).get(CONFLICTS_HEADER, 0) or 0)
     countdown = conflict_delay(options.countdown, conflicts)
-    log.info("task %s[%s] retries in %.1fs: %s", task.name, task_id, countdown, why)
+    outcomes.retries(task.name, task_id, countdown, why)
     if options.count_retries:
         # Past the task's own max_retries, Celery raises ``exc``: a LockNotAcquired naming the lock.
         exc = LockNotAcquired(f"task {task.name}[{task_id}]: {why}", name=name)
@@ -250,9 +218,7 @@ def backend_down(
 ) -> None:
     policy = settings.on_backend_error
     if policy == "run":
-        log.error(
-            "task %s[%s] runs WITHOUT lock %r: Redis failed: %s", task.name, task_id, name, exc
-        )
+        outcomes.runs_unlocked(task.name, task_id, name, exc)
         return
     if policy == "retry":
         _retry(task, task_id, options, name, f"Redis for lock {name!r} failed: {exc}")

@@ -3,10 +3,10 @@ a conflict), have the heartbeat keep it, give up the queued claim; and ``lock_fo
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from ...core import outcomes
 from ...core.heartbeat import Heartbeat
 from ...core.lease import Lease, RedisClient
 from ...core.line import Parked, line_token, park
@@ -47,9 +47,6 @@ if TYPE_CHECKING:
     from .task import LockedTask
 
 __all__ = ["acquire_for", "lock_for", "make_lock"]
-
-log = logging.getLogger(__name__)
-
 
 # task name -> (settings, client, options, handover, a lock made with them): every call of a
 # task makes a lock with the same settings under its own name, which then need not be checked
@@ -232,13 +229,7 @@ def _take_lease(
         setattr(task.request, FINISH_ATTR, (lock, job))
 
     def on_lost(lost: Lease, error: BaseException | None) -> None:
-        log.error(
-            "task %s[%s]: lease on lock %r lost%s; the task goes on without it",
-            task.name,
-            task_id,
-            lost.name,
-            f" ({error})" if error else "",
-        )
+        outcomes.lease_lost(task.name, task_id, lost.name, error)
         lock_lost.send(sender=task, task_id=task_id, lease=lost, error=error)
 
     Heartbeat.current().register(lease, on_lost=on_lost, max_hold=_max_hold(task, options))

@@ -14,6 +14,8 @@ from celery import Celery
 from kombu.utils.json import dumps, loads
 
 from ...core.line import Handed, Handover, sweep_lines
+from ...core.reach import where
+from ...core.repeated import RepeatedFailure
 from ...errors import LockBackendError
 from .publish import LINE_HEADER
 
@@ -94,15 +96,19 @@ class Sweeper:
         client = client_for(self.app, settings)  # made here, not in the thread (fork safety)
         publish = handover_for(self.app)
         window = settings.line_handover_window
+        # Each second while Redis is down: logged once, then summed up.
+        failures = RepeatedFailure(log, f"task line sweep on {where(client)}")
 
         def run() -> None:
             while not self._stop.wait(self.interval):
                 try:
                     sweep_lines(client, settings.namespace, publish, handover_window=window)
                 except LockBackendError as exc:
-                    log.warning("task lines: sweep failed (tried again): %s", exc)
+                    failures.failed(exc)
                 except Exception:
                     log.exception("task lines: sweep failed (tried again)")
+                else:
+                    failures.worked()
 
         self._thread = threading.Thread(target=run, name="redislock-line-sweeper", daemon=True)
         self._thread.start()

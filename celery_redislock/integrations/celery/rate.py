@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore, Reject
 
+from ...core import outcomes
 from ...core.naming import lock_name
 from ...core.options import LockOptions
 from ...core.rate import RateLimit
@@ -79,14 +80,7 @@ def _publish_for_slot(
     request_id: str,
 ) -> None:
     request = task.request
-    log.info(
-        "task %s[%s]: rate limit %r (%s) is full; published again to start in %.2fs",
-        task.name,
-        task_id,
-        name,
-        options.rate,
-        delay,
-    )
+    outcomes.rate_full(task.name, task_id, name, options.rate, delay)
     lock_conflict.send(sender=task, task_id=task_id, lock=name, action="rate", holders=[])
     headers = {**(request.headers or {}), RATE_HEADER: request_id}
     try:

@@ -11,6 +11,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import (
     beat_init,
+    celeryd_after_setup,
     task_postrun,
     task_revoked,
     worker_init,
@@ -20,6 +21,7 @@ from celery.signals import (
 )
 from celery.utils.imports import symbol_by_name
 
+from ...core.reach import check_at_start
 from ...errors import LockConfigError
 from . import settings
 from ._compat import is_test_worker, names_locked_task
@@ -31,7 +33,7 @@ from .kind import LockAware, is_locked_task
 from .line import start_sweeping, stop_sweeping, uses_line
 from .parent import LockRequest
 from .publish import wrap_send_task
-from .registry import publish_specs
+from .registry import Spec, publish_specs
 from .revoke import release_revoked, wrap_revoke
 from .settings import check_app
 
@@ -84,6 +86,7 @@ def connect_receivers() -> None:
             (worker_process_shutdown, _release_at_shutdown),
             (worker_init, _freeze_settings),
             (worker_init, _check_at_worker_start),
+            (celeryd_after_setup, _check_lock_redis),
             (worker_init, wrap_revoke),
             (worker_init, enable_at_worker_start),
             (worker_ready, start_sweeping),
@@ -177,9 +180,38 @@ def _check_at_worker_start(sender: Any = None, **_: Any) -> None:
         check_worker_app(app)
     except LockConfigError as exc:
         refuse_to_start(exc)
-    # Producers that cannot import a unique task (beat, services sending by name) read its
-    # options from Redis: publish them.
-    publish_specs(app)
+    if is_test_worker(sender):
+        # (no celeryd_after_setup for a worker inside a test process: see _check_lock_redis)
+        publish_specs(app)
+
+
+def _check_lock_redis(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    # celeryd_after_setup: in the worker's main process, once its logging is set up (it is
+    # not yet at worker_init, where an INFO line went nowhere) and before its pool starts.
+    app = getattr(instance, "app", None)
+    if not isinstance(app, Celery) or not _uses_locks(app):
+        return
+    conf = settings.settings_for(app)
+    if conf.disabled:
+        return  # (said at worker_init)
+    try:
+        client = settings.client_for(app, conf)
+    except Exception:  # no Redis for locks: check_worker_app refused or warned already
+        return
+    unique = any(is_locked_task(t) and Spec.of(t) is not None for t in app.tasks.values())
+    also = (
+        "; the unique tasks' options are not published for producers that send them by name "
+        "(beat), which publish them unchecked until a worker starts with it answering"
+        if unique
+        else ""
+    )
+    answered = check_at_start(
+        client, policy=conf.on_backend_error, setting="redislock_on_backend_error", also=also
+    )
+    if answered:
+        # Producers that cannot import a unique task (beat, services sending by name) read
+        # its options from Redis: publish them.
+        publish_specs(app)
 
 
 def _beat_publishes_unique(sender: Any = None, **_: Any) -> None:

@@ -11,10 +11,10 @@ on RQ 2.1 and 3.0: status ``scheduled``, off the queue, its result not written.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ...core import outcomes
 from ...core.lease import Lease
 from ...core.line import Parked, park
 from ...core.lock import Lock
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from .running import _Run
 
 __all__ = ["expired", "line_full", "parked", "take_in_line", "wait_ended"]
-
-log = logging.getLogger(__name__)
 
 # The fallback: a parked job nobody puts back (its line lost with the lock Redis, no sweeper
 # running) is run by RQ's scheduler this long after its wait and hand-over window would have
@@ -67,14 +65,7 @@ def parked(run: _Run, lock: Lock, place: Parked) -> Retry:
     job, options = run.job, run.spec.lock
     assert job is not None and options is not None
     holders = run.holder_ids(lock)
-    log.info(
-        "job %s[%s] parked in the task line of lock %r (%d waiting): held by %s",
-        run.spec.name,
-        run.job_id,
-        lock.name,
-        place.parked,
-        ", ".join(holders) or "a job that just finished",
-    )
+    outcomes.parked(run.spec.name, run.job_id, lock.name, place.parked, holders)
     window = run.settings.line_handover_window
     now = time.time()
     before = line_of(job)
@@ -94,13 +85,7 @@ def expired(run: _Run, lock: Lock) -> NoReturn:
     """Its wait passed ``max_wait``: the job fails with :class:`LockNotAcquired`, not run."""
     job, options = run.job, run.spec.lock
     assert job is not None and options is not None
-    log.warning(
-        "job %s[%s] not run: it waited in the task line of lock %r longer than max_wait (%gs)",
-        run.spec.name,
-        run.job_id,
-        lock.name,
-        options.max_wait,
-    )
+    outcomes.line_expired(run.spec.name, run.job_id, lock.name, options.max_wait)
     holders = run.holder_ids(lock)
     job.meta.pop(LINE_META, None)  # an RQ retry of this failure starts afresh
     run.mark("expired", lock.name, holders)
@@ -117,13 +102,7 @@ def expired(run: _Run, lock: Lock) -> NoReturn:
 def line_full(run: _Run, lock: Lock, exc: LineFull) -> NoReturn:
     """The line holds ``max_waiting`` parked jobs: the job fails with :class:`LineFull`."""
     holders = run.holder_ids(lock)
-    log.warning(
-        "job %s[%s] not run: the task line of lock %r is full (%d parked)",
-        run.spec.name,
-        run.job_id,
-        lock.name,
-        exc.parked,
-    )
+    outcomes.line_full(run.spec.name, run.job_id, lock.name, exc.parked)
     if run.job is not None:
         run.job.meta.pop(LINE_META, None)
     run.mark("full", lock.name, holders)

@@ -5,12 +5,12 @@ rest in place."""
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 import uuid
 from typing import TYPE_CHECKING
 
+from ...core import outcomes
 from ...core.naming import lock_name
 from ...core.rate import RateLimit
 from ...errors import LockBackendError, LockNotAcquired
@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     from .running import _Run
 
 __all__ = ["RATE_META", "take_rate_slot"]
-
-log = logging.getLogger(__name__)
 
 RATE_META = "redislock_rate"
 """``job.meta`` key: the request id holding the job's reserved slot while it waits for it."""
@@ -71,14 +69,7 @@ def take_rate_slot(run: _Run) -> object:
             del job.meta[RATE_META]
             save_meta(job)
         return None
-    log.info(
-        "job %s[%s]: rate limit %r (%s) is full; it comes back for its slot in %.2fs",
-        spec.name,
-        run.job_id,
-        name,
-        options.rate,
-        slot.delay,
-    )
+    outcomes.rate_full(spec.name, run.job_id, name, options.rate, slot.delay)
     run.signal_conflict(name, "rate", [])
     job.meta[RATE_META] = request_id
     save_meta(job)

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ...core import outcomes
 from ...core.backoff import conflict_delay, first_delivery_delay
 from ...core.claims import ClaimKind, claim, claim_holder_action, release_claim
 from ...core.heartbeat import Heartbeat
@@ -28,6 +29,7 @@ from ...errors import (
 from . import parking
 from ._compat import Job, Retry, current_job, retries_left, retry_after, save_meta
 from .line import LINE_META, PutBack, line_of
+from .logs import to_worker_log
 from .rate import take_rate_slot
 from .settings import Settings, client_for
 from .signals import lock_acquired, lock_backend_error, lock_conflict, lock_lost, lock_released
@@ -127,7 +129,7 @@ class _Run:
                     job=self.job_id if job is not None else None,
                 )
         except JobFinished:
-            log.info("job %s[%s] dropped: a copy of it already ran", spec.name, self.job_id)
+            outcomes.dropped(spec.name, self.job_id, name)
             self.mark("finished", name, [self.job_id])
             self.signal_conflict(name, "drop", [self.job_id])
             return SKIPPED
@@ -185,13 +187,7 @@ class _Run:
         return None if timeout == -1 else float(timeout) + _KILL_GRACE
 
     def on_lost(self, lost: Lease, error: BaseException | None) -> None:
-        log.error(
-            "job %s[%s]: lease on lock %r lost%s; the job goes on without it",
-            self.spec.name,
-            self.job_id,
-            lost.name,
-            f" ({error})" if error else "",
-        )
+        outcomes.lease_lost(self.spec.name, self.job_id, lost.name, error)
         if lock_lost.receivers:
             lock_lost.send(sender=self.spec.name, task_id=self.job_id, lease=lost, error=error)
 
@@ -238,13 +234,7 @@ class _Run:
         assert self.job is not None
         waits = self.bump(_WAITS_META)
         delay = first_delivery_delay(lock.ttl, expires_in, waits)
-        log.info(
-            "job %s[%s]: another copy of this job holds lock %r; this one looks again in %.0fs",
-            self.spec.name,
-            self.job_id,
-            lock.name,
-            max(1, round(delay)),
-        )
+        outcomes.awaits_first(self.spec.name, self.job_id, lock.name, max(1, round(delay)))
         self.keep_claim(delay)
         self.signal_conflict(lock.name, "await", [self.job_id])
         return retry_after(self.job, delay)
@@ -263,7 +253,7 @@ class _Run:
         spec, options = self.spec, self.spec.lock
         assert options is not None
         holders = self.holder_ids(lock)
-        held_by = ", ".join(holders) or "a job that just finished"
+        held_by = outcomes.held_by(holders)
         unique = spec.unique
         if unique is not None and unique.queued and self.job is not None:
             was = action
@@ -280,7 +270,7 @@ class _Run:
         why = f"lock {lock.name!r} is held by {held_by}"
         self.signal_conflict(lock.name, action, holders)
         if action == "skip":
-            log.info("job %s[%s] skipped: %s", spec.name, self.job_id, why)
+            outcomes.skipped(spec.name, self.job_id, lock.name, holders)
             self.mark("skipped", lock.name, holders)
             self.end_claim()
             return SKIPPED
@@ -292,9 +282,10 @@ class _Run:
             if conflicts < limit:
                 self.bump(_CONFLICTS_META)
                 delay = conflict_delay(options.countdown, conflicts)
-                log.info("job %s[%s] retries in %.0fs: %s", spec.name, self.job_id, delay, why)
+                retry = retry_after(self.job, delay)
+                outcomes.retries(spec.name, self.job_id, retry.intervals[0], why)
                 self.keep_claim(delay)
-                return retry_after(self.job, delay)
+                return retry
             why = f"gave up after {conflicts} conflict retries: {why}"
         waited = f" after waiting {options.timeout}s" if action == "wait" else ""
         self.end_claim()
@@ -311,18 +302,15 @@ class _Run:
                 sender=self.spec.name, task_id=self.job_id, lock=name, error=exc, policy=policy
             )
         if policy == "run":
-            log.error(
-                "job %s[%s] runs WITHOUT lock %r: Redis failed: %s",
-                self.spec.name,
-                self.job_id,
-                name,
-                exc,
-            )
+            outcomes.runs_unlocked(self.spec.name, self.job_id, name, exc)
             return None
         if policy == "retry" and self.job is not None:
             assert self.spec.lock is not None
             conflicts = self.bump(_CONFLICTS_META)
-            return retry_after(self.job, conflict_delay(self.spec.lock.countdown, conflicts))
+            retry = retry_after(self.job, conflict_delay(self.spec.lock.countdown, conflicts))
+            why = f"Redis for lock {name!r} failed: {exc}"
+            outcomes.retries(self.spec.name, self.job_id, retry.intervals[0], why)
+            return retry
         self.end_claim()
         raise exc
 
@@ -388,13 +376,7 @@ class _Run:
             or _WAITS_META in meta
         ):
             return None  # a retry runs even though a newer copy was enqueued after it started
-        log.info(
-            "job %s[%s] skipped: superseded by %s under unique key %r",
-            self.spec.name,
-            self.job_id,
-            holder,
-            name,
-        )
+        outcomes.superseded(self.spec.name, self.job_id, holder, name)
         self.mark("superseded", name, [holder])
         self.signal_conflict(name, "superseded", [holder])
         return holder
@@ -452,6 +434,7 @@ def run(
     spec: JobSpec, fun: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> Any:
     """Runs one call of a locked job: see the module's docstring."""
+    to_worker_log()  # (a plain rq Worker: its horse's first job; cheap after)
     if spec.settings.disabled:
         _say_disabled()
         return fun(*args, **kwargs)

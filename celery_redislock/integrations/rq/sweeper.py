@@ -14,6 +14,8 @@ import threading
 
 from ...core.lease import RedisClient
 from ...core.line import sweep_lines
+from ...core.reach import where
+from ...core.repeated import RepeatedFailure
 from ...errors import LockBackendError
 from .line import PutBack
 
@@ -47,6 +49,8 @@ class Sweeper:
         self._thread.start()
 
     def _run(self) -> None:
+        # Each interval while Redis is down: logged once, then summed up.
+        failures = RepeatedFailure(log, f"task line sweep on {where(self.client)}")
         while not self._stop.wait(self.interval):
             try:
                 sweep_lines(
@@ -56,9 +60,11 @@ class Sweeper:
                     handover_window=self.put_back.handover_window,
                 )
             except LockBackendError as exc:
-                log.warning("task lines: sweep failed (tried again): %s", exc)
+                failures.failed(exc)
             except Exception:
                 log.exception("task lines: sweep failed (tried again)")
+            else:
+                failures.worked()
 
     def stop(self) -> None:
         self._stop.set()

@@ -9,10 +9,12 @@ import time
 from typing import Any
 
 from ...core.childwatch import alive
+from ...core.reach import check_at_start
 from ...errors import LockBackendError, LockConfigError
 from ._compat import Job, SpawnWorker, Worker
 from .job import lock_for_job
 from .line import PutBack
+from .logs import to_worker_log
 from .settings import Settings, client_for, default_settings
 from .sweeper import Sweeper
 
@@ -41,6 +43,7 @@ class ReleasesDeadHorses:
     _redislock_status: int | None = None
 
     def work(self, *args: Any, **kwargs: Any) -> Any:
+        to_worker_log()  # (``rq worker`` set its log up already; a Worker made in code has not)
         settings = default_settings()
         if settings.disabled:
             log.error(
@@ -53,6 +56,22 @@ class ReleasesDeadHorses:
         finally:
             if sweeper is not None:
                 sweeper.stop()
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        # RQ sets its log up here (for a worker made in code, only here), before its first job.
+        super().bootstrap(*args, **kwargs)  # type: ignore[misc]
+        to_worker_log()
+        settings = default_settings()
+        if settings.disabled:
+            return
+        try:
+            client = client_for(settings, self.connection)  # type: ignore[attr-defined]
+        except LockConfigError as exc:
+            log.error("no lock Redis for this worker's jobs: %s", exc)
+            return
+        check_at_start(
+            client, policy=settings.on_backend_error, setting="REDISLOCK_ON_BACKEND_ERROR"
+        )
 
     def _redislock_sweeper(self, settings: Settings) -> Sweeper | None:
         """Starts sweeping the task lines of the environment's settings (their namespace, on
