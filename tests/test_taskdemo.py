@@ -89,6 +89,15 @@ def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
     for case in cases.values():
         assert case["fences"] == case["ran"]
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    # The picture shows every run, and what the locks kept from running, as the summary counts.
+    drawn = summary["drawn"]
+    assert set(drawn) == set(cases)
+    for name, case in cases.items():
+        assert drawn[name]["runs"] == case["ran"], name
+        assert drawn[name].get("retry", 0) == case["retried"], name
+    assert drawn["singleton"]["refused"] == singleton["notes"]["not published (duplicates)"]
+    assert drawn["rq-singleton"]["refused"] == rq_singleton["notes"]["not enqueued (duplicates)"]
+    assert drawn["line"]["parked"] == line["notes"]["waited in line"]
     assert _demo_processes() == []
 
 

@@ -55,21 +55,22 @@ class _Progress:
             print("\r" + " " * 40 + "\r", end="", flush=True)
 
 
-def _print(outcomes: Sequence[Any]) -> None:
+def summary_lines(outcomes: Sequence[Any]) -> list[str]:
+    """The summary as printed: a line per use case, then its notes."""
     head = f"  {'use case':<13} {'sent':>5} {'queued':>6} {'ran':>5} {'skipped':>7} "
-    print(head + f"{'retried':>7}  {'max at once (allowed)':>21} {'fences':>6}  verdict")
+    lines = [head + f"{'retried':>7}  {'max at once (allowed)':>21} {'fences':>6}  verdict"]
     for o in outcomes:
         together = f"{o.max_together} ({o.allowed})"
         verdict = (
             "ok" if o.passed else "FAILED: " + ", ".join(k for k, v in o.checks.items() if not v)
         )
-        print(
+        lines.append(
             f"  {o.case:<13} {o.sent:>5} {o.queued:>6} {o.ran:>5} {o.skipped:>7} {o.retried:>7}  "
             f"{together:>21} {o.fences:>6}  {verdict}"
         )
     for o in outcomes:
-        for name, value in o.notes.items():
-            print(f"  {o.case}: {name}: {value}")
+        lines += [f"  {o.case}: {name}: {value}" for name, value in o.notes.items()]
+    return lines
 
 
 def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
@@ -77,11 +78,14 @@ def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     os.environ["REDIS_URL"] = url
     scale = "0.5" if args.quick else "1"
     os.environ["TASKDEMO_SCALE"] = scale
+    from .._common.runs import load_events
     from ..rq.cases import load as load_rq
     from ..rq.cases import run_cases as run_rq_cases
+    from ..rq.jobs import EVENTS as RQ_EVENTS
+    from .app import EVENTS
     from .cases import CASES, FULL, QUICK
     from .runs import load
-    from .timeline import draw
+    from .timeline import draw, panels
     from .workers import start_workers
 
     client = redis.Redis.from_url(url)
@@ -103,16 +107,23 @@ def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     # The same use cases on RQ, judged alike and drawn in the same picture.
     outcomes += run_rq_cases(url, args.quick, log_dir, progress, progress.end)
     print()
-    _print(outcomes)
+    lines = summary_lines(outcomes)
+    print("\n".join(lines))
     runs = [*load(client), *load_rq(client)]
-    drawn = draw(runs, [o.case for o in outcomes], args.png, _kill_times(runs, outcomes))
+    events = [*load_events(client, EVENTS), *load_events(client, RQ_EVENTS)]
+    cases = [o.case for o in outcomes]
+    allowed = {o.case: o.allowed for o in outcomes}
+    shown = panels(runs, events, cases, _kill_times(runs, outcomes), allowed)
+    drawn = draw(shown, args.png, "\n".join(lines))
     print(f"\ntimeline: {args.png}" if drawn else "\ntimeline: skipped (pip install matplotlib)")
+    passed = all(o.passed for o in outcomes)
 
     return {
-        "passed": all(o.passed for o in outcomes),
+        "passed": passed,
         "seconds": round(time.monotonic() - started, 1),
         "workers": list(WORKERS),
         "timeline": str(args.png) if drawn else None,
+        "drawn": {p.case: p.counts() for p in shown},
         "cases": {o.case: {**asdict(o), "passed": o.passed} for o in outcomes},
     }
 
