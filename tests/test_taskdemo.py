@@ -1,27 +1,34 @@
 """The Celery demo, run as a user runs it: ``python -m demos.celery --quick``.
 
-Assertions are on its JSON summary and on processes, never on the printed wording.
+Assertions are on its JSON summary and on processes; the printed summary only against the
+sample in docs/examples.md, numbers aside (the docs show what the demo prints, use cases,
+notes and verdicts alike: ``python -m demos.celery --write-docs`` writes them again).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import wait_for
 from helpers import alive, processes
+from PIL import Image
 
 from celery_redislock.contrib.redis_server import RedisServer
 
 DEMO = [sys.executable, "-m", "demos.celery", "--quick"]
 ROOT = Path(__file__).resolve().parent.parent  # demos/ is in the checkout, not installed
+SAMPLE_PAGE, SAMPLE_PNG = ROOT / "docs" / "examples.md", ROOT / "docs" / "demo-timeline.png"
+BEGIN = "<!-- demo output: written by python -m demos.celery --write-docs -->"
+END = "<!-- end of demo output -->"
 
 
 def _env(redis_url: str) -> dict[str, str]:
@@ -36,6 +43,33 @@ def demo_redis() -> Iterator[RedisServer]:
     """One Redis version is enough here: the lock core runs on each elsewhere."""
     with RedisServer() as server:
         yield server
+
+
+def _printed_summary(stdout: str) -> list[str]:
+    """The summary the demo printed: from the table's head to the blank line after the notes."""
+    lines = stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("  use case "))
+    return lines[first : lines.index("", first)]
+
+
+def _sample() -> list[str]:
+    """The summary in docs/examples.md: the ``text`` block between the markers."""
+    page = SAMPLE_PAGE.read_text()
+    found = re.findall(re.escape(BEGIN) + r"\s*```text\n(.*?)\n```\s*" + re.escape(END), page,
+                       re.DOTALL)  # fmt: skip
+    assert len(found) == 1, f"{SAMPLE_PAGE}: one text block between {BEGIN!r} and {END!r}"
+    return str(found[0]).split("\n")
+
+
+def _shape(lines: Sequence[str]) -> list[str]:
+    """The lines with every number masked and spaces squeezed (column widths follow the
+    numbers): what stays is the use cases, their order, the notes' names and the verdicts."""
+    return [" ".join(re.sub(r"\d+(\.\d+)?", "#", line).split()) for line in lines]
+
+
+def _png_description(path: Path) -> str:
+    with Image.open(path) as image:
+        return str(image.info.get("Description", ""))
 
 
 def _demo_processes() -> list[int]:
@@ -98,7 +132,49 @@ def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
     assert drawn["singleton"]["refused"] == singleton["notes"]["not published (duplicates)"]
     assert drawn["rq-singleton"]["refused"] == rq_singleton["notes"]["not enqueued (duplicates)"]
     assert drawn["line"]["parked"] == line["notes"]["waited in line"]
+    # What it printed is what the docs show (numbers aside), and the picture beside it comes
+    # from the same run as the sample: else `python -m demos.celery --write-docs`.
+    printed = _printed_summary(done.stdout)
+    assert _png_description(png) == "\n".join(printed)
+    assert _shape(printed) == _shape(_sample()), (
+        "docs/examples.md's demo output is not what the demo prints: "
+        "python -m demos.celery --write-docs"
+    )
+    assert _png_description(SAMPLE_PNG) == "\n".join(_sample()), (
+        "docs/demo-timeline.png is not from the run that wrote the sample: "
+        "python -m demos.celery --write-docs"
+    )
     assert _demo_processes() == []
+
+
+def test_docs_are_written_between_the_markers_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--write-docs`` replaces the block between the markers and nothing else, and refuses a
+    page without them, or with them twice."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from demos.celery.cli import write_sample
+
+    page = tmp_path / "page.md"
+    page.write_text(f"# Before\n\n{BEGIN}\n\nold\n\n{END}\n\nAfter.\n")
+    write_sample(page, ["  a 1", "  b: 2"])
+    assert page.read_text() == (
+        f"# Before\n\n{BEGIN}\n\n```text\n  a 1\n  b: 2\n```\n\n{END}\n\nAfter.\n"
+    )
+    page.write_text(f"{BEGIN}\n{END}\n{BEGIN}\n{END}\n")
+    with pytest.raises(ValueError, match="markers"):
+        write_sample(page, ["x"])
+    page.write_text("no markers\n")
+    with pytest.raises(ValueError, match="markers"):
+        write_sample(page, ["x"])
+    assert page.read_text() == "no markers\n"
+
+
+def test_write_docs_needs_the_full_demo() -> None:
+    done = subprocess.run(
+        [*DEMO, "--write-docs"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "not with --quick" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("during", ["- per-customer", "- rq-recovery"])

@@ -1,10 +1,11 @@
-"""The command line: ``python -m demos.celery [--quick] [--json P] [--png P]``."""
+"""The command line: ``python -m demos.celery [--quick] [--json P] [--png P] [--write-docs]``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -22,6 +23,13 @@ from .._common.processes import sigterm_as_interrupt
 WORKERS = ("demo1", "demo2")
 CONCURRENCY = 2
 
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+"""The checkout's docs: ``--write-docs`` writes the sample output into ``examples.md``,
+between the two markers, and the picture beside it."""
+SAMPLE_PAGE, SAMPLE_PNG = DOCS / "examples.md", DOCS / "demo-timeline.png"
+BEGIN = "<!-- demo output: written by python -m demos.celery --write-docs -->"
+END = "<!-- end of demo output -->"
+
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -35,7 +43,17 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--png", metavar="PATH", type=Path, default=Path("demo-timeline.png"),
         help="the timeline picture (default: %(default)s; needs matplotlib)",
     )  # fmt: skip
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--write-docs", action="store_true",
+        help=f"if every use case held, write the summary into {SAMPLE_PAGE.name} (between its "
+        f"markers) and the picture to {SAMPLE_PNG.relative_to(DOCS.parent)} (not with --quick)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.write_docs:
+        if args.quick:
+            parser.error("--write-docs writes what the full demo shows: not with --quick")
+        args.png = SAMPLE_PNG
+    return args
 
 
 class _Progress:
@@ -71,6 +89,17 @@ def summary_lines(outcomes: Sequence[Any]) -> list[str]:
     for o in outcomes:
         lines += [f"  {o.case}: {name}: {value}" for name, value in o.notes.items()]
     return lines
+
+
+def write_sample(page: Path, lines: Sequence[str]) -> None:
+    """Puts ``lines`` in a ``text`` block between the page's markers, in place of what was
+    there."""
+    text = page.read_text()
+    block = "\n".join([BEGIN, "", "```text", *lines, "```", "", END])
+    found = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
+    if len(found.findall(text)) != 1:
+        raise ValueError(f"{page}: expected the markers {BEGIN!r} ... {END!r} once")
+    page.write_text(found.sub(lambda _: block, text))
 
 
 def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
@@ -117,6 +146,11 @@ def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     drawn = draw(shown, args.png, "\n".join(lines))
     print(f"\ntimeline: {args.png}" if drawn else "\ntimeline: skipped (pip install matplotlib)")
     passed = all(o.passed for o in outcomes)
+    if args.write_docs and drawn and passed:
+        write_sample(SAMPLE_PAGE, lines)
+        print(f"sample output: {SAMPLE_PAGE}")
+    elif args.write_docs:
+        print("docs not written: " + ("a use case failed" if drawn else "no picture"))
 
     return {
         "passed": passed,
