@@ -13,7 +13,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,42 @@ def _shape(lines: Sequence[str]) -> list[str]:
     return [" ".join(re.sub(r"\d+(\.\d+)?", "#", line).split()) for line in lines]
 
 
+FIGURES = ("sent", "queued", "ran", "skipped", "retried", "max_together", "allowed", "fences")
+ROW = re.compile(r"  (\S+)" + r"\s+(\d+)" * 6 + r" \((\d+)\)\s+(\d+)  (.*)")
+
+
+def _table(summary: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The printed summary's table: use case -> its figures, under the JSON summary's names."""
+    rows = [ROW.fullmatch(line) for line in summary[1:]]
+    return {
+        m[1]: {**dict(zip(FIGURES, map(int, m.groups()[1:-1]), strict=True)), "verdict": m[10]}
+        for m in rows
+        if m is not None
+    }
+
+
+def _check_figures(cases: Mapping[str, Mapping[str, Any]]) -> None:
+    """What every run's figures show (this run's, and the docs' sample's)."""
+    assert set(cases) == {
+        *("singleton", "per-customer", "cap", "read-write", "line", "recovery"),
+        *("rq-singleton", "rq-cap", "rq-recovery"),
+    }
+    singleton = cases["singleton"]
+    assert singleton["queued"] == 1 and singleton["ran"] == 1 and singleton["sent"] > 1
+    assert cases["per-customer"]["max_together"] == 1
+    assert cases["cap"]["max_together"] == cases["cap"]["allowed"] == 3
+    assert cases["cap"]["retried"] == 0  # the cap drains through its task line
+    line = cases["line"]
+    assert line["ran"] == line["sent"] and line["max_together"] == 1 and line["retried"] == 0
+    rq_singleton = cases["rq-singleton"]
+    assert rq_singleton["queued"] == 1 and rq_singleton["ran"] == 1 and rq_singleton["sent"] > 1
+    assert cases["rq-cap"]["max_together"] == cases["rq-cap"]["allowed"] == 3
+    assert cases["rq-cap"]["ran"] == cases["rq-cap"]["sent"]
+    assert cases["rq-recovery"]["ran"] == 2
+    for case in cases.values():
+        assert case["fences"] == case["ran"]
+
+
 def _png_description(path: Path) -> str:
     with Image.open(path) as image:
         return str(image.info.get("Description", ""))
@@ -96,32 +132,16 @@ def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     summary: dict[str, Any] = json.loads(summary_path.read_text())
     cases = summary["cases"]
-    assert set(cases) == {
-        *("singleton", "per-customer", "cap", "read-write", "line", "recovery"),
-        *("rq-singleton", "rq-cap", "rq-recovery"),
-    }
+    _check_figures(cases)
     assert all(case["passed"] for case in cases.values())
-    singleton = cases["singleton"]
-    assert singleton["queued"] == 1 and singleton["ran"] == 1 and singleton["sent"] > 1
-    assert cases["per-customer"]["max_together"] == 1
+    singleton, line, rq_singleton = cases["singleton"], cases["line"], cases["rq-singleton"]
     assert cases["per-customer"]["notes"]["customers in progress at once (max)"] > 1
-    assert cases["cap"]["max_together"] == cases["cap"]["allowed"] == 3
-    assert cases["cap"]["retried"] == 0  # the cap drains through its task line
-    line = cases["line"]
-    assert line["ran"] == line["sent"] and line["max_together"] == 1 and line["retried"] == 0
     assert line["notes"]["waited in line"] > 0
     assert cases["read-write"]["notes"]["reader beside a writer"] == 0
     assert cases["read-write"]["notes"]["readers at once (max)"] > 1
     assert 0 < cases["recovery"]["notes"]["recovery seconds"] < 5
-    rq_singleton = cases["rq-singleton"]
-    assert rq_singleton["queued"] == 1 and rq_singleton["ran"] == 1 and rq_singleton["sent"] > 1
-    assert cases["rq-cap"]["max_together"] == cases["rq-cap"]["allowed"] == 3
-    assert cases["rq-cap"]["ran"] == cases["rq-cap"]["sent"]
     # Well within the lease's ttl (10 s): the dead horse's worker released it.
     assert 0 < cases["rq-recovery"]["notes"]["recovery seconds"] < 5
-    assert cases["rq-recovery"]["ran"] == 2
-    for case in cases.values():
-        assert case["fences"] == case["ran"]
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
     # The picture shows every run, and what the locks kept from running, as the summary counts.
     drawn = summary["drawn"]
@@ -132,14 +152,19 @@ def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
     assert drawn["singleton"]["refused"] == singleton["notes"]["not published (duplicates)"]
     assert drawn["rq-singleton"]["refused"] == rq_singleton["notes"]["not enqueued (duplicates)"]
     assert drawn["line"]["parked"] == line["notes"]["waited in line"]
-    # What it printed is what the docs show (numbers aside), and the picture beside it comes
-    # from the same run as the sample: else `python -m demos.celery --write-docs`.
+    # What it printed is what the docs show (numbers aside, but the sample's hold as this
+    # run's do), and the picture beside it comes from the same run as the sample: else
+    # `python -m demos.celery --write-docs`.
     printed = _printed_summary(done.stdout)
     assert _png_description(png) == "\n".join(printed)
+    assert _table(printed) == {
+        name: {**{k: case[k] for k in FIGURES}, "verdict": "ok"} for name, case in cases.items()
+    }
     assert _shape(printed) == _shape(_sample()), (
         "docs/examples.md's demo output is not what the demo prints: "
         "python -m demos.celery --write-docs"
     )
+    _check_figures(_table(_sample()))
     assert _png_description(SAMPLE_PNG) == "\n".join(_sample()), (
         "docs/demo-timeline.png is not from the run that wrote the sample: "
         "python -m demos.celery --write-docs"
