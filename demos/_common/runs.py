@@ -1,20 +1,32 @@
 """What the task demo's jobs note and how a use case is summed up, for Celery and RQ alike:
-:class:`TaskRun` (one run, as a span in time), :class:`Outcome` (a use case's figures and
-checks) and :func:`judge_runs` (the checks every use case makes on its runs)."""
+:class:`TaskRun` (one run, as a span in time), :class:`Event` (a call kept from running, or
+a lease taken after a wait), :class:`Outcome` (a use case's figures and checks) and
+:func:`judge_runs` (the checks every use case makes on its runs)."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
 
 from .spans import Span, most_at_once
 
-__all__ = ["Outcome", "TaskRun", "by_key", "judge_runs", "load_runs", "spans"]
+__all__ = [
+    "Event",
+    "Outcome",
+    "TaskRun",
+    "by_key",
+    "judge_runs",
+    "load_events",
+    "load_runs",
+    "note_event",
+    "spans",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +55,34 @@ class TaskRun:
     def process(self) -> str:
         """Who ran it, as the timeline colours it: a pool process, or an RQ worker's horses."""
         return f"{self.worker} (a horse per job)" if self.horse else f"{self.worker} pid {self.pid}"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """What the lock did to a call, from the ``lock_conflict`` and ``lock_acquired`` signals.
+
+    ``action`` is the conflict's (``existing``: a unique call refused as it was published;
+    ``queue``: parked in the lock's task line; ``retry``, ``skip``...), or ``acquired``: the
+    lease was taken at ``at`` after ``waited`` seconds (in the lock's line, or parked in its
+    task line since the task first parked)."""
+
+    case: str
+    action: str
+    task_id: str
+    at: float
+    waited: float = 0.0
+
+
+def note_event(client: redis.Redis, key: str, case: str, action: str, task_id: str,
+               waited: float = 0.0) -> None:  # fmt: skip
+    """Appends an :class:`Event` happening now to the list ``key``."""
+    event = Event(case, action, task_id, time.time(), waited)
+    client.rpush(key, json.dumps(asdict(event)))
+
+
+def load_events(client: redis.Redis, key: str) -> list[Event]:
+    """The events noted on the list ``key``."""
+    return [Event(**json.loads(raw)) for raw in client.lrange(key, 0, -1)]
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Workers run it as ``celery -A demos.celery.app worker``. Broker, results and locks
 are all on ``REDIS_URL``. Every run of a task appends an interval (use case, key, worker, pid,
 fence, start and end in wall-clock seconds) to a Redis list; every lock conflict counts its
-action. The demo's producer reads both to judge and draw what happened.
+action, and notes it as an event (when, which task), as does every lease taken after a wait.
+The demo's producer reads them to judge and draw what happened.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_redislock import install, lock_conflict
+from celery_redislock import install, lock_acquired, lock_conflict
+
+from .._common.runs import note_event
 
 URL = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
 INTERVALS = "taskdemo:intervals"
 ACTIONS = "taskdemo:actions"  # hash: "<case>:<action>" -> count
+EVENTS = "taskdemo:events"  # conflicts and waits, as demos._common.runs.Event
 # Work per run, in seconds; the quick demo halves it.
 SCALE = float(os.environ.get("TASKDEMO_SCALE", "1"))
 
@@ -125,9 +129,21 @@ def post_ledger(self: Any, account: str, n: int) -> int:
     return n
 
 
-def _count(sender: Any = None, action: str = "", **_: Any) -> None:
-    case = getattr(sender, "demo_case", None) or getattr(sender, "name", "?")
-    r.hincrby(ACTIONS, f"{case}:{action}", 1)
+def _case_of(sender: Any) -> str:
+    return str(getattr(sender, "demo_case", None) or getattr(sender, "name", "?"))
+
+
+def _count(sender: Any = None, action: str = "", task_id: str = "", **_: Any) -> None:
+    r.hincrby(ACTIONS, f"{_case_of(sender)}:{action}", 1)
+    note_event(r, EVENTS, _case_of(sender), action, task_id)
+
+
+def _acquired(sender: Any = None, task_id: str = "", waited: float = 0.0, **_: Any) -> None:
+    # Only a task that may wait for its lock: another one's ``waited`` is the acquire's own
+    # time (a new process's first call connects), not a wait.
+    options = getattr(sender, "lock_options", None)
+    if options is not None and options.on_conflict in ("wait", "queue"):
+        note_event(r, EVENTS, _case_of(sender), "acquired", task_id, waited)
 
 
 for _task, _case in (
@@ -141,3 +157,4 @@ for _task, _case in (
 ):
     _task.demo_case = _case
 lock_conflict.connect(_count, weak=False)
+lock_acquired.connect(_acquired, weak=False)

@@ -1,10 +1,11 @@
-"""The command line: ``python -m demos.celery [--quick] [--json P] [--png P]``."""
+"""The command line: ``python -m demos.celery [--quick] [--json P] [--png P] [--write-docs]``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -22,6 +23,13 @@ from .._common.processes import sigterm_as_interrupt
 WORKERS = ("demo1", "demo2")
 CONCURRENCY = 2
 
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+"""The checkout's docs: ``--write-docs`` writes the sample output into ``examples.md``,
+between the two markers, and the picture beside it."""
+SAMPLE_PAGE, SAMPLE_PNG = DOCS / "examples.md", DOCS / "demo-timeline.png"
+BEGIN = "<!-- demo output: written by python -m demos.celery --write-docs -->"
+END = "<!-- end of demo output -->"
+
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -35,7 +43,17 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--png", metavar="PATH", type=Path, default=Path("demo-timeline.png"),
         help="the timeline picture (default: %(default)s; needs matplotlib)",
     )  # fmt: skip
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--write-docs", action="store_true",
+        help=f"if every use case held, write the summary into {SAMPLE_PAGE.name} (between its "
+        f"markers) and the picture to {SAMPLE_PNG.relative_to(DOCS.parent)} (not with --quick)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.write_docs:
+        if args.quick:
+            parser.error("--write-docs writes what the full demo shows: not with --quick")
+        args.png = SAMPLE_PNG
+    return args
 
 
 class _Progress:
@@ -55,21 +73,33 @@ class _Progress:
             print("\r" + " " * 40 + "\r", end="", flush=True)
 
 
-def _print(outcomes: Sequence[Any]) -> None:
+def summary_lines(outcomes: Sequence[Any]) -> list[str]:
+    """The summary as printed: a line per use case, then its notes."""
     head = f"  {'use case':<13} {'sent':>5} {'queued':>6} {'ran':>5} {'skipped':>7} "
-    print(head + f"{'retried':>7}  {'max at once (allowed)':>21} {'fences':>6}  verdict")
+    lines = [head + f"{'retried':>7}  {'max at once (allowed)':>21} {'fences':>6}  verdict"]
     for o in outcomes:
         together = f"{o.max_together} ({o.allowed})"
         verdict = (
             "ok" if o.passed else "FAILED: " + ", ".join(k for k, v in o.checks.items() if not v)
         )
-        print(
+        lines.append(
             f"  {o.case:<13} {o.sent:>5} {o.queued:>6} {o.ran:>5} {o.skipped:>7} {o.retried:>7}  "
             f"{together:>21} {o.fences:>6}  {verdict}"
         )
     for o in outcomes:
-        for name, value in o.notes.items():
-            print(f"  {o.case}: {name}: {value}")
+        lines += [f"  {o.case}: {name}: {value}" for name, value in o.notes.items()]
+    return lines
+
+
+def write_sample(page: Path, lines: Sequence[str]) -> None:
+    """Puts ``lines`` in a ``text`` block between the page's markers, in place of what was
+    there."""
+    text = page.read_text()
+    block = "\n".join([BEGIN, "", "```text", *lines, "```", "", END])
+    found = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
+    if len(found.findall(text)) != 1:
+        raise ValueError(f"{page}: expected the markers {BEGIN!r} ... {END!r} once")
+    page.write_text(found.sub(lambda _: block, text))
 
 
 def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
@@ -77,11 +107,14 @@ def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     os.environ["REDIS_URL"] = url
     scale = "0.5" if args.quick else "1"
     os.environ["TASKDEMO_SCALE"] = scale
+    from .._common.runs import load_events
     from ..rq.cases import load as load_rq
     from ..rq.cases import run_cases as run_rq_cases
+    from ..rq.jobs import EVENTS as RQ_EVENTS
+    from .app import EVENTS
     from .cases import CASES, FULL, QUICK
     from .runs import load
-    from .timeline import draw
+    from .timeline import draw, panels
     from .workers import start_workers
 
     client = redis.Redis.from_url(url)
@@ -103,16 +136,28 @@ def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     # The same use cases on RQ, judged alike and drawn in the same picture.
     outcomes += run_rq_cases(url, args.quick, log_dir, progress, progress.end)
     print()
-    _print(outcomes)
+    lines = summary_lines(outcomes)
+    print("\n".join(lines))
     runs = [*load(client), *load_rq(client)]
-    drawn = draw(runs, [o.case for o in outcomes], args.png, _kill_times(runs, outcomes))
+    events = [*load_events(client, EVENTS), *load_events(client, RQ_EVENTS)]
+    cases = [o.case for o in outcomes]
+    allowed = {o.case: o.allowed for o in outcomes}
+    shown = panels(runs, events, cases, _kill_times(runs, outcomes), allowed)
+    drawn = draw(shown, args.png, "\n".join(lines))
     print(f"\ntimeline: {args.png}" if drawn else "\ntimeline: skipped (pip install matplotlib)")
+    passed = all(o.passed for o in outcomes)
+    if args.write_docs and drawn and passed:
+        write_sample(SAMPLE_PAGE, lines)
+        print(f"sample output: {SAMPLE_PAGE}")
+    elif args.write_docs:
+        print("docs not written: " + ("a use case failed" if drawn else "no picture"))
 
     return {
-        "passed": all(o.passed for o in outcomes),
+        "passed": passed,
         "seconds": round(time.monotonic() - started, 1),
         "workers": list(WORKERS),
         "timeline": str(args.png) if drawn else None,
+        "drawn": {p.case: p.counts() for p in shown},
         "cases": {o.case: {**asdict(o), "passed": o.passed} for o in outcomes},
     }
 

@@ -4,7 +4,9 @@ Workers run them as ``rq worker -w celery_redislock.integrations.rq.LockWorker r
 lock Redis is each job's own RQ connection. Every run appends an interval (use case, key,
 worker, horse pid, fence, start and end in wall-clock seconds) to a Redis list, in the format
 of the Celery part's runs (:class:`demos._common.runs.TaskRun`), so both are judged and drawn
-alike. Locks and unique claims live under the namespace ``rqdemo``, so one ``SCAN`` clears what
+alike; every lock conflict, and every lease taken after a wait, is noted as an
+:class:`~demos._common.runs.Event` (the enqueue's refusals in the producer). Locks and unique
+claims live under the namespace ``rqdemo``, so one ``SCAN`` clears what
 an earlier run left.
 """
 
@@ -15,18 +17,37 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
+import redis
 from rq import get_current_job
 
 from celery_redislock.core.admin import describe_lock
-from celery_redislock.integrations.rq import Settings, locked, spec_of
+from celery_redislock.integrations.rq import (
+    Settings,
+    lock_acquired,
+    lock_conflict,
+    locked,
+    spec_of,
+)
 
-__all__ = ["INTERVALS", "NAMESPACE", "QUEUE", "call_api", "import_batch", "nightly_report"]
+from .._common.runs import note_event
+
+__all__ = [
+    "EVENTS",
+    "INTERVALS",
+    "NAMESPACE",
+    "QUEUE",
+    "call_api",
+    "import_batch",
+    "nightly_report",
+]
 
 QUEUE = "rqdemo"
 NAMESPACE = "rqdemo"
 INTERVALS = f"{NAMESPACE}:intervals"
+EVENTS = f"{NAMESPACE}:events"
 # Work per run, in seconds; the quick demo halves it (the Celery part's variable).
 SCALE = float(os.environ.get("TASKDEMO_SCALE", "1"))
 SETTINGS = Settings(namespace=NAMESPACE)
@@ -94,3 +115,35 @@ def import_batch(batch: str, seconds: float) -> str:
     with ran(import_batch, "rq-recovery", f"import:{batch}", batch, seconds):
         time.sleep(seconds)
     return batch
+
+
+CASES = {"nightly_report": "rq-singleton", "call_api": "rq-cap", "import_batch": "rq-recovery"}
+"""A job's function name -> its use case."""
+
+
+@cache
+def _events_client() -> redis.Redis:
+    # The producer (refused enqueues) and the horses (conflicts, waits) alike: REDIS_URL is
+    # set in both (the demo sets it, and the workers inherit it).
+    return redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
+def _case(sender: object) -> str:
+    name = str(sender).rsplit(".", 1)[-1]
+    return CASES.get(name, name)
+
+
+def _conflict(sender: object = None, action: str = "", task_id: str = "", **_: Any) -> None:
+    note_event(_events_client(), EVENTS, _case(sender), action, task_id)
+
+
+def _acquired(sender: object = None, task_id: str = "", waited: float = 0.0, **_: Any) -> None:
+    # Only a job that may wait for its lock: another one's ``waited`` is the acquire's own time
+    # (a new horse's first call connects), not a wait.
+    spec = spec_of(globals().get(str(sender).rsplit(".", 1)[-1]))
+    if spec is not None and spec.lock is not None and spec.lock.on_conflict in ("wait", "queue"):
+        note_event(_events_client(), EVENTS, _case(sender), "acquired", task_id, waited)
+
+
+lock_conflict.connect(_conflict)
+lock_acquired.connect(_acquired)
