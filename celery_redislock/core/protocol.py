@@ -299,9 +299,11 @@ class ReleaseWhereArgs(NamedTuple):
     spec: str
     match: str
     """A JSON object: every field must equal the lease's info field."""
+    tokens: Sequence[str] = ()
+    """Only these leases are looked at (none given: every lease)."""
 
     def encode(self) -> list[str]:
-        return [self.spec, self.match]
+        return [self.spec, self.match, *self.tokens]
 
 
 class ReleaseWhereReply(NamedTuple):

@@ -1,8 +1,12 @@
 -- release_where.lua: drop every lease whose owner record matches, e.g. the task id and pid of a
--- worker child that was killed and cannot release for itself.
+-- worker child that was killed and cannot release for itself, or an operator's choice of leases
+-- (by token), and hand the lock on: the one way a lease is freed by someone other than its
+-- holder.
 -- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see lockbase.lua)
 -- ARGV: 1 the lock's spec (see parse_spec in lockbase.lua),
---       2 match (JSON object: every field must equal the lease's info field)
+--       2 match (JSON object: every field must equal the lease's info field; {} matches any),
+--       3... tokens (optional): only these leases are looked at, whatever their re-entry count
+--         (a token that holds no live lease, e.g. a parked task's place in line, is left alone)
 -- Returns {number released, released tokens..., granted...} (granted as in release.lua).
 -- Run twice, the second run finds nothing left to release: it returns 0 and no tokens.
 local _, _, _, fair, _, keep_ms = parse_spec(ARGV[1])
@@ -10,7 +14,17 @@ local match = cjson.decode(ARGV[2])
 local now, now_us = server_now()
 start(now)
 local released = {}
-for _, tok in ipairs(redis.call('ZRANGE', K.leases, 0, -1)) do
+local candidates = {}
+if #ARGV > 2 then
+  for i = 3, #ARGV do
+    if redis.call('ZSCORE', K.leases, ARGV[i]) then
+      candidates[#candidates + 1] = ARGV[i]
+    end
+  end
+else
+  candidates = redis.call('ZRANGE', K.leases, 0, -1)
+end
+for _, tok in ipairs(candidates) do
   local raw = redis.call('HGET', K.meta, 'i:' .. tok)
   local info = raw and cjson.decode(raw) or {}
   local same = true
