@@ -156,6 +156,71 @@ def _server_ms(client: redis.Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+@pytest.mark.parametrize("newcomer", ["plain", "fair", "parks"])
+def test_a_newcomer_never_overtakes_a_parked_task_back_at_the_head_of_the_line(
+    client: redis.Redis, newcomer: str
+) -> None:
+    """The lock is free: the hand-over made to the parked task lapsed unconfirmed (its publish
+    failed), and nothing else holds it. A newcomer still finds the task ahead of it: a plain or
+    fair acquire is refused, a task that parks queues behind it, and the lock goes to it."""
+    lock = _lock(client, Publisher(fail=True))
+    held = lock.acquire(owner="x")
+    a = park(lock, "a", owner="a")
+    assert isinstance(a, Parked)
+    held.release()  # handed to a; its publish fails: a's short lease is all that holds the lock
+    assert client.hexists(lock.keys.meta, f"p:{a.token}")
+    client.zadd(lock.keys.leases, {a.token: 1})  # its publish window passed, unconfirmed
+    assert lock.holders() == []  # free
+    publisher = Publisher()
+    if newcomer == "parks":
+        b = park(_lock(client, publisher), "b", owner="b")
+        assert isinstance(b, Parked)  # behind a...
+        assert _parked(client, lock) == [b.token.encode()]
+    else:
+        fresh = Lock(client, "line-task", ttl=30, fair=newcomer == "fair")
+        with pytest.raises(LockNotAcquired):
+            fresh.acquire(blocking=False)
+        assert [h.token for h in lock.holders()] == []  # (a fair call handed a's turn on)
+        sweep(_lock(client, publisher))
+    assert publisher.payloads == ["a"]  # ...which is handed the lock first
+    got = park(lock, "a", token=a.token, owner="a")
+    assert not isinstance(got, Parked) and [h.token for h in lock.holders()] == [a.token]
+    got.release()
+
+
+def test_a_published_hand_over_waits_the_handover_window_for_its_task(
+    client: redis.Redis,
+) -> None:
+    """Published and confirmed, a hand-over's lease waits ``handover_window`` for its task (not
+    the 10 s it had until published, nor any other time); past it the lock goes to the next in
+    line, and the task, coming late, joins the line again at its end."""
+    publisher = Publisher()
+    lock = _lock(client, publisher, handover_window=30)
+    held = lock.acquire(owner="x")
+    a = park(lock, "a", owner="a")
+    b = park(lock, "b", owner="b")
+    assert isinstance(a, Parked) and isinstance(b, Parked)
+    before = _server_ms(client)
+    held.release()
+    after = _server_ms(client)
+    assert publisher.payloads == ["a"]
+    assert not client.hexists(lock.keys.meta, f"p:{a.token}")  # confirmed
+    expiry = client.zscore(lock.keys.leases, a.token)
+    assert expiry is not None and before + 30_000 <= expiry <= after + 30_000
+    # Meanwhile nothing hands the lock on: b waits.
+    assert sweep(lock).granted == () and publisher.payloads == ["a"]
+    assert _parked(client, lock) == [b.token.encode()]
+    # The window ends (its score moved to the past): the lock goes to b; a, published already,
+    # is neither published again nor put back in line.
+    client.zadd(lock.keys.leases, {a.token: 1})
+    sweep(lock)
+    assert publisher.payloads == ["a", "b"]
+    assert _parked(client, lock) == []
+    late = park(lock, "a", token=a.token, owner="a")
+    assert isinstance(late, Parked) and late.parked == 1
+    assert _parked(client, lock) == [a.token.encode()]
+
+
 @pytest.mark.parametrize("selector", ["everything", "token", "task_id"])
 def test_a_forced_release_hands_the_lock_to_the_line_as_a_release_does(
     client: redis.Redis, selector: str
