@@ -265,6 +265,24 @@ def test_a_forced_release_hands_the_lock_to_the_line_as_a_release_does(
     assert expiry is not None and 15_000 < expiry - _server_ms(client) <= 20_000
 
 
+def test_releasing_by_token_leaves_a_parked_tasks_place_in_line_alone(client: redis.Redis) -> None:
+    """An operator's token may name a parked task whose hand-over lapsed back into line (it was
+    a holder a moment before): only live leases are released, the task keeps its place and its
+    payload (its only copy)."""
+    lock = _lock(client, Publisher())
+    held = lock.acquire(owner="x")
+    a = park(lock, "a", owner="a")
+    assert isinstance(a, Parked)
+    assert lock.release_tokens([a.token]) == []
+    assert _parked(client, lock) == [a.token.encode()]
+    assert client.hexists(lock.keys.meta, f"p:{a.token}")
+    assert lock.release_tokens([]) == []
+    with pytest.raises(LockConfigError, match="tokens"):
+        lock.release_tokens(held.token)
+    assert lock.release_tokens([held.token, held.token]) == [held.token]
+    assert [h.token for h in lock.holders()] == [a.token]  # handed on, as by a release
+
+
 def test_lapsing_a_hand_over_nobody_publishes_is_safe_to_run_twice(client: redis.Redis) -> None:
     """A caller without a publisher lapses the hand-overs it made; run again (its reply lost),
     it leaves alone a later hand-over of the same entry, told apart by its fence."""

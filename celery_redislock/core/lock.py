@@ -478,7 +478,9 @@ class Lock:
             )
         return self._release_where(
             ReleaseWhereArgs(
-                spec=self._spec, match=json.dumps({k: str(v) for k, v in match.items()})
+                spec=self._spec,
+                match=json.dumps({k: str(v) for k, v in match.items()}),
+                request=os.urandom(8).hex(),
             )
         )
 
@@ -497,7 +499,10 @@ class Lock:
             )
         if not tokens:
             return []
-        return self._release_where(ReleaseWhereArgs(spec=self._spec, match="{}", tokens=tokens))
+        request = ReleaseWhereArgs(
+            spec=self._spec, match="{}", request=os.urandom(8).hex(), tokens=tokens
+        )
+        return self._release_where(request)
 
     def _release_where(self, request: ReleaseWhereArgs) -> list[str]:
         with backend_errors(self.name):
