@@ -145,8 +145,8 @@ class Lock:
         self.mode: Mode = mode
         self.limit = limit
         self.fair = fair
-        # Publishes parked tasks this lock's calls hand the lock to (core/line.py); None: they
-        # are published by another process once their short hand-over lapses.
+        # Publishes parked tasks this lock's calls hand the lock to (core/line.py); None: their
+        # short hand-overs lapse at once, for the next call on the lock or a sweeper to publish.
         self.handover = handover
         self.handover_window = _positive_seconds(handover_window, "handover_window", self.name)
         self.namespace = check_namespace(namespace)
