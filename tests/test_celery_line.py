@@ -8,17 +8,21 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 from celery.result import AsyncResult
 from conftest import wait_for
 from helpers import started, wait_started
-from workers import Worker
+from workers import TESTS, Worker
 
 from celery_redislock import LineFull, LockNotAcquired
+from celery_redislock.core import admin
 from celery_redislock.core.line import lines_key
 
 
@@ -116,6 +120,53 @@ def test_a_dead_childs_lock_goes_to_the_next_in_line_at_once(
     wait_for(lambda: waiting.state == "SUCCESS", "the parked task to run", timeout=20)
     assert time.monotonic() - killed < 15  # well before the 30 s ttl
     wait_for(lambda: holder.state == "FAILURE", "the killed holder's failure (WorkerLostError)")
+
+
+def _force_release_all(lockapp: ModuleType, name: str, how: str) -> None:
+    """Frees every lease of lock ``name`` as an operator would: the admin API, ``celery -A
+    lockapp redislock release --all``, or the framework-free ``redislock release --all``."""
+    if how == "admin":
+        assert admin.force_release(lockapp.r, name, everything=True).holders
+        return
+    if how == "celery":
+        command = [sys.executable, "-m", "celery", "-A", "lockapp", "redislock"]
+    else:
+        command = [str(Path(sys.executable).parent / "redislock"), "--url", lockapp.URL]
+    environ = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [*command, "release", name, "--all"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environ,
+        cwd=TESTS,
+    )
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert f"freed lock {name!r}" in done.stdout
+
+
+@pytest.mark.parametrize("how", ["admin", "celery", "redislock"])
+def test_a_forced_release_hands_the_lock_to_the_next_in_line_at_once(
+    lockapp: ModuleType, workers: Callable[..., Worker], how: str
+) -> None:
+    """An operator's release (a stuck holder) hands the lock over as the holder's own release
+    would: the parked task starts within a sweep and a delivery, not when the short lease
+    handed to it lapses unpublished (10 s)."""
+    workers(name="w1", concurrency=2)
+    holder = _hold(lockapp, "forced")
+    waiting = _park(lockapp, lockapp.in_line, "forced", 1)
+    _force_release_all(lockapp, "line:forced", how)
+    freed = time.monotonic()
+    wait_for(lambda: waiting.id in started(lockapp, "line:forced"), "the parked task to start", 30)
+    took = time.monotonic() - freed
+    # A sweep (every second), the publish and a delivery: far less than the 10 s publish window.
+    assert took < 3, f"the parked task started {took:.1f}s after the forced release"
+    lockapp.r.set("stop:forced", 1)
+    _all_succeeded([holder, waiting], timeout=30)
+    assert started(lockapp, "line:forced") == [holder.id, waiting.id]
 
 
 def test_a_whole_dead_worker_is_handed_on_by_another_workers_sweeper(

@@ -30,10 +30,21 @@ from redis.retry import Retry
 from celery_redislock import Lock, LockBackendError
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.keys import LockKeys
+from celery_redislock.core.line import Handed, Parked, park, sweep
 from celery_redislock.core.scripts import script
 
 TIMEOUT = 0.5  # the socket timeout of every client through the proxy
-SCRIPTS = ("acquire", "release", "release_where", "renew", "holders", "notify")
+SCRIPTS = (
+    "acquire",
+    "release",
+    "release_where",
+    "renew",
+    "holders",
+    "notify",
+    "line_sent",
+    "line_lapse",
+    "line_sweep",
+)
 UNIQUE_SCRIPTS = ("unique_claim", "unique_release")
 
 Through = Callable[[int], redis.Redis]
@@ -257,17 +268,47 @@ def test_renew_retried_after_its_reply_was_lost_keeps_the_lease(
 def test_release_where_retried_after_its_reply_was_lost(
     proxy: FaultProxy, through: Through, client: redis.Redis
 ) -> None:
-    """Retries by the client library: release_where run twice releases the lease and returns
-    a list without an error (empty: the retry found nothing left; the first run's answer was
-    lost). (A guard: release_where.lua already behaved so at 2dbb8d2.)"""
+    """Retries by the client library: release_where run twice releases the lease and answers
+    as its first run did (the lease it released). Until 8537bad the retry found nothing left
+    and answered an empty list: the hand-overs the first run made were lost with its reply."""
     lock = Lock(through(1), "lost-where", ttl=5)
     lease = lock.acquire(blocking=False, info={"task_id": "t-1"})
     sent = _evalsha_sent(proxy)
     proxy.reset_after(1, command="EVALSHA")
     released = lock.release_where(task_id="t-1")
     assert sent() == 2 and proxy.faults == 1
-    assert released in ([], [lease.token])
+    assert released == [lease.token]
     assert not Lock(client, "lost-where", ttl=5).holders()
+
+
+@pytest.mark.parametrize("publisher", [True, False], ids=["publishes", "no-publisher"])
+def test_a_forced_release_retried_after_its_reply_was_lost_hands_the_lock_to_the_line(
+    proxy: FaultProxy, through: Through, client: redis.Redis, publisher: bool
+) -> None:
+    """An operator's release of a holder (release_where by token) run twice: the retry answers
+    with the hand-over the first run made, which is published once; with nobody to publish it,
+    it lapses at once and the next sweep publishes it. (The lapse run twice:
+    test_task_line.py.) Until 8537bad the retry answered nothing released, and the parked task
+    waited for its unpublished hand-over to lapse (10 s)."""
+    published: list[Handed] = []
+    lock = Lock(through(1), "lost-line", ttl=30, handover=published.append if publisher else None)
+    held = lock.acquire(owner="x")
+    place = park(lock, "a", owner="a")
+    assert isinstance(place, Parked)
+    sent = _evalsha_sent(proxy)
+    proxy.reset_after(1, command="EVALSHA")
+    assert lock.release_tokens([held.token]) == [held.token]
+    assert sent() == 3 and proxy.faults == 1  # release_where twice, then line_sent or line_lapse
+    direct = Lock(client, "lost-line", ttl=30, handover=published.append)
+    if publisher:
+        assert published == [Handed(place.token, "a", False)]
+        [holder] = direct.holders()  # handed over, published and confirmed: waiting its task
+        assert holder.token == place.token and holder.expires_in > 30
+    else:
+        assert published == [] and direct.holders() == []
+        sweep(direct)
+        assert published == [Handed(place.token, "a", False)]
+    assert not client.hexists(direct.keys.meta, f"p:{place.token}")
 
 
 # -- unique claims (Celery producer) --------------------------------------------------------------

@@ -787,11 +787,14 @@ class LockModel(RuleBasedStateMachine):
 
     def check_idle(self, keys: set[str], meta: dict[str, str], pttl_meta: int) -> None:
         """Nothing held, nobody in line: only the fence high-water mark (and the tokens last
-        released, so that a release run twice says released) may remain, for fence_keep."""
+        released, and the last release_where's answer, so that a release run twice says
+        released) may remain, for fence_keep."""
         keys -= {self.keys.waiter(t) for t in self.stale_lists}
         assert keys <= {self.keys.meta}, f"keys survive the last lease: {keys}"
         if keys:
-            assert set(meta) <= {"fence", "g"} and "fence" in meta, f"meta fields survive: {meta}"
+            assert set(meta) <= {"fence", "g", "w"} and "fence" in meta, (
+                f"meta fields survive: {meta}"
+            )
             assert 0 < pttl_meta <= KEEP_S * 1000
 
     def teardown(self) -> None:

@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import redis
@@ -22,6 +25,7 @@ from rqcheck import most_at_once_per_key, spans, started, status, wait_ended
 from rqworkers import HAS_SPAWN
 
 from celery_redislock import Lock
+from celery_redislock.core import admin
 from celery_redislock.core.lease import Lease
 from celery_redislock.core.line import Handed, Parked, park
 from celery_redislock.integrations.rq import UniqueQueue, outcome_of
@@ -151,6 +155,39 @@ def test_a_whole_dead_worker_is_handed_on_by_another_workers_sweep(rq_conn, rq_w
     # The ttl, a sweep (every second), the hand-over and a horse.
     assert time.monotonic() - killed < 3 + 1 + MARGIN_S
     assert [s["job"] for s in started(rq_conn, "in_line")] == [holder.id, waiting.id]
+
+
+@pytest.mark.parametrize("how", ["admin", "put_back", "redislock"])
+def test_a_forced_release_hands_the_lock_to_the_next_in_line_at_once(rq_conn, rq_workers, how):
+    """An operator's release of a stuck holder hands the lock over as the holder's own release
+    would: with no way to put the job back itself (the admin API alone, the ``redislock``
+    command), a worker's sweeper does it at its next sweep; the admin API given a ``PutBack``
+    does it at once. Not when the short lease handed to the job lapses unpublished (10 s)."""
+    rq_workers(name="pool", pool=2)
+    q = Queue("default", connection=rq_conn)
+    holder = q.enqueue(rqjobs.in_line, "forced", hold=True)
+    _holds(rq_conn)
+    waiting = q.enqueue(rqjobs.in_line, "forced")
+    _parked(rq_conn, "q:forced", [waiting])
+    if how == "redislock":
+        url = rq_conn.connection_pool.connection_kwargs
+        command = [str(Path(sys.executable).parent / "redislock"), "--url"]
+        command += [f"redis://{url['host']}:{url['port']}/{url.get('db', 0)}"]
+        done = subprocess.run(
+            [*command, "release", "q:forced", "--all"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, (done.stdout, done.stderr)
+    else:
+        put_back = {"handover": PutBack(rq_conn, None, rq_conn)} if how == "put_back" else {}
+        assert admin.force_release(rq_conn, "q:forced", everything=True, **put_back).holders
+    freed = time.monotonic()
+    _holds(rq_conn, 2)
+    took = time.monotonic() - freed
+    # A sweep (every second) when nobody could put the job back, then a horse.
+    assert took < 1 + MARGIN_S, f"the parked job started {took:.1f}s after the forced release"
+    assert started(rq_conn, "in_line")[1]["job"] == waiting.id
+    rq_conn.set("stop:forced", 1)
+    assert wait_ended([holder, waiting], timeout=30)[1] == "finished"
 
 
 def test_a_job_past_max_wait_fails_without_running(rq_conn, rq_workers):

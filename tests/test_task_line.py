@@ -12,6 +12,8 @@ import redis
 from conftest import wait_for
 
 from celery_redislock import LineFull, Lock, LockConfigError, LockNotAcquired
+from celery_redislock.core import admin
+from celery_redislock.core.handover import hand_over
 from celery_redislock.core.line import (
     Handed,
     Parked,
@@ -21,6 +23,7 @@ from celery_redislock.core.line import (
     sweep,
     sweep_lines,
 )
+from celery_redislock.core.protocol import Grant
 from celery_redislock.errors import JobFinished
 
 
@@ -146,6 +149,161 @@ def test_an_unconfirmed_hand_over_is_published_again_and_claimed_once(
     with pytest.raises(LockNotAcquired):
         park(silent, "a", token=place.token, owner="task-a")
     got.release()
+
+
+def _server_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+@pytest.mark.parametrize("newcomer", ["plain", "fair", "parks"])
+def test_a_newcomer_never_overtakes_a_parked_task_back_at_the_head_of_the_line(
+    client: redis.Redis, newcomer: str
+) -> None:
+    """The lock is free: the hand-over made to the parked task lapsed unconfirmed (its publish
+    failed), and nothing else holds it. A newcomer still finds the task ahead of it: a plain or
+    fair acquire is refused, a task that parks queues behind it, and the lock goes to it."""
+    lock = _lock(client, Publisher(fail=True))
+    held = lock.acquire(owner="x")
+    a = park(lock, "a", owner="a")
+    assert isinstance(a, Parked)
+    held.release()  # handed to a; its publish fails: a's short lease is all that holds the lock
+    assert client.hexists(lock.keys.meta, f"p:{a.token}")
+    client.zadd(lock.keys.leases, {a.token: 1})  # its publish window passed, unconfirmed
+    assert lock.holders() == []  # free
+    publisher = Publisher()
+    if newcomer == "parks":
+        b = park(_lock(client, publisher), "b", owner="b")
+        assert isinstance(b, Parked)  # behind a...
+        assert _parked(client, lock) == [b.token.encode()]
+    else:
+        fresh = Lock(client, "line-task", ttl=30, fair=newcomer == "fair")
+        with pytest.raises(LockNotAcquired):
+            fresh.acquire(blocking=False)
+        assert [h.token for h in lock.holders()] == []  # (a fair call handed a's turn on)
+        sweep(_lock(client, publisher))
+    assert publisher.payloads == ["a"]  # ...which is handed the lock first
+    got = park(lock, "a", token=a.token, owner="a")
+    assert not isinstance(got, Parked) and [h.token for h in lock.holders()] == [a.token]
+    got.release()
+
+
+def test_a_published_hand_over_waits_the_handover_window_for_its_task(
+    client: redis.Redis,
+) -> None:
+    """Published and confirmed, a hand-over's lease waits ``handover_window`` for its task (not
+    the 10 s it had until published, nor any other time); past it the lock goes to the next in
+    line, and the task, coming late, joins the line again at its end."""
+    publisher = Publisher()
+    lock = _lock(client, publisher, handover_window=30)
+    held = lock.acquire(owner="x")
+    a = park(lock, "a", owner="a")
+    b = park(lock, "b", owner="b")
+    assert isinstance(a, Parked) and isinstance(b, Parked)
+    before = _server_ms(client)
+    held.release()
+    after = _server_ms(client)
+    assert publisher.payloads == ["a"]
+    assert not client.hexists(lock.keys.meta, f"p:{a.token}")  # confirmed
+    expiry = client.zscore(lock.keys.leases, a.token)
+    assert expiry is not None and before + 30_000 <= expiry <= after + 30_000
+    # Meanwhile nothing hands the lock on: b waits.
+    assert sweep(lock).granted == () and publisher.payloads == ["a"]
+    assert _parked(client, lock) == [b.token.encode()]
+    # The window ends (its score moved to the past): the lock goes to b; a, published already,
+    # is neither published again nor put back in line.
+    client.zadd(lock.keys.leases, {a.token: 1})
+    sweep(lock)
+    assert publisher.payloads == ["a", "b"]
+    assert _parked(client, lock) == []
+    late = park(lock, "a", token=a.token, owner="a")
+    assert isinstance(late, Parked) and late.parked == 1
+    assert _parked(client, lock) == [a.token.encode()]
+
+
+@pytest.mark.parametrize("selector", ["everything", "token", "task_id"])
+def test_a_forced_release_hands_the_lock_to_the_line_as_a_release_does(
+    client: redis.Redis, selector: str
+) -> None:
+    """An operator's release publishes the next parked task through the publisher it is given,
+    as the holder's release would; without one (a command that knows no framework), the short
+    lease handed over lapses at once, the task is back at the head of the line (no newcomer
+    overtakes it) and the next sweep publishes it: not 10 s later, when the lease would lapse
+    unpublished."""
+    lock = _lock(client, Publisher())
+    held = lock.acquire(owner="x", info={"task_id": "stuck"})
+    a = park(lock, "a", owner="a")
+    b = park(lock, "b", owner="b")
+    assert isinstance(a, Parked) and isinstance(b, Parked)
+    chosen = {"everything": True, "token": held.token, "task_id": "stuck"}[selector]
+    freed = admin.force_release(client, "line-task", **{selector: chosen})  # type: ignore[arg-type]
+    assert [h.token for h in freed.holders] == [held.token]
+    assert lock.holders() == []  # a's hand-over lapsed at once...
+    with pytest.raises(LockNotAcquired):
+        Lock(client, "line-task", ttl=30).acquire(blocking=False)  # ...and a is still ahead
+    assert _parked(client, lock) == [a.token.encode(), b.token.encode()]
+    publisher = Publisher()
+    sweep(_lock(client, publisher))
+    assert publisher.payloads == ["a"]
+    assert _parked(client, lock) == [b.token.encode()]
+    # With a publisher (`celery redislock release`), the hand-over is published at once.
+    got = park(lock, "a", token=a.token, owner="a", info={"task_id": "stuck-too"})
+    assert not isinstance(got, Parked)
+    direct = Publisher()
+    chosen = {"everything": True, "token": a.token, "task_id": "stuck-too"}[selector]
+    freed = admin.force_release(
+        client,
+        "line-task",
+        handover=direct,
+        handover_window=20,
+        **{selector: chosen},  # type: ignore[arg-type]
+    )
+    assert [h.token for h in freed.holders] == [a.token]
+    assert direct.payloads == ["b"]
+    assert not client.hexists(lock.keys.meta, f"p:{b.token}")  # confirmed
+    expiry = client.zscore(lock.keys.leases, b.token)
+    assert expiry is not None and 15_000 < expiry - _server_ms(client) <= 20_000
+
+
+def test_releasing_by_token_leaves_a_parked_tasks_place_in_line_alone(client: redis.Redis) -> None:
+    """An operator's token may name a parked task whose hand-over lapsed back into line (it was
+    a holder a moment before): only live leases are released, the task keeps its place and its
+    payload (its only copy)."""
+    lock = _lock(client, Publisher())
+    held = lock.acquire(owner="x")
+    a = park(lock, "a", owner="a")
+    assert isinstance(a, Parked)
+    assert lock.release_tokens([a.token]) == []
+    assert _parked(client, lock) == [a.token.encode()]
+    assert client.hexists(lock.keys.meta, f"p:{a.token}")
+    assert lock.release_tokens([]) == []
+    with pytest.raises(LockConfigError, match="tokens"):
+        lock.release_tokens(held.token)
+    assert lock.release_tokens([held.token, held.token]) == [held.token]
+    assert [h.token for h in lock.holders()] == [a.token]  # handed on, as by a release
+
+
+def test_lapsing_a_hand_over_nobody_publishes_is_safe_to_run_twice(client: redis.Redis) -> None:
+    """A caller without a publisher lapses the hand-overs it made; run again (its reply lost),
+    it leaves alone a later hand-over of the same entry, told apart by its fence."""
+    lock = _lock(client, Publisher(fail=True))
+    held = lock.acquire(owner="x")
+    a = park(lock, "a", owner="a")
+    assert isinstance(a, Parked)
+    held.release()  # handed to a, unpublished
+    [handed] = lock.holders()
+    grant = Grant(token=a.token, fence=handed.fence, expires_at_ms=0)
+    silent = Lock(client, "line-task", ttl=30)
+    hand_over(silent, [grant])
+    hand_over(silent, [grant])  # run twice: the same lapsed lease
+    assert lock.holders() == []
+    publisher = Publisher()
+    sweep(_lock(client, publisher))  # handed to a again, published, confirmed
+    assert publisher.payloads == ["a"]
+    [again] = lock.holders()
+    assert again.token == a.token and again.fence > handed.fence
+    hand_over(silent, [grant])  # the first call, late: the new hand-over stands
+    assert [(h.token, h.fence) for h in lock.holders()] == [(a.token, again.fence)]
 
 
 def test_a_full_line_refuses_a_new_task(client: redis.Redis) -> None:

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 
 from ..core import admin
+from ..core.handover import DEFAULT_HANDOVER_WINDOW, Handover
 from ..core.lease import RedisClient
 from ..core.lock import DEFAULT_FENCE_KEEP
 from ..errors import LockBackendError, LockConfigError
@@ -53,6 +54,10 @@ class Target:
     where: str
     """The Redis named in error messages (a URL without its password, or a setting's name)."""
     fence_keep: float = DEFAULT_FENCE_KEEP
+    handover: Handover | None = None
+    """Publishes the parked tasks a ``release`` hands the lock to (a framework's, as a lock's
+    ``handover``); None: the workers' sweepers publish them at their next sweep."""
+    handover_window: float = DEFAULT_HANDOVER_WINDOW
 
 
 def redacted(url: str) -> str:
@@ -161,8 +166,10 @@ def release_command(
 ) -> None:
     """Free leases of lock NAME that their holders cannot free (a stuck or lost worker): the
     one with --token, those of --task-id, or --all. Each is checked in Redis against the token
-    or task id, so a lease taken meanwhile by another task is never freed. Prints what it
-    freed; exit code 1 if nothing matched."""
+    or task id, so a lease taken meanwhile by another task is never freed. The lock is handed
+    on as by a release: waiters are woken, and the next task in its task line is published
+    (by this command under Celery, else by a worker's sweeper). Prints what it freed; exit
+    code 1 if nothing matched."""
     if [task_id is not None, token is not None, everything].count(True) != 1:
         raise click.UsageError("give exactly one of --task-id, --token or --all")
     target = _target()
@@ -175,6 +182,8 @@ def release_command(
         dry_run=dry_run,
         namespace=target.namespace,
         fence_keep=target.fence_keep,
+        handover=target.handover,
+        handover_window=target.handover_window,
     )
     if as_json:
         _print_json(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import redis
 
+from .protocol import Grant
 from .scripts import run
 
 if TYPE_CHECKING:
@@ -59,12 +60,21 @@ Handover = Callable[[Handed], None]
 """Publishes one parked task again (raises if it could not)."""
 
 
-def hand_over(lock: Lock, tokens: Sequence[str], expired: Sequence[str] = ()) -> None:
-    """Publishes the parked tasks a script handed the lock to (or that expired), then confirms
-    them. Never raises: what is not confirmed goes back in line when its short lease lapses."""
-    every = [*tokens, *expired]
-    if not every or lock.handover is None:
-        return  # another process publishes them once their short leases lapse
+def hand_over(lock: Lock, granted: Sequence[Grant], expired: Sequence[str] = ()) -> None:
+    """Publishes the parked tasks a script handed the lock to (``granted``, from its reply) or
+    that expired, then confirms them. Never raises: what is not confirmed goes back in line when
+    its short lease lapses.
+
+    A lock with no ``handover`` (an operator's release through a command that knows no
+    framework) cannot publish: the leases it handed over lapse at once (``line_lapse.lua``), so
+    that the next call on the lock or a sweeper hands them over again and publishes them,
+    instead of the lock idling for the publish window. Expired entries wait for a sweeper."""
+    if lock.handover is None:
+        _lapse(lock, granted)
+        return
+    every = [*(g.token for g in granted), *expired]
+    if not every:
+        return
     try:
         raw = lock.client.hmget(lock.keys.meta, [f"p:{t}" for t in every])
     except redis.RedisError as exc:
@@ -97,3 +107,19 @@ def hand_over(lock: Lock, tokens: Sequence[str], expired: Sequence[str] = ()) ->
         # Published, not confirmed: the entries come back after the publish window and are
         # published again; the second delivery finds the first's claim or its finish record.
         log.warning("lock %r: could not confirm hand-overs %s: %s", lock.name, sent, exc)
+
+
+def _lapse(lock: Lock, granted: Sequence[Grant]) -> None:
+    if not granted:
+        return
+    args = [str(v) for g in granted for v in (g.token, g.fence)]
+    try:
+        run("line_lapse", lock.client, lock.encoded_keys, args)
+    except redis.RedisError as exc:
+        log.warning(
+            "lock %r: could not pass on hand-overs %s (they lapse within %gs): %s",
+            lock.name,
+            [g.token for g in granted],
+            PUBLISH_WINDOW_S,
+            exc,
+        )

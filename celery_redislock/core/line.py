@@ -210,7 +210,7 @@ def sweep(lock: Lock) -> SweepReply:
     with backend_errors(lock.name):
         reply = SweepReply.decode(run("line_sweep", lock.client, lock.encoded_keys, [lock._spec]))
     lock._notify(tuple(g for g in reply.granted if not is_line_token(g.token)))
-    hand_over(lock, [g.token for g in reply.granted if is_line_token(g.token)], reply.expired)
+    hand_over(lock, [g for g in reply.granted if is_line_token(g.token)], reply.expired)
     return reply
 
 

@@ -145,8 +145,8 @@ class Lock:
         self.mode: Mode = mode
         self.limit = limit
         self.fair = fair
-        # Publishes parked tasks this lock's calls hand the lock to (core/line.py); None: they
-        # are published by another process once their short hand-over lapses.
+        # Publishes parked tasks this lock's calls hand the lock to (core/line.py); None: their
+        # short hand-overs lapse at once, for the next call on the lock or a sweeper to publish.
         self.handover = handover
         self.handover_window = _positive_seconds(handover_window, "handover_window", self.name)
         self.namespace = check_namespace(namespace)
@@ -407,7 +407,7 @@ class Lock:
         parked tasks it handed the lock to."""
         if not granted:
             return
-        parked = [g.token for g in granted if is_line_token(g.token)]
+        parked = [g for g in granted if is_line_token(g.token)]
         if parked:
             hand_over(self, parked)
             granted = [g for g in granted if not is_line_token(g.token)]
@@ -476,9 +476,35 @@ class Lock:
                 "release_where needs at least one field to match (e.g. task_id=..., pid=...)",
                 name=self.name,
             )
-        request = ReleaseWhereArgs(
-            spec=self._spec, match=json.dumps({k: str(v) for k, v in match.items()})
+        return self._release_where(
+            ReleaseWhereArgs(
+                spec=self._spec,
+                match=json.dumps({k: str(v) for k, v in match.items()}),
+                request=os.urandom(8).hex(),
+            )
         )
+
+    def release_tokens(self, tokens: Sequence[str]) -> list[str]:
+        """Releases the leases ``tokens``, each whatever its re-entry count, and hands the lock
+        on as :meth:`release_where` does; returns the tokens of those that were live. This is
+        how an operator frees the leases of a holder that is stuck or gone
+        (:func:`~celery_redislock.core.admin.force_release`).
+
+        >>> lock.release_tokens(["4ae20de475d793086c92d6ff5cb7a8a6"])   # doctest: +SKIP
+        ['4ae20de475d793086c92d6ff5cb7a8a6']
+        """
+        if isinstance(tokens, str) or not all(isinstance(t, str) and t for t in tokens):
+            raise LockConfigError(
+                f"tokens must be a sequence of non-empty strings, got {tokens!r}", name=self.name
+            )
+        if not tokens:
+            return []
+        request = ReleaseWhereArgs(
+            spec=self._spec, match="{}", request=os.urandom(8).hex(), tokens=tokens
+        )
+        return self._release_where(request)
+
+    def _release_where(self, request: ReleaseWhereArgs) -> list[str]:
         with backend_errors(self.name):
             reply = ReleaseWhereReply.decode(
                 run("release_where", self.client, self.encoded_keys, request.encode())

@@ -299,9 +299,13 @@ class ReleaseWhereArgs(NamedTuple):
     spec: str
     match: str
     """A JSON object: every field must equal the lease's info field."""
+    request: str = ""
+    """Chosen by the client: the same call sent again returns the first run's answer."""
+    tokens: Sequence[str] = ()
+    """Only these leases are looked at (none given: every lease)."""
 
     def encode(self) -> list[str]:
-        return [self.spec, self.match]
+        return [self.spec, self.match, self.request, *self.tokens]
 
 
 class ReleaseWhereReply(NamedTuple):

@@ -429,7 +429,9 @@ class RedLock(Lock):
                 name=self.name,
             )
         args = ReleaseWhereArgs(
-            spec=self._spec, match=json.dumps({k: str(v) for k, v in match.items()})
+            spec=self._spec,
+            match=json.dumps({k: str(v) for k, v in match.items()}),
+            request=os.urandom(8).hex(),
         ).encode()
         replies = self._majority(
             lambda master: ReleaseWhereReply.decode(

@@ -33,6 +33,7 @@ _PARTS: dict[str, tuple[str, ...]] = {
     "line_sent": ("_time", "lockbase", "common"),
     "line_forget": (),
     "line_drop": ("_time", "lockbase", "common"),
+    "line_lapse": ("_time", "lockbase"),
     "renew": ("_time",),
     "holders": ("_time",),
     "unique_claim": ("_time",),

@@ -3,15 +3,13 @@ the same step), or a whole namespace's."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ...errors import LockConfigError
+from ..handover import DEFAULT_HANDOVER_WINDOW, Handover
 from ..keys import DEFAULT_NAMESPACE, check_namespace
 from ..lease import Holder, RedisClient, backend_errors
 from ..lock import DEFAULT_FENCE_KEEP, Lock
-from ..protocol import LockSpec, ReleaseArgs, ReleaseReply
-from ..scripts import run
 from .listing import glob_escape, iter_locks
 
 __all__ = ["Released", "force_release", "release_all"]
@@ -38,15 +36,20 @@ def force_release(
     dry_run: bool = False,
     namespace: str = DEFAULT_NAMESPACE,
     fence_keep: float = DEFAULT_FENCE_KEEP,
+    handover: Handover | None = None,
+    handover_window: float = DEFAULT_HANDOVER_WINDOW,
 ) -> Released:
     """Frees leases of the lock ``name`` that their holders cannot free (a stuck worker): the
     lease whose token is ``token``, every lease whose holder recorded ``task_id``, or, with
     ``everything=True``, every live lease. Exactly one of the three.
 
     Each release is checked in Redis, in the same step, against the token or the task id, so a
-    lease taken meanwhile by someone else is never freed. Waiters are woken as by a release.
-    The holders whose leases go find them lost at their next renewal. ``dry_run`` frees nothing
-    and returns what would be freed.
+    lease taken meanwhile by someone else is never freed. The lock is handed on as by a worker
+    parent freeing a dead child's lease (the same script and hand-over): blocked waiters are
+    woken, and the next tasks in the lock's task line are published by ``handover`` (a
+    framework's publisher, as a lock's ``handover``; ``handover_window`` as the lock's). Without
+    one, a worker's sweeper publishes them at its next sweep. The holders whose leases go find
+    them lost at their next renewal. ``dry_run`` frees nothing and returns what would be freed.
 
     >>> force_release(redis.Redis(), "sync:42", task_id="9b1c…").holders   # doctest: +SKIP
     [Holder(token='…', mode='write', ...)]
@@ -59,7 +62,17 @@ def force_release(
     for value, what in ((token, "token"), (task_id, "task_id")):
         if value is not None and (not isinstance(value, str) or not value):
             raise LockConfigError(f"{what} must be a non-empty string, got {value!r}", name=name)
-    lock = Lock(client, name, ttl=1, namespace=namespace, fence_keep=fence_keep)
+    # Only the release scripts' parts of the spec count (fairness and fence keep): a fair lock's
+    # blocked waiters look again within a second and are served in order.
+    lock = Lock(
+        client,
+        name,
+        ttl=1,
+        namespace=namespace,
+        fence_keep=fence_keep,
+        handover=handover,
+        handover_window=handover_window,
+    )
     holders = lock.holders()
     if task_id is not None:
         matched = [h for h in holders if h.info.get("task_id") == task_id]
@@ -72,26 +85,8 @@ def force_release(
     if task_id is not None:
         freed = set(lock.release_where(task_id=task_id))
     else:
-        freed = {h.token for h in matched if _release_token(lock, h.token)}
+        freed = set(lock.release_tokens([h.token for h in matched]))
     return Released(lock.name, [h for h in matched if h.token in freed])
-
-
-def _release_token(lock: Lock, token: str) -> bool:
-    """Drops the lease ``token`` whatever its re-entry count; whether it was live."""
-    spec = LockSpec(
-        mode="write",
-        limit=1,
-        ttl_ms=1000,
-        fair=False,  # a fair lock's waiters look again within a second and are served in order
-        entry_ms=1000,
-        keep_ms=max(1, round(lock.fence_keep * 1000)),
-    )
-    request = ReleaseArgs(token=token, spec=spec.encode(), whole=True, request=os.urandom(8).hex())
-    with backend_errors(lock.name):
-        reply = ReleaseReply.decode(
-            run("release", lock.client, lock.encoded_keys, request.encode())
-        )
-    return reply.released
 
 
 def release_all(client: RedisClient, namespace: str = DEFAULT_NAMESPACE) -> list[str]:

@@ -12,7 +12,8 @@
 --                   'o:<owner>' owner -> token, 'q:<token>' waiter record (JSON),
 --                   'qseq' arrival counter, 'qw' number of queued writers,
 --                   'g' ids of the last releases that dropped a lease (run twice, such a
---                   release still says released),
+--                   release still says released), 'w' the id and answer of the last
+--                   release_where that freed a lease (run twice, it answers the same),
 --                   the task line (parked tasks, see line.lua): 'qp' number of parked entries,
 --                   'p:<token>' a parked task's record (JSON: s arrival number, d wait deadline,
 --                   q its line record, x the payload to publish it again) kept until its

@@ -14,6 +14,7 @@ from ...cli.commands import COMMANDS, Target, redacted, set_target
 from ...core.lease import RedisClient
 from ...errors import LockConfigError
 from .guard import refuse_unlocked_tasks
+from .line import handover_for
 from .settings import client_for, settings_for
 
 __all__ = ["redislock"]
@@ -49,6 +50,9 @@ def redislock(ctx: click.Context) -> None:
             namespace=settings.namespace,
             where=where,
             fence_keep=settings.fence_keep,
+            # A release publishes the next parked task itself, as the holder's release would.
+            handover=handover_for(app),
+            handover_window=settings.line_handover_window,
         ),
     )
 

@@ -67,8 +67,8 @@ class JobSpec:
     ) -> Lock:
         """The lock ``name``; ``settings``: the ones the caller read already (read once per
         job); ``handover``: puts back the parked jobs its release hands the lock to
-        (:class:`.line.PutBack`; without one, a sweeper does, once their short hand-over
-        lapsed)."""
+        (:class:`.line.PutBack`; without one, their short hand-overs lapse at once and a
+        sweeper does)."""
         assert self.lock is not None
         if settings is None:
             settings = self.settings
