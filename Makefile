@@ -9,7 +9,8 @@ LOWEST ?= .venv-lowest
 # workers, leases and timeouts, not on CPU, so three share two cores well.
 TEST_PROCESSES ?= 3
 
-.PHONY: demo demo-core demo-docs test test-lowest test-topologies lint bench bench-celery bench-rq soak clean docs
+.PHONY: demo demo-core demo-docs test quick test-main test-quick test-lowest test-topologies lint \
+	bench bench-celery bench-rq soak clean docs
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -50,13 +51,36 @@ lint: $(VENV)/.dev
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
-# The docs build (warnings as errors, doctests), then every test against each Redis found:
-# redis-server on PATH and the embedded 6.2. Then the Celery tests once more on the lowest
-# supported versions.
-test: lint docs
+# Runs the make targets $(1) one after another, each even if one before it failed; then says how
+# each ended and how long it took, and fails if any failed. Ctrl-C stops it all.
+define phases
+	+@trap 'exit 130' INT TERM; failed=""; report=""; \
+	for phase in $(1); do \
+		echo "=== make $$phase"; \
+		began=$$(date +%s); \
+		if $(MAKE) --no-print-directory $$phase; then result=passed; \
+		else result=FAILED; failed="$$failed $$phase"; fi; \
+		report="$$report  $$phase: $$result in $$(( $$(date +%s) - began )) s\n"; \
+	done; \
+	printf "\n=== make $@\n$$report"; \
+	if [ -n "$$failed" ]; then echo "make $@ failed:$$failed"; exit 1; fi
+endef
+
+# Lint, the docs build (warnings as errors, doctests), every test against each Redis found
+# (redis-server on PATH and the embedded 6.2), the Redis topologies, then the Celery and RQ tests
+# once more on the lowest supported versions: about 13 minutes on 2 cores.
+test:
+	$(call phases,lint docs test-main test-topologies test-lowest)
+
+# The everyday loop, a few minutes: lint, and the tests not marked `slow`.
+quick:
+	$(call phases,lint test-quick)
+
+test-main: $(VENV)/.dev
 	$(BIN)/pytest -n $(TEST_PROCESSES) -m "not topology" --cov --cov-report=term-missing:skip-covered $(ARGS)
-	$(MAKE) test-topologies
-	$(MAKE) test-lowest
+
+test-quick: $(VENV)/.dev
+	$(BIN)/pytest -n $(TEST_PROCESSES) -m "not slow" $(ARGS)
 
 # The Celery and RQ tests (markers `celery` and `rq`: every tests/test_celery_*.py and
 # tests/test_rq_*.py) again on the lowest supported Celery, kombu, billiard, RQ and redis-py.

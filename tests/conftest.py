@@ -64,6 +64,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.faults)
         if item.get_closest_marker("soak") or item.get_closest_marker("topology"):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("topology") and not item.get_closest_marker("timeout"):
+            # Their waits stretch with the load (tests/topologies.py): a longer last resort.
+            item.add_marker(pytest.mark.timeout(900))
     # Slow tests first: test processes running side by side (`-n`) then do not end on one of
     # them while the others sit idle. (A stable sort: the order is otherwise unchanged, and the
     # same in every process, as pytest-xdist requires.)

@@ -17,7 +17,15 @@ import pytest
 from celery import Celery
 from redis.client import Pipeline
 from redis.cluster import RedisCluster
-from topologies import REQUIRED, ClusterGroup, Process, redis_binary, redis_cli, wait_until
+from topologies import (
+    REQUIRED,
+    ClusterGroup,
+    Process,
+    redis_binary,
+    redis_cli,
+    stretched,
+    wait_until,
+)
 
 from celery_redislock import (
     Heartbeat,
@@ -368,7 +376,7 @@ def test_master_failover_under_load() -> None:
         finally:
             stop.set()
             for t in threads:
-                t.join(30)
+                t.join(stretched(30))
             for lease in kept:
                 heartbeat.unregister(lease)
         assert not any(t.is_alive() for t in threads)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import select
 import shutil
 import signal
@@ -49,9 +50,45 @@ def redis_cli() -> str | None:
     return shutil.which("redis-cli")
 
 
-def wait_until(condition: Callable[[], object], what: str, timeout: float = 30) -> None:
-    """Polls ``condition`` (errors count as not yet) until it holds; raises naming ``what``."""
-    deadline = time.monotonic() + timeout
+def load_factor() -> float:
+    """How many times longer than on an idle machine a wait may take here and now: the 1-minute
+    load average per CPU, at least 1 (a load of 4 on 2 cores: 2)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return max(1.0, load / (os.cpu_count() or 1))
+
+
+def stretched(seconds: float) -> float:
+    """``seconds`` on an idle machine, stretched by the load (:func:`load_factor`)."""
+    return seconds * load_factor()
+
+
+PROGRESS_EVERY_S = 0.5
+
+
+def wait_until(
+    condition: Callable[[], object],
+    what: str,
+    timeout: float = 30,
+    *,
+    progress: Callable[[], object] | None = None,
+    cap: float | None = None,
+) -> None:
+    """Polls ``condition`` (errors count as not yet) until it holds; raises naming ``what``.
+
+    ``timeout`` is for an idle machine: it is stretched by the load as the wait goes on
+    (:func:`load_factor`). With ``progress``, a function that returns what is seen now (a
+    replica's sync state, what each node knows), the wait goes on while what is seen keeps
+    changing: it times out after ``timeout`` (stretched) with no change, or after ``cap``
+    (stretched; 5 times ``timeout`` by default) in all. The error says what was seen last.
+    """
+    started = time.monotonic()
+    changed = started
+    limit = 5 * timeout if cap is None else cap
+    seen: object = None
+    look = started
     last: BaseException | None = None
     while True:
         try:
@@ -59,8 +96,29 @@ def wait_until(condition: Callable[[], object], what: str, timeout: float = 30) 
                 return
         except (redis.RedisError, OSError) as exc:
             last = exc
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting until {what} ({last!r})")
+        now = time.monotonic()
+        if progress is not None and now >= look:
+            look = now + PROGRESS_EVERY_S
+            try:
+                now_seen = progress()
+            except (redis.RedisError, OSError) as exc:
+                now_seen = f"({exc!r})"
+            if now_seen != seen:
+                seen, changed = now_seen, now
+        factor = load_factor()
+        if progress is None and now - started > timeout * factor:
+            raise TimeoutError(
+                f"timed out after {now - started:.0f}s (load factor {factor:.1f}) waiting until "
+                f"{what} ({last!r})"
+            )
+        if progress is not None and (
+            now - changed > timeout * factor or now - started > limit * factor
+        ):
+            raise TimeoutError(
+                f"timed out after {now - started:.0f}s, {now - changed:.0f}s of them with nothing "
+                f"changing (load factor {factor:.1f}), waiting until {what} ({last!r}); "
+                f"last seen: {seen}"
+            )
         time.sleep(0.02)
 
 
@@ -106,6 +164,22 @@ class Process:
     def ready(self) -> bool:
         with self.client() as c:
             return bool(c.ping())
+
+    def replication(self) -> str:
+        """This server's replication as it sees it, in short: its role and link, its sync and
+        offset as a replica, and each replica's state and offset as a master sees it. (Not a
+        master's own offset: it moves with every write, whether a replica follows or not.)"""
+        with self.client(decode_responses=True) as c:
+            info = c.info("replication")
+        fields = (
+            "role", "master_port", "master_link_status", "master_sync_in_progress",
+            "master_sync_read_bytes", "slave_repl_offset",
+        )  # fmt: skip
+        seen = [f"{k}={info[k]}" for k in fields if k in info]
+        for key in sorted(k for k in info if re.fullmatch(r"slave\d+", k)):
+            replica = info[key]
+            seen.append(f"{key}=:{replica['port']} {replica['state']} offset {replica['offset']}")
+        return f":{self.port} " + " ".join(seen)
 
     def kill(self) -> None:
         """SIGKILL: the process dies at once, as a crashed host would."""
@@ -282,7 +356,12 @@ class SentinelGroup(_Group):
             _server_args(replica_port, "--replicaof", "127.0.0.1", str(upstream)),
         )
         self.servers = [master, replica]
-        wait_until(lambda: self._link_up(replica), "the replica synced", 20)
+        wait_until(
+            lambda: self._link_up(replica),
+            "the replica synced",
+            20,
+            progress=lambda: f"{replica.replication()}; {master.replication()}",
+        )
         failover_timeout = 60000 if self.cuttable else 10000
         for i in range(3):
             port = _free_port()
@@ -299,12 +378,15 @@ class SentinelGroup(_Group):
             self.processes.append(sentinel)
             self.sentinels.append(sentinel.start())
         # Sentinels find each other by hello messages every 2 s and the replica in the master's
-        # INFO every 10 s: on a loaded machine that can take several rounds.
+        # INFO every 10 s: on a loaded machine that can take several rounds. As long as they keep
+        # learning, the wait goes on.
         self.unsettled = ""
-        try:
-            wait_until(self._settled, "the sentinels know each other and the replica", 60)
-        except TimeoutError as exc:
-            raise TimeoutError(f"{exc}; last seen: {self.unsettled}") from None
+        wait_until(
+            self._settled,
+            "the sentinels know each other and the replica",
+            60,
+            progress=lambda: self.unsettled,
+        )
 
     @staticmethod
     def _link_up(replica: Process) -> bool:
@@ -347,14 +429,39 @@ class SentinelGroup(_Group):
         master = self.master_port()
         return next(p for p in self.servers if p.port != master)
 
+    def views(self) -> str:
+        """Where each sentinel sees the master, with its flags and failover state."""
+        seen = []
+        for sentinel in self.sentinels:
+            try:
+                with sentinel.client(decode_responses=True) as c:
+                    master = c.sentinel_master(self.service)
+                seen.append(
+                    f"sentinel :{sentinel.port}: master :{master['port']} {master['flags']} "
+                    f"{master.get('failover-state', '')}"
+                )
+            except redis.RedisError as exc:
+                seen.append(f"sentinel :{sentinel.port}: {exc!r}")
+        return "; ".join(seen)
+
     def failover_after_kill(self, timeout: float = 30) -> Process:
         """Kills the master (SIGKILL) and waits until the sentinels promoted the replica and it
         takes writes; returns the new master."""
         old = self.master()
         new = self.replica()
         old.kill()
-        wait_until(lambda: self.master_port() == new.port, "the sentinels promoted the replica")
-        wait_until(lambda: new.client().info("replication")["role"] == "master", "new master")
+        wait_until(
+            lambda: self.master_port() == new.port,
+            "the sentinels promoted the replica",
+            timeout,
+            progress=self.views,
+        )
+        wait_until(
+            lambda: new.client().info("replication")["role"] == "master",
+            "new master",
+            timeout,
+            progress=new.replication,
+        )
         self.servers.remove(old)
         return new
 
@@ -416,7 +523,7 @@ class ClusterGroup(_Group):
             )
         for process in self.processes:
             wait_until(process.ready, f"node {process.port} answers", 10)
-        out = subprocess.run(
+        out = subprocess.run(  # (it waits for the nodes to join, checking once a second)
             [
                 self.cli,
                 "--cluster",
@@ -428,11 +535,37 @@ class ClusterGroup(_Group):
             ],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=stretched(60),
         )
         if out.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout}{out.stderr}")
-        wait_until(self.settled, "the cluster is ok and every replica synced", 60)
+        wait_until(
+            self.settled, "the cluster is ok and every replica synced", 60, progress=self.views
+        )
+
+    def views(self) -> str:
+        """What each live node says: its cluster state, its role and link, and the masters it
+        counts as serving slots."""
+        seen = []
+        for process in self.processes:
+            if not process.alive():
+                continue
+            try:
+                with process.client(decode_responses=True) as c:
+                    state = c.execute_command("CLUSTER", "INFO").split()[0]  # cluster_state:..
+                    info = c.info("replication")
+                    nodes: str = c.execute_command("CLUSTER", "NODES")
+            except redis.RedisError as exc:
+                seen.append(f":{process.port} {exc!r}")
+                continue
+            masters = sorted(
+                int(fields[1].split("@")[0].split(":")[1])
+                for fields in (line.split() for line in nodes.splitlines())
+                if "master" in fields[2] and "fail" not in fields[2] and fields[8:]
+            )
+            link = info.get("master_link_status", "")
+            seen.append(f":{process.port} {state} {info['role']} {link} masters {masters}")
+        return "; ".join(seen)
 
     def settled(self) -> bool:
         """Every live node says ok and agrees on the masters; every replica has synced."""
@@ -520,6 +653,7 @@ class ClusterGroup(_Group):
             lambda: replica.client().info("replication")["role"] == "master",
             "the replica took over",
             timeout,
+            progress=self.views,
         )
 
         def ok() -> bool:
@@ -530,7 +664,7 @@ class ClusterGroup(_Group):
                             return False
             return True
 
-        wait_until(ok, "the cluster is ok again", timeout)
+        wait_until(ok, "the cluster is ok again", timeout, progress=self.views)
         return replica
 
     def restart(self, process: Process, timeout: float = 60) -> None:
@@ -538,7 +672,9 @@ class ClusterGroup(_Group):
         node that took over, and the cluster settles."""
         process.start()
         wait_until(process.ready, f"node {process.port} answers", 10)
-        wait_until(self.settled, "the cluster settled with the node back", timeout)
+        wait_until(
+            self.settled, "the cluster settled with the node back", timeout, progress=self.views
+        )
 
     def __enter__(self) -> ClusterGroup:
         return self.start()
