@@ -1,0 +1,299 @@
+"""The conformance table: the locked calls (``JOBS``, declared as Celery tasks by
+``confcelery`` and as RQ jobs by ``confrq``, from these very options) and the scenarios
+(``SCENARIOS``), each with the outcome both frameworks must show.
+
+Every call takes ``(key, seconds=0.0)``: its lock (or unique key, or rate key) is
+``conf:<key>``, a test's own key, so that one worker per framework serves a whole module. The
+body notes that it ran (``ran:<key>``, with the run id) and its pid, then holds until
+``seconds`` passed or the test sets ``stop:<key>``.
+
+What an outcome is, in words common to both (the adapters map each framework's onto them):
+
+- ``state``: ``ran`` (Celery ``SUCCESS``, RQ ``finished`` with the body's result), ``skipped``
+  (``SKIPPED``), ``failed`` (``FAILURE``/``failed``, ``error`` naming the exception class),
+  ``retrying`` (``RETRY``/``scheduled`` to come back), ``canceled`` (``REVOKED``/``canceled``);
+- ``actions``: every ``lock_conflict`` action sent for the run id (receivers in the worker
+  modules, and in this process for the producer side), and ``backend_error:<policy>`` for
+  ``lock_backend_error``;
+- ``log``: a phrase of core/outcomes.py that the worker logs for the run id (``{lock}`` is the
+  lock's name); None: no outcome line is promised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+KEY = "conf:{key}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One locked call: its ``lock=``, ``unique=`` and ``rate=`` options, as both frameworks
+    take them. ``acks_late``: the Celery task's (an RQ job is always acknowledged as it ends)."""
+
+    lock: Any = None
+    unique: Any = None
+    rate: Any = None
+    acks_late: bool = False
+
+
+def _lock(**options: Any) -> dict[str, Any]:
+    return {"key": KEY, **options}
+
+
+JOBS: dict[str, Job] = {
+    "skip": Job(lock=_lock(on_conflict="skip")),
+    "retry": Job(lock=_lock(on_conflict="retry", countdown=0.05)),
+    "wait_briefly": Job(lock=_lock(on_conflict="wait", timeout=0.5)),
+    "wait": Job(lock=_lock(on_conflict="wait", timeout=30)),
+    "raise_": Job(lock=_lock(on_conflict="raise")),
+    "queue": Job(lock=_lock(on_conflict="queue")),
+    "queue_max_wait": Job(lock=_lock(on_conflict="queue", max_wait=1)),
+    "queue_max_waiting": Job(lock=_lock(on_conflict="queue", max_waiting=1)),
+    "until_started": Job(unique={"lifecycle": "until_started", "key": KEY}),
+    "until_finished": Job(unique={"lifecycle": "until_finished", "key": KEY}),
+    "while_running": Job(unique={"lifecycle": "while_running", "key": KEY}),
+    "until_and_while_running": Job(unique={"lifecycle": "until_and_while_running", "key": KEY}),
+    "dup_raise": Job(unique={"lifecycle": "until_started", "key": KEY, "on_duplicate": "raise"}),
+    "dup_replace": Job(
+        unique={"lifecycle": "until_started", "key": KEY, "on_duplicate": "replace"}
+    ),
+    "rated": Job(rate={"rate": "1/4s", "key": KEY}),
+    "rated_max_delay": Job(rate={"rate": "1/60s", "key": KEY, "max_delay": 1}),
+    # ttl 3: a copy that finds its own run's lease looks again after a second.
+    "redelivered": Job(lock=_lock(ttl=3), acks_late=True),
+    "plain": Job(lock=_lock()),
+}
+
+ADAPTERS = ("celery", "rq")
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What the call under test shows. ``error`` None: not compared (a killed runner's error is
+    each framework's own: Celery's ``WorkerLostError``, RQ's note that its horse died)."""
+
+    state: str
+    runs: int  # how many times the body started, for the key, in all
+    actions: frozenset[str] = frozenset()
+    error: str | None = None
+    log: str | None = None
+    same_id: bool | None = None  # a second send: handed the first call's id back?
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A row: the call (``job``), how the test plays it (``play``: a function of
+    test_conformance.py), and what it must show under both frameworks. ``drift``: adapter ->
+    why that framework differs today (an xfail, strict, for that adapter only)."""
+
+    name: str
+    job: str
+    play: str
+    expect: Expect
+    params: dict[str, Any] = field(default_factory=dict)
+    drift: dict[str, str] = field(default_factory=dict)
+
+    def cases(self) -> list[Any]:
+        """The row's pytest params, one per adapter."""
+        out = []
+        for adapter in ADAPTERS:
+            marks: list[Any] = [getattr(pytest.mark, adapter)]
+            if adapter in self.drift:
+                marks.append(pytest.mark.xfail(strict=True, reason=f"drift: {self.drift[adapter]}"))
+            out.append(pytest.param(adapter, self, id=f"{adapter}-{self.name}", marks=marks))
+        return out
+
+
+def actions(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+# Phrases of core/outcomes.py, after the run's "task NAME[ID] ".
+SKIPPED = r"skipped: lock '{lock}' is held by the-test"
+RETRIES = r"retries in \d+\.\ds: lock '{lock}' is held by the-test"
+PARKED = r"parked in the task line of lock '{lock}' \(\d+ waiting\): held by the-test"
+EXPIRED = r"not run: it waited in the task line of lock '{lock}' longer than max_wait \(1s\)"
+FULL = r"not run: the task line of lock '{lock}' is full \(1 parked\)"
+RATE_FULL = r": rate limit '{lock}' \(.*\) is full; it comes back for its slot in \d+\.\d\ds"
+DROPPED = r"dropped: a copy of it already ran to its end under lock '{lock}'"
+AWAITS = r": another copy of it holds lock '{lock}' \(running, or its worker died\); this one"
+UNLOCKED = r"runs WITHOUT lock '{lock}': Redis failed: "
+RETRIES_DOWN = r"retries in \d+\.\ds: "
+
+SCENARIOS: list[Scenario] = [
+    # -- on_conflict, the lock held from outside (a core Lock owned by "the-test") -------------
+    Scenario(
+        "skip",
+        "skip",
+        "held_throughout",
+        Expect("skipped", 0, actions("skip"), log=SKIPPED),
+    ),
+    Scenario(
+        "retry_runs_after_the_release",
+        "retry",
+        "released_after_action",
+        Expect("ran", 1, actions("retry"), log=RETRIES),
+        params={"action": "retry"},
+    ),
+    Scenario(
+        "wait_times_out",
+        "wait_briefly",
+        "held_throughout",
+        Expect("failed", 0, actions("wait"), error="LockNotAcquired"),
+    ),
+    Scenario(
+        "wait_gets_it",
+        "wait",
+        "released_once_it_waits",
+        # No conflict signal: a wait that gets the lock is an acquire that waited.
+        Expect("ran", 1, actions()),
+    ),
+    Scenario(
+        "raise",
+        "raise_",
+        "held_throughout",
+        Expect("failed", 0, actions("raise"), error="LockNotAcquired"),
+    ),
+    Scenario(
+        "queue_runs_when_the_holder_releases",
+        "queue",
+        "released_after_action",
+        Expect("ran", 1, actions("queue"), log=PARKED),
+        params={"action": "queue"},
+    ),
+    # -- the task line ---------------------------------------------------------------------------
+    Scenario(
+        "line_max_wait_expires",
+        "queue_max_wait",
+        "held_throughout",
+        Expect("failed", 0, actions("queue", "expired"), error="LockNotAcquired", log=EXPIRED),
+    ),
+    Scenario(
+        "line_max_waiting_full",
+        "queue_max_waiting",
+        "line_full",
+        # The newcomer; the one already parked runs once the holder releases (runs: 1).
+        Expect("failed", 1, actions("full"), error="LineFull", log=FULL),
+    ),
+    # -- unique: a second send while the first is queued (sent with a delay) --------------------
+    Scenario(
+        "until_started_queued_copy_is_handed_back",
+        "until_started",
+        "duplicate_while_queued",
+        Expect("ran", 1, actions("existing"), same_id=True),
+    ),
+    Scenario(
+        "until_finished_queued_copy_is_handed_back",
+        "until_finished",
+        "duplicate_while_queued",
+        Expect("ran", 1, actions("existing"), same_id=True),
+    ),
+    Scenario(
+        "until_and_while_running_queued_copy_is_handed_back",
+        "until_and_while_running",
+        "duplicate_while_queued",
+        Expect("ran", 1, actions("existing"), same_id=True),
+    ),
+    Scenario(
+        "on_duplicate_raise",
+        "dup_raise",
+        "duplicate_while_queued",
+        Expect("failed", 1, actions("raise"), error="DuplicateTask", same_id=None),
+    ),
+    Scenario(
+        "on_duplicate_replace",
+        "dup_replace",
+        "duplicate_while_queued",
+        # The new call runs; the replaced one never does (runs: 1).
+        Expect("ran", 1, actions("replace"), same_id=False),
+    ),
+    # -- unique: a second send while the first runs ---------------------------------------------
+    Scenario(
+        "until_started_running_copy_lets_a_second_run",
+        "until_started",
+        "duplicate_while_running",
+        Expect("ran", 2, actions(), same_id=False),
+    ),
+    Scenario(
+        "until_finished_running_copy_is_handed_back",
+        "until_finished",
+        "duplicate_while_running",
+        Expect("ran", 1, actions("existing"), same_id=True),
+    ),
+    Scenario(
+        "while_running_second_run_skips",
+        "while_running",
+        "duplicate_while_running",
+        Expect("skipped", 1, actions("skip"), same_id=False, log=SKIPPED.replace("the-test", ".*")),
+    ),
+    Scenario(
+        "until_and_while_running_second_run_waits_its_turn",
+        "until_and_while_running",
+        "duplicate_while_running",
+        Expect("ran", 2, actions("retry"), same_id=False, log=RETRIES.replace("the-test", ".*")),
+    ),
+    # -- rate= -----------------------------------------------------------------------------------
+    Scenario(
+        "rate_full_comes_back_for_its_slot",
+        "rated",
+        "rate_full",
+        Expect("ran", 2, actions("rate"), log=RATE_FULL),
+        params={"per": 4.0},
+    ),
+    Scenario(
+        "rate_past_max_delay_fails",
+        "rated_max_delay",
+        "rate_full",
+        Expect("failed", 1, actions("rate"), error="LockNotAcquired"),
+        params={"per": 0.0},
+    ),
+    # -- another delivery of the same run --------------------------------------------------------
+    Scenario(
+        "copy_of_a_finished_run_is_dropped",
+        "redelivered",
+        "copy_of_finished",
+        Expect("ran", 1, actions("drop"), log=DROPPED),
+    ),
+    Scenario(
+        "copy_beside_its_running_first_awaits_then_is_dropped",
+        "redelivered",
+        "copy_while_running",
+        Expect("ran", 1, actions("await", "drop"), log=AWAITS),
+    ),
+    # -- a killed runner (Celery prefork child, RQ LockWorker horse) -----------------------------
+    Scenario(
+        "killed_runner_is_released_by_the_parent_at_once",
+        "plain",
+        "kill_runner",
+        Expect("failed", 1),
+    ),
+    # -- the lock Redis unreachable (a worker of its own per policy) -----------------------------
+    Scenario(
+        "backend_down_fail",
+        "plain",
+        "backend_down",
+        Expect("failed", 0, actions("backend_error:fail"), error="LockBackendError"),
+        params={"policy": "fail"},
+    ),
+    Scenario(
+        "backend_down_retry",
+        "plain",
+        "backend_down",
+        Expect("retrying", 0, actions("backend_error:retry"), log=RETRIES_DOWN),
+        params={"policy": "retry"},
+    ),
+    Scenario(
+        "backend_down_run",
+        "plain",
+        "backend_down",
+        Expect("ran", 1, actions("backend_error:run"), log=UNLOCKED),
+        params={"policy": "run"},
+    ),
+]
+
+assert len({s.name for s in SCENARIOS}) == len(SCENARIOS)
+assert all(s.job in JOBS for s in SCENARIOS)

@@ -1,0 +1,283 @@
+"""The conformance table (scenarios.py) played against real Celery workers and real RQ workers:
+each row, under each framework, must show the same outcome, state, signal actions and log line.
+
+A rule missing from one framework fails that framework's row. One worker set per framework
+serves the module (each test uses a key of its own); the rows that need a worker configured
+apart (the lock Redis unreachable) start their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from conftest import wait_for, wait_until_queued
+from helpers import free_port
+
+from celery_redislock import DuplicateTask
+
+from .adapters import FINAL, Adapter
+from .scenarios import SCENARIOS, Expect, Scenario
+
+SHARED = [case for s in SCENARIOS if s.play != "backend_down" for case in s.cases()]
+OWN = [case for s in SCENARIOS if s.play == "backend_down" for case in s.cases()]
+
+# Generous: a loaded 2-core machine may be slow; a condition met returns at once.
+DEADLINE_S = 30.0
+
+
+@contextmanager
+def held(adapter: Adapter, key: str) -> Iterator[None]:
+    """The call's lock, held from outside by the test (holder id "the-test")."""
+    lease = adapter.lock(key).acquire(owner="test", info={"task_id": "the-test"})
+    try:
+        yield
+    finally:
+        lease.release()
+
+
+def settle(adapter: Adapter, run_id: str, timeout: float = DEADLINE_S) -> str:
+    wait_for(lambda: adapter.state(run_id)[0] in FINAL, f"run {run_id} ended", timeout)
+    return adapter.state(run_id)[0]
+
+
+def logged(adapter: Adapter, run_id: str, phrase: str, lock: str, timeout: float = 10) -> bool:
+    phrase = phrase.replace("{lock}", re.escape(lock))
+    pattern = re.compile(re.escape(f"[{run_id}]") + " ?" + phrase)
+    deadline = time.monotonic() + timeout
+    while not pattern.search(adapter.log()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def observe(
+    adapter: Adapter,
+    row: Scenario,
+    key: str,
+    run_id: str,
+    *,
+    also: tuple[str, ...] = (),
+    same_id: bool | None = None,
+    state: tuple[str, str | None] | None = None,
+) -> Expect:
+    """What the run ``run_id`` showed, in the row's terms (the fields the row leaves open are
+    left out)."""
+    want = row.expect
+    got_state, error = state or adapter.state(run_id)
+    seen = {a for rid in (run_id, *also) for a in adapter.actions(rid)}
+    log = None
+    if want.log is not None:
+        log = want.log if logged(adapter, run_id, want.log, f"conf:{key}") else "<not logged>"
+    return Expect(
+        state=got_state,
+        runs=adapter.runs(key),
+        actions=frozenset(seen),
+        error=error if want.error is not None else None,
+        log=log,
+        same_id=same_id if want.same_id is not None else None,
+    )
+
+
+# -- plays: how a row is played (the row's `play`) ------------------------------------------------
+
+
+def held_throughout(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    with held(adapter, key):
+        run_id = adapter.send(row.job, key)
+        settle(adapter, run_id)
+    return observe(adapter, row, key, run_id)
+
+
+def released_after_action(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    action = row.params["action"]
+    with held(adapter, key):
+        run_id = adapter.send(row.job, key)
+        wait_for(lambda: action in adapter.actions(run_id), f"action {action!r}", DEADLINE_S)
+        assert adapter.runs(key) == 0
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id)
+
+
+def released_once_it_waits(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    lock = adapter.lock(key)
+    with held(adapter, key):
+        run_id = adapter.send(row.job, key)
+        wait_until_queued(adapter.lock_client, lock)  # it waits in the lock's line
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id)
+
+
+def line_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    with held(adapter, key):
+        parked = adapter.send(row.job, key)
+        wait_for(lambda: "queue" in adapter.actions(parked), "the first parked", DEADLINE_S)
+        run_id = adapter.send(row.job, key)
+        settle(adapter, run_id)
+    assert settle(adapter, parked) == "ran"  # the one parked runs once the holder released
+    return observe(adapter, row, key, run_id)
+
+
+DELAY_S = 2.0  # long enough to send the second call while the first is still queued
+
+
+def duplicate_while_queued(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    first = adapter.send(row.job, key, delay=DELAY_S)
+    sent = str(uuid.uuid4())  # the second call's own id: what a producer signals names it
+    try:
+        second = adapter.send(row.job, key, delay=DELAY_S, run_id=sent)
+    except DuplicateTask as exc:
+        assert exc.task_id == first
+        settle(adapter, first)
+        return observe(adapter, row, key, first, also=(sent,), state=("failed", "DuplicateTask"))
+    settle(adapter, second)
+    if second != first:
+        settle(adapter, first)  # ran, skipped or (replaced) canceled
+    also = (first, sent)
+    return observe(adapter, row, key, second, also=also, same_id=second == first)
+
+
+def duplicate_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    first = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
+    sent = str(uuid.uuid4())
+    second = adapter.send(row.job, key, run_id=sent)
+    if second != first:
+        wait_for(
+            lambda: adapter.state(second)[0] in FINAL or adapter.actions(second),
+            "the second call ended or met the first",
+            DEADLINE_S,
+        )
+    adapter.stop(key)
+    settle(adapter, first)
+    settle(adapter, second)
+    return observe(adapter, row, key, second, also=(sent,), same_id=second == first)
+
+
+def rate_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    first = adapter.send(row.job, key)
+    settle(adapter, first)
+    second = adapter.send(row.job, key)
+    settle(adapter, second)
+    starts = adapter.started_at(key)
+    if len(starts) == 2:  # never two starts within the rate's period
+        assert starts[1] - starts[0] >= row.params["per"] * 0.95, starts
+    return observe(adapter, row, key, second)
+
+
+def copy_of_finished(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    run_id = adapter.send(row.job, key)
+    settle(adapter, run_id)
+    adapter.send_copy(row.job, key, run_id)
+    wait_for(
+        lambda: "drop" in adapter.actions(run_id) or adapter.runs(key) > 1,
+        "the copy dropped (or run)",
+        DEADLINE_S,
+    )
+    return observe(adapter, row, key, run_id, state=(settle(adapter, run_id), None))
+
+
+def copy_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    run_id = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
+    adapter.send_copy(row.job, key, run_id)
+    wait_for(
+        lambda: "await" in adapter.actions(run_id) or adapter.runs(key) > 1,
+        "the copy meets its first",
+        DEADLINE_S,
+    )
+    adapter.stop(key)
+    wait_for(
+        lambda: "drop" in adapter.actions(run_id) or adapter.runs(key) > 1,
+        "the copy dropped (or run) once its first finished",
+        DEADLINE_S,
+    )
+    return observe(adapter, row, key, run_id, state=(settle(adapter, run_id), None))
+
+
+def kill_runner(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    run_id = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the call runs", DEADLINE_S)
+    lock = adapter.lock(key)
+    assert lock.locked()
+    os.kill(adapter.pid(key), signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: not lock.locked(), "the killed runner's lease released", DEADLINE_S)
+    # At once (by the parent), not by a lapse: the lease's ttl is 30 s.
+    assert time.monotonic() - killed < 5.0
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id)
+
+
+def backend_down(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    run_id = adapter.send(row.job, key)
+    try:
+        if row.params["policy"] == "retry":
+            assert row.expect.log is not None
+            wait_for(
+                lambda: logged(adapter, run_id, row.expect.log or "", f"conf:{key}", 0),
+                "the retry logged",
+                DEADLINE_S,
+            )
+            with contextlib.suppress(AssertionError):  # the state comes just after the line
+                wait_for(lambda: adapter.state(run_id)[0] != "pending", "a state stored", 10)
+        else:
+            settle(adapter, run_id)
+        return observe(adapter, row, key, run_id)
+    finally:
+        adapter.forget(run_id)
+
+
+PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
+    f.__name__: f
+    for f in (
+        held_throughout,
+        released_after_action,
+        released_once_it_waits,
+        line_full,
+        duplicate_while_queued,
+        duplicate_while_running,
+        rate_full,
+        copy_of_finished,
+        copy_while_running,
+        kill_runner,
+        backend_down,
+    )
+}
+
+
+def play(adapter: Adapter, row: Scenario) -> None:
+    key = f"{row.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        observed = PLAYS[row.play](adapter, row, key)
+    finally:
+        adapter.stop(key)  # whatever still holds ends at once
+    assert observed == row.expect
+
+
+@pytest.mark.parametrize(("shared", "row"), SHARED, indirect=["shared"])
+def test_conformance(shared: Adapter, row: Scenario) -> None:
+    play(shared, row)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize(("name", "row"), OWN)
+def test_conformance_with_the_lock_redis_down(
+    name: str, row: Scenario, own_adapter: Callable[..., Adapter]
+) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    policy = row.params["policy"]
+    env = (
+        {"CONF_LOCK_URL": url, "CONF_BACKEND_POLICY": policy}
+        if name == "celery"
+        else {"REDISLOCK_URL": url, "REDISLOCK_ON_BACKEND_ERROR": policy}
+    )
+    play(own_adapter(name, env), row)
