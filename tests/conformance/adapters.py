@@ -4,6 +4,8 @@ outcome in the table's words (see scenarios.py), the worker log, and the lock fr
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,11 @@ from celery_redislock import Lock
 from celery_redislock.integrations.rq import SKIPPED, UniqueQueue, outcome_of
 
 TESTS = Path(__file__).parent.parent
+QUEUE = "conformance"  # the shared workers' (the queue of a test's own workers is another)
 FINAL = frozenset({"ran", "skipped", "failed", "canceled"})
 TTL = 30.0  # the lease ttl of every call: a lapse is never mistaken for a release
+# Every worker logs each line's level and logger: the outcome lines are compared in full.
+LOG_FORMAT = "%(levelname)s %(name)s %(message)s"
 
 
 class Adapter:
@@ -75,19 +80,34 @@ class Adapter:
         """The run's state in the table's words, and the class name of its error if it failed."""
         raise NotImplementedError
 
+    def error_text(self, run_id: str) -> str:
+        """The message of the run's error (without its class name), if it failed."""
+        raise NotImplementedError
+
     def forget(self, run_id: str) -> None:
         """Drops a run left waiting (so that no later worker picks it up)."""
+
+    @contextmanager
+    def producer_lock_down(self, url: str, policy: str) -> Iterator[None]:
+        """Within it, this process (the producer) has its lock Redis at ``url`` under the
+        backend policy ``policy``; the workers are left as they are."""
+        raise NotImplementedError
+        yield
 
 
 class CeleryAdapter(Adapter):
     name = "celery"
 
-    def __init__(self, url: str, log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, url: str, log_dir: Path, env: dict[str, str] | None = None, queue: str = QUEUE
+    ) -> None:
         from . import confcelery
 
         self.app = confcelery.app
         self.tasks = confcelery.TASKS
+        self.queue = queue
         super().__init__(redis.Redis.from_url(url), (env or {}).get("CONF_LOCK_URL", url))
+        env = {"CONF_LOG_FORMAT": LOG_FORMAT, "CONF_QUEUE": queue, **(env or {})}
         self.workers = [
             Worker(url, log_dir, name="conf", app="conformance.confcelery", env=env).start()
         ]
@@ -96,12 +116,12 @@ class CeleryAdapter(Adapter):
         self, job: str, key: str, seconds: float = 0.0, *, delay: float = 0.0, run_id: str = ""
     ) -> str:
         result = self.tasks[job].apply_async(
-            (key, seconds), countdown=delay or None, task_id=run_id or None
+            (key, seconds), countdown=delay or None, task_id=run_id or None, queue=self.queue
         )
         return str(result.id)
 
     def send_copy(self, job: str, key: str, run_id: str) -> None:
-        self.tasks[job].apply_async((key, 0.0), task_id=run_id)
+        self.tasks[job].apply_async((key, 0.0), task_id=run_id, queue=self.queue)
 
     def state(self, run_id: str) -> tuple[str, str | None]:
         result = AsyncResult(run_id, app=self.app)
@@ -110,18 +130,34 @@ class CeleryAdapter(Adapter):
             return "ran", None
         if state == "FAILURE":
             return "failed", type(result.result).__name__
+        if state == "PENDING" and self.actions(run_id)[-1:] == ["queue"]:
+            return "parked", None  # Celery stores no state for a task in a line (docs/line.md)
         named = {"SKIPPED": "skipped", "RETRY": "retrying", "REVOKED": "canceled"}
         return named.get(state, "pending"), None
 
+    def error_text(self, run_id: str) -> str:
+        result = AsyncResult(run_id, app=self.app)
+        return str(result.result) if result.state == "FAILURE" else ""
+
     def forget(self, run_id: str) -> None:
         self.app.control.revoke(run_id)
+
+    @contextmanager
+    def producer_lock_down(self, url: str, policy: str) -> Iterator[None]:
+        conf = self.app.conf
+        before = (conf.redislock_url, conf.redislock_on_backend_error)
+        conf.redislock_url, conf.redislock_on_backend_error = url, policy
+        try:
+            yield
+        finally:
+            conf.redislock_url, conf.redislock_on_backend_error = before
 
 
 class RQAdapter(Adapter):
     name = "rq"
 
     def __init__(
-        self, url: str, log_dir: Path, env: dict[str, str] | None = None, workers: int = 2
+        self, url: str, log_dir: Path, env: dict[str, str] | None = None, queue: str = QUEUE
     ) -> None:
         from . import confrq
 
@@ -129,18 +165,18 @@ class RQAdapter(Adapter):
         self.jobs = confrq.JOBS_BY_NAME
         conn = redis.Redis.from_url(url)
         super().__init__(conn, (env or {}).get("REDISLOCK_URL", url))
-        self.queue = UniqueQueue(confrq.QUEUE, connection=conn)
+        self.queue = UniqueQueue(queue, connection=conn)
         env = {"REDISLOCK_TTL": str(TTL), "REDISLOCK_LINE_SWEEP_INTERVAL": "0.2", **(env or {})}
         self.workers = []
         try:
-            for n in range(workers):
+            for n in range(2):  # a second: a copy of a run meets its first running
                 worker = RQWorker(
                     url,
                     log_dir,
                     name=f"conf{n}",
                     worker_class="conformance.confrq.ConfWorker",
                     env=env,
-                    args=(confrq.QUEUE,),
+                    args=("--log-format", LOG_FORMAT, queue),
                 )
                 self.workers.append(worker.start())
         except BaseException:
@@ -181,6 +217,26 @@ class RQAdapter(Adapter):
             return "canceled", None
         return "pending", None
 
+    def error_text(self, run_id: str) -> str:
+        result = Job.fetch(run_id, connection=self.marks).latest_result()
+        text = (result.exc_string if result else None) or ""
+        last = [line for line in text.strip().splitlines() if line.strip()][-1:] or [""]
+        return last[0].split(": ", 1)[-1]
+
     def forget(self, run_id: str) -> None:
         job = Job.fetch(run_id, connection=self.marks)
         job.delete()
+
+    @contextmanager
+    def producer_lock_down(self, url: str, policy: str) -> Iterator[None]:
+        names = {"REDISLOCK_URL": url, "REDISLOCK_ON_BACKEND_ERROR": policy}
+        before = {name: os.environ.get(name) for name in names}
+        os.environ.update(names)
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

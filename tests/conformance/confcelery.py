@@ -20,7 +20,8 @@ from celery_redislock import install, lock_backend_error, lock_conflict
 from .scenarios import JOBS
 
 URL = os.environ["LOCKAPP_REDIS_URL"]
-QUEUE = "conformance"  # apart from the queue of tests/lockapp.py, on the same Redis
+# Apart from the queue of tests/lockapp.py, on the same Redis; a test's own workers take another.
+QUEUE = os.environ.get("CONF_QUEUE", "conformance")
 
 app = install(Celery("confcelery", broker=URL, backend=URL, set_as_current=False))
 app.conf.update(
@@ -33,6 +34,8 @@ app.conf.update(
     redislock_line_sweep_interval=0.2,
     redislock_on_backend_error=os.environ.get("CONF_BACKEND_POLICY", "fail"),
 )
+if os.environ.get("CONF_LOG_FORMAT"):
+    app.conf.worker_log_format = os.environ["CONF_LOG_FORMAT"]
 r = redis.Redis.from_url(URL)
 
 

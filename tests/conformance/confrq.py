@@ -21,8 +21,6 @@ from celery_redislock.integrations.rq import LockWorker, lock_backend_error, loc
 
 from .scenarios import JOBS
 
-QUEUE = "conformance"
-
 
 class ConfWorker(LockWorker):
     """A ``LockWorker`` whose horses find this module imported already (no import per job)."""

@@ -18,9 +18,11 @@ from .adapters import Adapter, CeleryAdapter, RQAdapter
 def _start(
     name: str, celery_url: str, rq_url: str, log_dir: Path, env: dict[str, str] | None = None
 ) -> Adapter:
+    # A test's own workers (env given) take a queue apart from the shared workers'.
+    queue = "conformance-own" if env else "conformance"
     if name == "celery":
-        return CeleryAdapter(celery_url, log_dir, env)
-    return RQAdapter(rq_url, log_dir, env)
+        return CeleryAdapter(celery_url, log_dir, env, queue)
+    return RQAdapter(rq_url, log_dir, env, queue)
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,7 @@ def _lock(**options: Any) -> dict[str, Any]:
 JOBS: dict[str, Job] = {
     "skip": Job(lock=_lock(on_conflict="skip")),
     "retry": Job(lock=_lock(on_conflict="retry", countdown=0.05)),
+    "retry_once": Job(lock=_lock(on_conflict="retry", countdown=0.05, max_retries=1)),
     "wait_briefly": Job(lock=_lock(on_conflict="wait", timeout=0.5)),
     "wait": Job(lock=_lock(on_conflict="wait", timeout=30)),
     "raise_": Job(lock=_lock(on_conflict="raise")),
@@ -82,6 +83,9 @@ class Expect:
     error: str | None = None
     log: str | None = None
     same_id: bool | None = None  # a second send: handed the first call's id back?
+    meanwhile: str | None = None  # its state while the lock is still held (a play that says)
+    first: str | None = None  # a second send: the final state of the first call
+    says: str | None = None  # its error's message (regex), after the run's name and id
 
 
 @dataclass(frozen=True)
@@ -96,12 +100,13 @@ class Scenario:
     expect: Expect
     params: dict[str, Any] = field(default_factory=dict)
     drift: dict[str, str] = field(default_factory=dict)
+    marks: tuple[str, ...] = ()  # more pytest markers (e.g. "faults")
 
     def cases(self) -> list[Any]:
         """The row's pytest params, one per adapter."""
         out = []
         for adapter in ADAPTERS:
-            marks: list[Any] = [getattr(pytest.mark, adapter)]
+            marks: list[Any] = [getattr(pytest.mark, m) for m in (adapter, *self.marks)]
             if adapter in self.drift:
                 marks.append(pytest.mark.xfail(strict=True, reason=f"drift: {self.drift[adapter]}"))
             out.append(pytest.param(adapter, self, id=f"{adapter}-{self.name}", marks=marks))
@@ -112,17 +117,20 @@ def actions(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 
-# Phrases of core/outcomes.py, after the run's "task NAME[ID] ".
-SKIPPED = r"skipped: lock '{lock}' is held by the-test"
-RETRIES = r"retries in \d+\.\ds: lock '{lock}' is held by the-test"
-PARKED = r"parked in the task line of lock '{lock}' \(\d+ waiting\): held by the-test"
-EXPIRED = r"not run: it waited in the task line of lock '{lock}' longer than max_wait \(1s\)"
-FULL = r"not run: the task line of lock '{lock}' is full \(1 parked\)"
-RATE_FULL = r": rate limit '{lock}' \(.*\) is full; it comes back for its slot in \d+\.\d\ds"
-DROPPED = r"dropped: a copy of it already ran to its end under lock '{lock}'"
-AWAITS = r": another copy of it holds lock '{lock}' \(running, or its worker died\); this one"
-UNLOCKED = r"runs WITHOUT lock '{lock}': Redis failed: "
-RETRIES_DOWN = r"retries in \d+\.\ds: "
+# The lines of core/outcomes.py: "<LEVEL> <what follows the run's "task NAME[ID]">", a regex;
+# the worker's line must be that level, from the logger celery_redislock.core.outcomes.
+SKIPPED = r"INFO skipped: lock '{lock}' is held by the-test"
+RETRIES = r"INFO retries in \d+\.\ds: lock '{lock}' is held by the-test"
+PARKED = r"INFO parked in the task line of lock '{lock}' \(\d+ waiting\): held by the-test"
+EXPIRED = (
+    r"WARNING not run: it waited in the task line of lock '{lock}' longer than max_wait \(1s\)"
+)
+FULL = r"WARNING not run: the task line of lock '{lock}' is full \(1 parked\)"
+RATE_FULL = r"INFO : rate limit '{lock}' \(.*\) is full; it comes back for its slot in \d+\.\d\ds"
+DROPPED = r"INFO dropped: a copy of it already ran to its end under lock '{lock}'"
+AWAITS = r"INFO : another copy of it holds lock '{lock}' \(running, or its worker died\); this one"
+UNLOCKED = r"ERROR runs WITHOUT lock '{lock}': Redis failed: "
+RETRIES_DOWN = r"INFO retries in \d+\.\ds: Redis for lock '{lock}' failed: "
 
 SCENARIOS: list[Scenario] = [
     # -- on_conflict, the lock held from outside (a core Lock owned by "the-test") -------------
@@ -136,14 +144,33 @@ SCENARIOS: list[Scenario] = [
         "retry_runs_after_the_release",
         "retry",
         "released_after_action",
-        Expect("ran", 1, actions("retry"), log=RETRIES),
+        Expect("ran", 1, actions("retry"), log=RETRIES, meanwhile="retrying"),
         params={"action": "retry"},
+    ),
+    Scenario(
+        "retry_gives_up_after_max_retries",
+        "retry_once",
+        "held_throughout",
+        Expect(
+            "failed",
+            0,
+            actions("retry"),
+            error="LockNotAcquired",
+            log=RETRIES,
+            says=r"gave up after 1 conflict retries: lock '{lock}' is held by the-test",
+        ),
     ),
     Scenario(
         "wait_times_out",
         "wait_briefly",
         "held_throughout",
-        Expect("failed", 0, actions("wait"), error="LockNotAcquired"),
+        Expect(
+            "failed",
+            0,
+            actions("wait"),
+            error="LockNotAcquired",
+            says=r"lock '{lock}' is held by the-test after waiting 0\.5s",
+        ),
     ),
     Scenario(
         "wait_gets_it",
@@ -156,13 +183,19 @@ SCENARIOS: list[Scenario] = [
         "raise",
         "raise_",
         "held_throughout",
-        Expect("failed", 0, actions("raise"), error="LockNotAcquired"),
+        Expect(
+            "failed",
+            0,
+            actions("raise"),
+            error="LockNotAcquired",
+            says=r"lock '{lock}' is held by the-test",
+        ),
     ),
     Scenario(
         "queue_runs_when_the_holder_releases",
         "queue",
         "released_after_action",
-        Expect("ran", 1, actions("queue"), log=PARKED),
+        Expect("ran", 1, actions("queue"), log=PARKED, meanwhile="parked"),
         params={"action": "queue"},
     ),
     # -- the task line ---------------------------------------------------------------------------
@@ -170,21 +203,40 @@ SCENARIOS: list[Scenario] = [
         "line_max_wait_expires",
         "queue_max_wait",
         "held_throughout",
-        Expect("failed", 0, actions("queue", "expired"), error="LockNotAcquired", log=EXPIRED),
+        Expect(
+            "failed",
+            0,
+            actions("queue", "expired"),
+            error="LockNotAcquired",
+            log=EXPIRED,
+            says=r"waited in the task line of lock '{lock}' longer than max_wait \(1s\); not run",
+        ),
+        drift={
+            "celery": "the expired task's LockNotAcquired says 'max_wait (1.0s)' "
+            "(integrations/celery/conflicts.py formats max_wait with str()); RQ's says "
+            "'max_wait (1s)' (rq/parking.py, :g), as the shared log line does (outcomes.py, %g)"
+        },
     ),
     Scenario(
         "line_max_waiting_full",
         "queue_max_waiting",
         "line_full",
         # The newcomer; the one already parked runs once the holder releases (runs: 1).
-        Expect("failed", 1, actions("full"), error="LineFull", log=FULL),
+        Expect(
+            "failed",
+            1,
+            actions("full"),
+            error="LineFull",
+            log=FULL,
+            says=r"lock '{lock}': its task line holds 1 parked tasks \(max_waiting\)",
+        ),
     ),
     # -- unique: a second send while the first is queued (sent with a delay) --------------------
     Scenario(
         "until_started_queued_copy_is_handed_back",
         "until_started",
         "duplicate_while_queued",
-        Expect("ran", 1, actions("existing"), same_id=True),
+        Expect("ran", 1, actions("existing"), same_id=True, first="ran"),
     ),
     Scenario(
         "until_finished_queued_copy_is_handed_back",
@@ -202,21 +254,28 @@ SCENARIOS: list[Scenario] = [
         "on_duplicate_raise",
         "dup_raise",
         "duplicate_while_queued",
-        Expect("failed", 1, actions("raise"), error="DuplicateTask", same_id=None),
+        Expect(
+            "failed",
+            1,
+            actions("raise"),
+            error="DuplicateTask",
+            first="ran",
+            says=r"a copy \([0-9a-f-]+\) is already queued under unique key '{lock}'",
+        ),
     ),
     Scenario(
         "on_duplicate_replace",
         "dup_replace",
         "duplicate_while_queued",
         # The new call runs; the replaced one never does (runs: 1).
-        Expect("ran", 1, actions("replace"), same_id=False),
+        Expect("ran", 1, actions("replace"), same_id=False, first="canceled"),
     ),
     # -- unique: a second send while the first runs ---------------------------------------------
     Scenario(
         "until_started_running_copy_lets_a_second_run",
         "until_started",
         "duplicate_while_running",
-        Expect("ran", 2, actions(), same_id=False),
+        Expect("ran", 2, actions(), same_id=False, first="ran"),
     ),
     Scenario(
         "until_finished_running_copy_is_handed_back",
@@ -228,13 +287,40 @@ SCENARIOS: list[Scenario] = [
         "while_running_second_run_skips",
         "while_running",
         "duplicate_while_running",
-        Expect("skipped", 1, actions("skip"), same_id=False, log=SKIPPED.replace("the-test", ".*")),
+        Expect(
+            "skipped",
+            1,
+            actions("skip"),
+            same_id=False,
+            first="ran",
+            log=SKIPPED.replace("the-test", ".*"),
+        ),
     ),
     Scenario(
         "until_and_while_running_second_run_waits_its_turn",
         "until_and_while_running",
         "duplicate_while_running",
-        Expect("ran", 2, actions("retry"), same_id=False, log=RETRIES.replace("the-test", ".*")),
+        Expect(
+            "ran",
+            2,
+            actions("retry"),
+            same_id=False,
+            first="ran",
+            log=RETRIES.replace("the-test", ".*"),
+        ),
+    ),
+    # -- unique: a second send once the first finished --------------------------------------------
+    Scenario(
+        "until_finished_frees_its_key_as_it_ends",
+        "until_finished",
+        "send_after_finished",
+        Expect("ran", 2, actions(), same_id=False, first="ran"),
+    ),
+    Scenario(
+        "until_and_while_running_frees_its_key_as_it_ends",
+        "until_and_while_running",
+        "send_after_finished",
+        Expect("ran", 2, actions(), same_id=False, first="ran"),
     ),
     # -- rate= -----------------------------------------------------------------------------------
     Scenario(
@@ -248,7 +334,14 @@ SCENARIOS: list[Scenario] = [
         "rate_past_max_delay_fails",
         "rated_max_delay",
         "rate_full",
-        Expect("failed", 1, actions("rate"), error="LockNotAcquired"),
+        Expect(
+            "failed",
+            1,
+            actions("rate"),
+            error="LockNotAcquired",
+            says=r"rate limit '{lock}' \(1/60s\) has no start free for \d+\.\ds, "
+            r"past max_delay \(1\.0s\)",
+        ),
         params={"per": 0.0},
     ),
     # -- another delivery of the same run --------------------------------------------------------
@@ -270,13 +363,42 @@ SCENARIOS: list[Scenario] = [
         "plain",
         "kill_runner",
         Expect("failed", 1),
+        marks=("faults",),
     ),
-    # -- the lock Redis unreachable (a worker of its own per policy) -----------------------------
+    # -- the lock Redis unreachable at send (the producer's; a unique call claims its key) ------
+    Scenario(
+        "send_with_the_lock_redis_down_fail",
+        "until_finished",
+        "send_while_down",
+        Expect("failed", 0, error="LockBackendError", says=r"lock '{lock}': Redis failed: .*"),
+        params={"policy": "fail"},
+    ),
+    Scenario(
+        "send_with_the_lock_redis_down_retry",
+        "until_finished",
+        "send_while_down",
+        Expect("failed", 0, error="LockBackendError", says=r"lock '{lock}': Redis failed: .*"),
+        params={"policy": "retry"},
+    ),
+    Scenario(
+        "send_with_the_lock_redis_down_run",
+        "until_finished",
+        "send_while_down",
+        Expect("ran", 1),  # published unchecked; the worker's lock Redis answers
+        params={"policy": "run"},
+    ),
+    # -- the lock Redis unreachable as the run starts (a worker of its own per policy) ----------
     Scenario(
         "backend_down_fail",
         "plain",
         "backend_down",
-        Expect("failed", 0, actions("backend_error:fail"), error="LockBackendError"),
+        Expect(
+            "failed",
+            0,
+            actions("backend_error:fail"),
+            error="LockBackendError",
+            says=r"lock '{lock}': Redis failed: .*",
+        ),
         params={"policy": "fail"},
     ),
     Scenario(

@@ -21,7 +21,7 @@ import pytest
 from conftest import wait_for, wait_until_queued
 from helpers import free_port
 
-from celery_redislock import DuplicateTask
+from celery_redislock import DuplicateTask, LockBackendError
 
 from .adapters import FINAL, Adapter
 from .scenarios import SCENARIOS, Expect, Scenario
@@ -31,6 +31,11 @@ OWN = [case for s in SCENARIOS if s.play == "backend_down" for case in s.cases()
 
 # Generous: a loaded 2-core machine may be slow; a condition met returns at once.
 DEADLINE_S = 30.0
+
+
+# An error message names its run first, in each framework's words ("task NAME[ID]: ", "job
+# module.function[ID]: ", without the id at send): what follows must be the same.
+RUN_PREFIX = re.compile(r"^(task|job) [^\s\[]+?(\[[^\]]+\])?: ")
 
 
 @contextmanager
@@ -48,9 +53,17 @@ def settle(adapter: Adapter, run_id: str, timeout: float = DEADLINE_S) -> str:
     return adapter.state(run_id)[0]
 
 
-def logged(adapter: Adapter, run_id: str, phrase: str, lock: str, timeout: float = 10) -> bool:
-    phrase = phrase.replace("{lock}", re.escape(lock))
-    pattern = re.compile(re.escape(f"[{run_id}]") + " ?" + phrase)
+def logged(adapter: Adapter, run_id: str, line: str, lock: str, timeout: float = 10) -> bool:
+    """Whether the worker logged ``line`` (a row's ``log``) for the run, from the outcomes
+    logger, within ``timeout`` seconds."""
+    level, phrase = line.split(" ", 1)
+    pattern = re.compile(
+        rf"^{level} celery_redislock\.core\.outcomes task \S+"
+        + re.escape(f"[{run_id}]")
+        + " ?"
+        + phrase.replace("{lock}", re.escape(lock)),
+        re.MULTILINE,
+    )
     deadline = time.monotonic() + timeout
     while not pattern.search(adapter.log()):
         if time.monotonic() > deadline:
@@ -68,11 +81,19 @@ def observe(
     also: tuple[str, ...] = (),
     same_id: bool | None = None,
     state: tuple[str, str | None] | None = None,
+    meanwhile: str | None = None,
+    first: str | None = None,
+    text: str | None = None,
 ) -> Expect:
     """What the run ``run_id`` showed, in the row's terms (the fields the row leaves open are
     left out)."""
     want = row.expect
     got_state, error = state or adapter.state(run_id)
+    says = None
+    if want.says is not None:
+        said = RUN_PREFIX.sub("", text if text is not None else adapter.error_text(run_id), 1)
+        pattern = want.says.replace("{lock}", re.escape(f"conf:{key}"))
+        says = want.says if re.fullmatch(pattern, said) else said
     seen = {a for rid in (run_id, *also) for a in adapter.actions(rid)}
     log = None
     if want.log is not None:
@@ -84,6 +105,9 @@ def observe(
         error=error if want.error is not None else None,
         log=log,
         same_id=same_id if want.same_id is not None else None,
+        meanwhile=meanwhile if want.meanwhile is not None else None,
+        first=first if want.first is not None else None,
+        says=says,
     )
 
 
@@ -102,9 +126,13 @@ def released_after_action(adapter: Adapter, row: Scenario, key: str) -> Expect:
     with held(adapter, key):
         run_id = adapter.send(row.job, key)
         wait_for(lambda: action in adapter.actions(run_id), f"action {action!r}", DEADLINE_S)
+        if row.expect.meanwhile is not None:  # the state comes just after the signal
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: adapter.state(run_id)[0] == row.expect.meanwhile, "", 5)
+        meanwhile = adapter.state(run_id)[0]
         assert adapter.runs(key) == 0
     settle(adapter, run_id)
-    return observe(adapter, row, key, run_id)
+    return observe(adapter, row, key, run_id, meanwhile=meanwhile)
 
 
 def released_once_it_waits(adapter: Adapter, row: Scenario, key: str) -> Expect:
@@ -136,13 +164,15 @@ def duplicate_while_queued(adapter: Adapter, row: Scenario, key: str) -> Expect:
         second = adapter.send(row.job, key, delay=DELAY_S, run_id=sent)
     except DuplicateTask as exc:
         assert exc.task_id == first
-        settle(adapter, first)
-        return observe(adapter, row, key, first, also=(sent,), state=("failed", "DuplicateTask"))
+        ended = settle(adapter, first)
+        failed = ("failed", "DuplicateTask")
+        return observe(
+            adapter, row, key, first, also=(sent,), state=failed, first=ended, text=str(exc)
+        )
     settle(adapter, second)
-    if second != first:
-        settle(adapter, first)  # ran, skipped or (replaced) canceled
+    ended = settle(adapter, first)  # ran, skipped or (replaced) canceled
     also = (first, sent)
-    return observe(adapter, row, key, second, also=also, same_id=second == first)
+    return observe(adapter, row, key, second, also=also, same_id=second == first, first=ended)
 
 
 def duplicate_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
@@ -157,9 +187,18 @@ def duplicate_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect
             DEADLINE_S,
         )
     adapter.stop(key)
-    settle(adapter, first)
+    ended = settle(adapter, first)
     settle(adapter, second)
-    return observe(adapter, row, key, second, also=(sent,), same_id=second == first)
+    return observe(adapter, row, key, second, also=(sent,), same_id=second == first, first=ended)
+
+
+def send_after_finished(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    first = adapter.send(row.job, key)
+    ended = settle(adapter, first)
+    sent = str(uuid.uuid4())
+    second = adapter.send(row.job, key, run_id=sent)
+    settle(adapter, second)
+    return observe(adapter, row, key, second, also=(sent,), same_id=second == first, first=ended)
 
 
 def rate_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
@@ -217,6 +256,19 @@ def kill_runner(adapter: Adapter, row: Scenario, key: str) -> Expect:
     return observe(adapter, row, key, run_id)
 
 
+def send_while_down(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    sent = str(uuid.uuid4())
+    with adapter.producer_lock_down(url, row.params["policy"]):
+        try:
+            run_id = adapter.send(row.job, key, run_id=sent)
+        except LockBackendError as exc:
+            failed = ("failed", "LockBackendError")
+            return observe(adapter, row, key, sent, state=failed, text=str(exc))
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id, also=(sent,))
+
+
 def backend_down(adapter: Adapter, row: Scenario, key: str) -> Expect:
     run_id = adapter.send(row.job, key)
     try:
@@ -245,10 +297,12 @@ PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
         line_full,
         duplicate_while_queued,
         duplicate_while_running,
+        send_after_finished,
         rate_full,
         copy_of_finished,
         copy_while_running,
         kill_runner,
+        send_while_down,
         backend_down,
     )
 }
@@ -263,7 +317,7 @@ def play(adapter: Adapter, row: Scenario) -> None:
     assert observed == row.expect
 
 
-@pytest.mark.parametrize(("shared", "row"), SHARED, indirect=["shared"])
+@pytest.mark.parametrize(("shared", "row"), SHARED, indirect=["shared"], scope="module")
 def test_conformance(shared: Adapter, row: Scenario) -> None:
     play(shared, row)
 
