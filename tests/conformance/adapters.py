@@ -43,6 +43,10 @@ class Adapter:
     def actions(self, run_id: str) -> list[str]:
         return [a.decode() for a in self.marks.lrange(f"actions:{run_id}", 0, -1)]
 
+    def lease(self, run_id: str) -> list[str]:
+        """The run's lock_acquired and lock_released signals, in order."""
+        return [a.decode() for a in self.marks.lrange(f"lease:{run_id}", 0, -1)]
+
     def runs(self, key: str) -> int:
         return int(self.marks.llen(f"ran:{key}"))
 

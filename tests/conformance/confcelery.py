@@ -15,7 +15,13 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_redislock import install, lock_backend_error, lock_conflict
+from celery_redislock import (
+    install,
+    lock_acquired,
+    lock_backend_error,
+    lock_conflict,
+    lock_released,
+)
 
 from .scenarios import JOBS
 
@@ -82,3 +88,15 @@ def _note_backend_error(sender: Any = None, task_id: str = "", policy: str = "",
 
 lock_conflict.connect(_note_conflict, weak=False)
 lock_backend_error.connect(_note_backend_error, weak=False)
+
+
+def _note_acquired(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    r.rpush(f"lease:{task_id}", "acquired")
+
+
+def _note_released(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    r.rpush(f"lease:{task_id}", "released")
+
+
+lock_acquired.connect(_note_acquired, weak=False)
+lock_released.connect(_note_released, weak=False)

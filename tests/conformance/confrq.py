@@ -17,7 +17,14 @@ from typing import Any
 import redis
 from rq import get_current_job
 
-from celery_redislock.integrations.rq import LockWorker, lock_backend_error, lock_conflict, locked
+from celery_redislock.integrations.rq import (
+    LockWorker,
+    lock_acquired,
+    lock_backend_error,
+    lock_conflict,
+    lock_released,
+    locked,
+)
 
 from .scenarios import JOBS
 
@@ -79,3 +86,13 @@ def _note_conflict(sender: str, task_id: str, action: str, **_: Any) -> None:
 @lock_backend_error.connect
 def _note_backend_error(sender: str, task_id: str, policy: str, **_: Any) -> None:
     _notes().rpush(f"actions:{task_id}", f"backend_error:{policy}")
+
+
+@lock_acquired.connect
+def _note_acquired(sender: str, task_id: str, **_: Any) -> None:
+    _notes().rpush(f"lease:{task_id}", "acquired")
+
+
+@lock_released.connect
+def _note_released(sender: str, task_id: str, **_: Any) -> None:
+    _notes().rpush(f"lease:{task_id}", "released")

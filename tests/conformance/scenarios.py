@@ -86,6 +86,9 @@ class Expect:
     meanwhile: str | None = None  # its state while the lock is still held (a play that says)
     first: str | None = None  # a second send: the final state of the first call
     says: str | None = None  # its error's message (regex), after the run's name and id
+    # The lock_acquired / lock_released signals sent for its run id (the lock's or the run lock
+    # a unique lifecycle implies).
+    lease: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,9 @@ def actions(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 
+HELD = frozenset({"acquired", "released"})  # took its lease and gave it back
+
+
 # The lines of core/outcomes.py: "<LEVEL> <what follows the run's "task NAME[ID]">", a regex;
 # the worker's line must be that level, from the logger celery_redislock.core.outcomes.
 SKIPPED = r"INFO skipped: lock '{lock}' is held by the-test"
@@ -144,7 +150,7 @@ SCENARIOS: list[Scenario] = [
         "retry_runs_after_the_release",
         "retry",
         "released_after_action",
-        Expect("ran", 1, actions("retry"), log=RETRIES, meanwhile="retrying"),
+        Expect("ran", 1, actions("retry"), log=RETRIES, meanwhile="retrying", lease=HELD),
         params={"action": "retry"},
     ),
     Scenario(
@@ -177,7 +183,7 @@ SCENARIOS: list[Scenario] = [
         "wait",
         "released_once_it_waits",
         # No conflict signal: a wait that gets the lock is an acquire that waited.
-        Expect("ran", 1, actions()),
+        Expect("ran", 1, actions(), lease=HELD),
     ),
     Scenario(
         "raise",
@@ -195,7 +201,7 @@ SCENARIOS: list[Scenario] = [
         "queue_runs_when_the_holder_releases",
         "queue",
         "released_after_action",
-        Expect("ran", 1, actions("queue"), log=PARKED, meanwhile="parked"),
+        Expect("ran", 1, actions("queue"), log=PARKED, meanwhile="parked", lease=HELD),
         params={"action": "queue"},
     ),
     # -- the task line ---------------------------------------------------------------------------
@@ -242,13 +248,13 @@ SCENARIOS: list[Scenario] = [
         "until_finished_queued_copy_is_handed_back",
         "until_finished",
         "duplicate_while_queued",
-        Expect("ran", 1, actions("existing"), same_id=True),
+        Expect("ran", 1, actions("existing"), same_id=True, lease=HELD),
     ),
     Scenario(
         "until_and_while_running_queued_copy_is_handed_back",
         "until_and_while_running",
         "duplicate_while_queued",
-        Expect("ran", 1, actions("existing"), same_id=True),
+        Expect("ran", 1, actions("existing"), same_id=True, lease=HELD),
     ),
     Scenario(
         "on_duplicate_raise",
@@ -281,7 +287,7 @@ SCENARIOS: list[Scenario] = [
         "until_finished_running_copy_is_handed_back",
         "until_finished",
         "duplicate_while_running",
-        Expect("ran", 1, actions("existing"), same_id=True),
+        Expect("ran", 1, actions("existing"), same_id=True, lease=HELD),
     ),
     Scenario(
         "while_running_second_run_skips",
@@ -307,6 +313,7 @@ SCENARIOS: list[Scenario] = [
             same_id=False,
             first="ran",
             log=RETRIES.replace("the-test", ".*"),
+            lease=HELD,
         ),
     ),
     # -- unique: a second send once the first finished --------------------------------------------
@@ -314,13 +321,13 @@ SCENARIOS: list[Scenario] = [
         "until_finished_frees_its_key_as_it_ends",
         "until_finished",
         "send_after_finished",
-        Expect("ran", 2, actions(), same_id=False, first="ran"),
+        Expect("ran", 2, actions(), same_id=False, first="ran", lease=HELD),
     ),
     Scenario(
         "until_and_while_running_frees_its_key_as_it_ends",
         "until_and_while_running",
         "send_after_finished",
-        Expect("ran", 2, actions(), same_id=False, first="ran"),
+        Expect("ran", 2, actions(), same_id=False, first="ran", lease=HELD),
     ),
     # -- rate= -----------------------------------------------------------------------------------
     Scenario(
@@ -349,20 +356,20 @@ SCENARIOS: list[Scenario] = [
         "copy_of_a_finished_run_is_dropped",
         "redelivered",
         "copy_of_finished",
-        Expect("ran", 1, actions("drop"), log=DROPPED),
+        Expect("ran", 1, actions("drop"), log=DROPPED, lease=HELD),
     ),
     Scenario(
         "copy_beside_its_running_first_awaits_then_is_dropped",
         "redelivered",
         "copy_while_running",
-        Expect("ran", 1, actions("await", "drop"), log=AWAITS),
+        Expect("ran", 1, actions("await", "drop"), log=AWAITS, lease=HELD),
     ),
     # -- a killed runner (Celery prefork child, RQ LockWorker horse) -----------------------------
     Scenario(
         "killed_runner_is_released_by_the_parent_at_once",
         "plain",
         "kill_runner",
-        Expect("failed", 1),
+        Expect("failed", 1, lease=frozenset({"acquired"})),
         marks=("faults",),
     ),
     # -- the lock Redis unreachable at send (the producer's; a unique call claims its key) ------
@@ -384,7 +391,7 @@ SCENARIOS: list[Scenario] = [
         "send_with_the_lock_redis_down_run",
         "until_finished",
         "send_while_down",
-        Expect("ran", 1),  # published unchecked; the worker's lock Redis answers
+        Expect("ran", 1, lease=HELD),  # published unchecked; the worker's lock Redis answers
         params={"policy": "run"},
     ),
     # -- the lock Redis unreachable as the run starts (a worker of its own per policy) ----------

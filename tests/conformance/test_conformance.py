@@ -95,6 +95,7 @@ def observe(
         pattern = want.says.replace("{lock}", re.escape(f"conf:{key}"))
         says = want.says if re.fullmatch(pattern, said) else said
     seen = {a for rid in (run_id, *also) for a in adapter.actions(rid)}
+    lease = {a for rid in (run_id, *also) for a in adapter.lease(rid)}
     log = None
     if want.log is not None:
         log = want.log if logged(adapter, run_id, want.log, f"conf:{key}") else "<not logged>"
@@ -108,6 +109,7 @@ def observe(
         meanwhile=meanwhile if want.meanwhile is not None else None,
         first=first if want.first is not None else None,
         says=says,
+        lease=frozenset(lease),
     )
 
 
