@@ -37,8 +37,9 @@ class Adapter:
         self.marks = marks
         self.lock_client = redis.Redis.from_url(lock_url)
 
-    def lock(self, key: str) -> Lock:
-        return Lock(self.lock_client, f"conf:{key}", ttl=TTL)
+    def lock(self, name: str, **options: Any) -> Lock:
+        """The lock ``name`` (``conf:<key>``, the name a call of ``key`` takes)."""
+        return Lock(self.lock_client, name, ttl=TTL, **options)
 
     def actions(self, run_id: str) -> list[str]:
         return [a.decode() for a in self.marks.lrange(f"actions:{run_id}", 0, -1)]

@@ -67,6 +67,12 @@ JOBS: dict[str, Job] = {
     # ttl 3: a copy that finds its own run's lease looks again after a second.
     "redelivered": Job(lock=_lock(ttl=3), acks_late=True),
     "plain": Job(lock=_lock()),
+    "reader": Job(lock=_lock(mode="read", on_conflict="skip")),
+    "cap2": Job(lock=_lock(limit=2, on_conflict="skip")),
+    "per_host": Job(lock=_lock(scope="host", on_conflict="skip")),
+    "unique_in_line": Job(
+        lock=_lock(on_conflict="queue"), unique={"lifecycle": "until_started", "key": KEY}
+    ),
 }
 
 ADAPTERS = ("celery", "rq")
@@ -204,6 +210,44 @@ SCENARIOS: list[Scenario] = [
         Expect("ran", 1, actions("queue"), log=PARKED, meanwhile="parked", lease=HELD),
         params={"action": "queue"},
     ),
+    # -- modes, caps and scope: the outside holder's lease as the row's params say -------------
+    Scenario(
+        "a_reader_beside_a_reader_runs",
+        "reader",
+        "held_throughout",
+        Expect("ran", 1, lease=HELD),
+        params={"mode": "read"},
+    ),
+    Scenario(
+        "a_writer_beside_a_reader_skips",
+        "skip",
+        "held_throughout",
+        Expect("skipped", 0, actions("skip"), log=SKIPPED),
+        params={"mode": "read"},
+    ),
+    Scenario(
+        "a_cap_with_a_place_free_runs",
+        "cap2",
+        "held_throughout",
+        Expect("ran", 1, lease=HELD),
+        params={"limit": 2},
+    ),
+    Scenario(
+        "a_full_cap_skips",
+        "cap2",
+        "held_throughout",
+        Expect(
+            "skipped", 0, actions("skip"), log=SKIPPED.replace("the-test", "the-test, the-test")
+        ),
+        params={"limit": 2, "count": 2},
+    ),
+    Scenario(
+        "scope_host_takes_the_lock_of_this_host",
+        "per_host",
+        "held_throughout",
+        Expect("skipped", 0, actions("skip"), log=SKIPPED),
+        params={"host": True},
+    ),
     # -- the task line ---------------------------------------------------------------------------
     Scenario(
         "line_max_wait_expires",
@@ -236,6 +280,26 @@ SCENARIOS: list[Scenario] = [
             log=FULL,
             says=r"lock '{lock}': its task line holds 1 parked tasks \(max_waiting\)",
         ),
+    ),
+    Scenario(
+        "a_killed_holder_hands_the_lock_to_the_line_at_once",
+        "queue",
+        "kill_runner_with_line",
+        Expect(
+            "ran",
+            2,
+            actions("queue"),
+            log=PARKED.replace("the-test", ".*"),
+            first="failed",
+            lease=HELD,
+        ),
+        marks=("faults",),
+    ),
+    Scenario(
+        "a_unique_call_keeps_its_claim_while_parked",
+        "unique_in_line",
+        "duplicate_while_parked",
+        Expect("ran", 1, actions("queue", "existing"), log=PARKED, same_id=True, lease=HELD),
     ),
     # -- unique: a second send while the first is queued (sent with a delay) --------------------
     Scenario(

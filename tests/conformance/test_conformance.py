@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,14 +39,26 @@ DEADLINE_S = 30.0
 RUN_PREFIX = re.compile(r"^(task|job) [^\s\[]+?(\[[^\]]+\])?: ")
 
 
+def lock_name(row: Scenario, key: str) -> str:
+    """The lock a call of ``key`` takes (``scope="host"``: this host's)."""
+    return f"conf:{key}@{socket.gethostname()}" if row.params.get("host") else f"conf:{key}"
+
+
 @contextmanager
-def held(adapter: Adapter, key: str) -> Iterator[None]:
-    """The call's lock, held from outside by the test (holder id "the-test")."""
-    lease = adapter.lock(key).acquire(owner="test", info={"task_id": "the-test"})
+def held(adapter: Adapter, row: Scenario, key: str) -> Iterator[None]:
+    """The call's lock, held from outside by the test (holder id "the-test"): one lease, or
+    ``count`` leases, in the ``mode`` and under the ``limit`` of the row's params."""
+    options = {k: row.params[k] for k in ("mode", "limit") if k in row.params}
+    lock = adapter.lock(lock_name(row, key), **options)
+    leases = [
+        lock.acquire(owner=f"test{n}", info={"task_id": "the-test"})
+        for n in range(row.params.get("count", 1))
+    ]
     try:
         yield
     finally:
-        lease.release()
+        for lease in leases:
+            lease.release()
 
 
 def settle(adapter: Adapter, run_id: str, timeout: float = DEADLINE_S) -> str:
@@ -92,13 +105,14 @@ def observe(
     says = None
     if want.says is not None:
         said = RUN_PREFIX.sub("", text if text is not None else adapter.error_text(run_id), 1)
-        pattern = want.says.replace("{lock}", re.escape(f"conf:{key}"))
+        pattern = want.says.replace("{lock}", re.escape(lock_name(row, key)))
         says = want.says if re.fullmatch(pattern, said) else said
     seen = {a for rid in (run_id, *also) for a in adapter.actions(rid)}
     lease = {a for rid in (run_id, *also) for a in adapter.lease(rid)}
     log = None
     if want.log is not None:
-        log = want.log if logged(adapter, run_id, want.log, f"conf:{key}") else "<not logged>"
+        found = logged(adapter, run_id, want.log, lock_name(row, key))
+        log = want.log if found else "<not logged>"
     return Expect(
         state=got_state,
         runs=adapter.runs(key),
@@ -117,7 +131,7 @@ def observe(
 
 
 def held_throughout(adapter: Adapter, row: Scenario, key: str) -> Expect:
-    with held(adapter, key):
+    with held(adapter, row, key):
         run_id = adapter.send(row.job, key)
         settle(adapter, run_id)
     return observe(adapter, row, key, run_id)
@@ -125,7 +139,7 @@ def held_throughout(adapter: Adapter, row: Scenario, key: str) -> Expect:
 
 def released_after_action(adapter: Adapter, row: Scenario, key: str) -> Expect:
     action = row.params["action"]
-    with held(adapter, key):
+    with held(adapter, row, key):
         run_id = adapter.send(row.job, key)
         wait_for(lambda: action in adapter.actions(run_id), f"action {action!r}", DEADLINE_S)
         if row.expect.meanwhile is not None:  # the state comes just after the signal
@@ -138,8 +152,8 @@ def released_after_action(adapter: Adapter, row: Scenario, key: str) -> Expect:
 
 
 def released_once_it_waits(adapter: Adapter, row: Scenario, key: str) -> Expect:
-    lock = adapter.lock(key)
-    with held(adapter, key):
+    lock = adapter.lock(lock_name(row, key))
+    with held(adapter, row, key):
         run_id = adapter.send(row.job, key)
         wait_until_queued(adapter.lock_client, lock)  # it waits in the lock's line
     settle(adapter, run_id)
@@ -147,7 +161,7 @@ def released_once_it_waits(adapter: Adapter, row: Scenario, key: str) -> Expect:
 
 
 def line_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
-    with held(adapter, key):
+    with held(adapter, row, key):
         parked = adapter.send(row.job, key)
         wait_for(lambda: "queue" in adapter.actions(parked), "the first parked", DEADLINE_S)
         run_id = adapter.send(row.job, key)
@@ -157,6 +171,33 @@ def line_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
 
 
 DELAY_S = 2.0  # long enough to send the second call while the first is still queued
+
+
+def duplicate_while_parked(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    with held(adapter, row, key):
+        first = adapter.send(row.job, key)
+        wait_for(lambda: "queue" in adapter.actions(first), "the first parked", DEADLINE_S)
+        sent = str(uuid.uuid4())
+        second = adapter.send(row.job, key, run_id=sent)
+    settle(adapter, first)
+    if second != first:
+        settle(adapter, second)
+    return observe(adapter, row, key, first, also=(sent,), same_id=second == first)
+
+
+def kill_runner_with_line(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    first = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
+    pid = adapter.pid(key)
+    run_id = adapter.send(row.job, key)
+    wait_for(lambda: "queue" in adapter.actions(run_id), "the second parked", DEADLINE_S)
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: adapter.runs(key) == 2, "the parked call runs", DEADLINE_S)
+    # At once (the parent hands the lock on), not after a lapse: the lease's ttl is 30 s.
+    assert time.monotonic() - killed < 5.0
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id, first=settle(adapter, first))
 
 
 def duplicate_while_queued(adapter: Adapter, row: Scenario, key: str) -> Expect:
@@ -247,7 +288,7 @@ def copy_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
 def kill_runner(adapter: Adapter, row: Scenario, key: str) -> Expect:
     run_id = adapter.send(row.job, key, 60.0)
     wait_for(lambda: adapter.runs(key) == 1, "the call runs", DEADLINE_S)
-    lock = adapter.lock(key)
+    lock = adapter.lock(lock_name(row, key))
     assert lock.locked()
     os.kill(adapter.pid(key), signal.SIGKILL)
     killed = time.monotonic()
@@ -304,6 +345,8 @@ PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
         copy_of_finished,
         copy_while_running,
         kill_runner,
+        kill_runner_with_line,
+        duplicate_while_parked,
         send_while_down,
         backend_down,
     )
