@@ -17,6 +17,7 @@ from rqworkers import RQWorker
 from workers import Worker
 
 from celery_redislock import Lock
+from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.integrations.rq import SKIPPED, UniqueQueue, outcome_of
 
 TESTS = Path(__file__).parent.parent
@@ -32,6 +33,7 @@ class Adapter:
 
     name: str
     workers: list[Any]
+    lock_server: RedisServer | None = None  # a test's own lock Redis, which it starts and stops
 
     def __init__(self, marks: redis.Redis, lock_url: str) -> None:
         self.marks = marks

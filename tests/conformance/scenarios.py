@@ -458,7 +458,7 @@ SCENARIOS: list[Scenario] = [
         Expect("ran", 1, lease=HELD),  # published unchecked; the worker's lock Redis answers
         params={"policy": "run"},
     ),
-    # -- the lock Redis unreachable as the run starts (a worker of its own per policy) ----------
+    # -- the lock Redis down as the run starts (a worker of its own per policy) -----------------
     Scenario(
         "backend_down_fail",
         "plain",
@@ -476,7 +476,8 @@ SCENARIOS: list[Scenario] = [
         "backend_down_retry",
         "plain",
         "backend_down",
-        Expect("retrying", 0, actions("backend_error:retry"), log=RETRIES_DOWN),
+        # Re-sent until the lock Redis answers again (it is started once the retry was logged).
+        Expect("ran", 1, actions("backend_error:retry"), log=RETRIES_DOWN, lease=HELD),
         params={"policy": "retry"},
     ),
     Scenario(
