@@ -91,6 +91,10 @@ class Adapter:
         """The message of the run's error (without its class name), if it failed."""
         raise NotImplementedError
 
+    def skip_record(self, run_id: str) -> dict[str, Any]:
+        """What a skipped run records of the conflict: ``{"lock": ..., "holders": [...]}``."""
+        raise NotImplementedError
+
     def forget(self, run_id: str) -> None:
         """Drops a run left waiting (so that no later worker picks it up)."""
 
@@ -145,6 +149,10 @@ class CeleryAdapter(Adapter):
     def error_text(self, run_id: str) -> str:
         result = AsyncResult(run_id, app=self.app)
         return str(result.result) if result.state == "FAILURE" else ""
+
+    def skip_record(self, run_id: str) -> dict[str, Any]:
+        info = AsyncResult(run_id, app=self.app).info  # SKIPPED's meta
+        return dict(info) if isinstance(info, dict) else {"info": repr(info)}
 
     def forget(self, run_id: str) -> None:
         self.app.control.revoke(run_id)
@@ -229,6 +237,11 @@ class RQAdapter(Adapter):
         text = (result.exc_string if result else None) or ""
         last = [line for line in text.strip().splitlines() if line.strip()][-1:] or [""]
         return last[0].split(": ", 1)[-1]
+
+    def skip_record(self, run_id: str) -> dict[str, Any]:
+        outcome = dict(outcome_of(Job.fetch(run_id, connection=self.marks)) or {})
+        outcome.pop("outcome", None)  # "skipped": the state says it
+        return outcome
 
     def forget(self, run_id: str) -> None:
         job = Job.fetch(run_id, connection=self.marks)

@@ -95,6 +95,9 @@ class Expect:
     # The lock_acquired / lock_released signals sent for its run id (the lock's or the run lock
     # a unique lifecycle implies).
     lease: frozenset[str] = frozenset()
+    # A skipped run's record of the conflict (Celery: the SKIPPED state's info; RQ: outcome_of):
+    # its holders, once its lock's name was found in it.
+    record: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,7 @@ SCENARIOS: list[Scenario] = [
         "skip",
         "skip",
         "held_throughout",
-        Expect("skipped", 0, actions("skip"), log=SKIPPED),
+        Expect("skipped", 0, actions("skip"), log=SKIPPED, record=("the-test",)),
     ),
     Scenario(
         "retry_runs_after_the_release",
@@ -222,7 +225,7 @@ SCENARIOS: list[Scenario] = [
         "a_writer_beside_a_reader_skips",
         "skip",
         "held_throughout",
-        Expect("skipped", 0, actions("skip"), log=SKIPPED),
+        Expect("skipped", 0, actions("skip"), log=SKIPPED, record=("the-test",)),
         params={"mode": "read"},
     ),
     Scenario(
@@ -237,7 +240,11 @@ SCENARIOS: list[Scenario] = [
         "cap2",
         "held_throughout",
         Expect(
-            "skipped", 0, actions("skip"), log=SKIPPED.replace("the-test", "the-test, the-test")
+            "skipped",
+            0,
+            actions("skip"),
+            log=SKIPPED.replace("the-test", "the-test, the-test"),
+            record=("the-test", "the-test"),
         ),
         params={"limit": 2, "count": 2},
     ),
@@ -245,7 +252,7 @@ SCENARIOS: list[Scenario] = [
         "scope_host_takes_the_lock_of_this_host",
         "per_host",
         "held_throughout",
-        Expect("skipped", 0, actions("skip"), log=SKIPPED),
+        Expect("skipped", 0, actions("skip"), log=SKIPPED, record=("the-test",)),
         params={"host": True},
     ),
     # -- the task line ---------------------------------------------------------------------------

@@ -125,7 +125,16 @@ def observe(
         first=first if want.first is not None else None,
         says=says,
         lease=frozenset(lease),
+        record=recorded(adapter, row, key, run_id) if want.record is not None else None,
     )
+
+
+def recorded(adapter: Adapter, row: Scenario, key: str, run_id: str) -> tuple[str, ...] | None:
+    """The holders a skipped run recorded, if it recorded its own lock's name too."""
+    record = adapter.skip_record(run_id)
+    if record.get("lock") != lock_name(row, key):
+        return ("<lock>", repr(record))
+    return tuple(record.get("holders") or ())
 
 
 # -- plays: how a row is played (the row's `play`) ------------------------------------------------
@@ -252,7 +261,7 @@ def rate_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
     settle(adapter, second)
     starts = adapter.started_at(key)
     if len(starts) == 2:  # never two starts within the rate's period
-        assert starts[1] - starts[0] >= row.params["per"] * 0.95, starts
+        assert starts[1] - starts[0] >= row.params["per"] * 0.8, starts
     return observe(adapter, row, key, second)
 
 
