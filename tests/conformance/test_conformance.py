@@ -69,7 +69,7 @@ def settle(adapter: Adapter, run_id: str, timeout: float = DEADLINE_S) -> str:
     return adapter.state(run_id)[0]
 
 
-def logged(adapter: Adapter, run_id: str, line: str, lock: str, timeout: float = 10) -> bool:
+def logged(adapter: Adapter, run_id: str, line: str, lock: str, timeout: float = 5) -> bool:
     """Whether the worker logged ``line`` (a row's ``log``) for the run, from the outcomes
     logger, within ``timeout`` seconds."""
     level, phrase = line.split(" ", 1)
@@ -411,6 +411,7 @@ def test_conformance(shared: Adapter, row: Scenario) -> None:
 
 
 @pytest.mark.faults
+@pytest.mark.slow  # workers of its own, per row: about 5 s each on a loaded machine
 @pytest.mark.parametrize(("name", "row"), OWN)
 def test_conformance_with_the_lock_redis_down(
     name: str, row: Scenario, own_adapter: Callable[..., Adapter]
