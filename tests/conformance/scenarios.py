@@ -307,6 +307,19 @@ SCENARIOS: list[Scenario] = [
         marks=("faults",),
     ),
     Scenario(
+        "an_operator_frees_the_lock_and_the_line_runs",
+        "queue",
+        "forced_release_with_line",
+        Expect(
+            "ran",
+            2,
+            actions("queue"),
+            log=PARKED.replace("the-test", ".*"),
+            first="ran",  # it ran on without its lease, and ends as its body does
+            lease=HELD,
+        ),
+    ),
+    Scenario(
         "a_unique_call_keeps_its_claim_while_parked",
         "unique_in_line",
         "duplicate_while_parked",

@@ -24,6 +24,7 @@ from helpers import free_port
 
 from celery_redislock import DuplicateTask, LockBackendError
 from celery_redislock.contrib.redis_server import RedisServer
+from celery_redislock.core.admin import force_release
 
 from .adapters import FINAL, Adapter
 from .scenarios import SCENARIOS, Expect, Scenario
@@ -228,6 +229,21 @@ def kill_runner_with_line(adapter: Adapter, row: Scenario, key: str) -> Expect:
     return observe(adapter, row, key, run_id, first=settle(adapter, first))
 
 
+def forced_release_with_line(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """An operator frees the lock of a running call (the framework-free admin call, which
+    publishes nothing): the call parked behind it is put back by a sweep, and runs."""
+    first = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
+    run_id = adapter.send(row.job, key)
+    wait_for(lambda: "queue" in adapter.actions(run_id), "the second parked", DEADLINE_S)
+    released = force_release(adapter.lock_client, lock_name(row, key), task_id=first)
+    assert released.holders, released
+    wait_for(lambda: adapter.runs(key) == 2, "the parked call runs", DEADLINE_S)
+    settle(adapter, run_id)
+    adapter.stop(key)
+    return observe(adapter, row, key, run_id, first=settle(adapter, first))
+
+
 def duplicate_while_queued(adapter: Adapter, row: Scenario, key: str) -> Expect:
     first = adapter.send(row.job, key, delay=DELAY_S)
     sent = str(uuid.uuid4())  # the second call's own id: what a producer signals names it
@@ -388,6 +404,7 @@ PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
         copy_while_running,
         kill_runner,
         kill_runner_with_line,
+        forced_release_with_line,
         duplicate_while_parked,
         send_while_down,
         backend_down,
