@@ -20,6 +20,7 @@ from celery_redislock import (
     lock_acquired,
     lock_backend_error,
     lock_conflict,
+    lock_lost,
     lock_released,
 )
 
@@ -100,3 +101,10 @@ def _note_released(sender: Any = None, task_id: str = "", **_: Any) -> None:
 
 lock_acquired.connect(_note_acquired, weak=False)
 lock_released.connect(_note_released, weak=False)
+
+
+def _note_lost(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    r.rpush(f"lease:{task_id}", "lost")
+
+
+lock_lost.connect(_note_lost, weak=False)

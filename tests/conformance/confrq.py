@@ -22,6 +22,7 @@ from celery_redislock.integrations.rq import (
     lock_acquired,
     lock_backend_error,
     lock_conflict,
+    lock_lost,
     lock_released,
     locked,
 )
@@ -96,3 +97,8 @@ def _note_acquired(sender: str, task_id: str, **_: Any) -> None:
 @lock_released.connect
 def _note_released(sender: str, task_id: str, **_: Any) -> None:
     _notes().rpush(f"lease:{task_id}", "released")
+
+
+@lock_lost.connect
+def _note_lost(sender: str, task_id: str, **_: Any) -> None:
+    _notes().rpush(f"lease:{task_id}", "lost")

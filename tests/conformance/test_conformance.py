@@ -244,6 +244,18 @@ def forced_release_with_line(adapter: Adapter, row: Scenario, key: str) -> Expec
     return observe(adapter, row, key, run_id, first=settle(adapter, first))
 
 
+def lease_taken_away(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """The run's lease is freed behind its back (an operator's forced release): its heartbeat
+    reports it lost, and the run goes on to its end."""
+    run_id = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the call runs", DEADLINE_S)
+    assert force_release(adapter.lock_client, lock_name(row, key), task_id=run_id).holders
+    wait_for(lambda: "lost" in adapter.lease(run_id), "the loss signalled", DEADLINE_S)
+    adapter.stop(key)
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id)
+
+
 def duplicate_while_queued(adapter: Adapter, row: Scenario, key: str) -> Expect:
     first = adapter.send(row.job, key, delay=DELAY_S)
     sent = str(uuid.uuid4())  # the second call's own id: what a producer signals names it
@@ -405,6 +417,7 @@ PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
         kill_runner,
         kill_runner_with_line,
         forced_release_with_line,
+        lease_taken_away,
         duplicate_while_parked,
         send_while_down,
         backend_down,
