@@ -9,6 +9,7 @@ apart (the lock Redis unreachable) start their own.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -65,22 +66,47 @@ def held(adapter: Adapter, row: Scenario, key: str) -> Iterator[None]:
             lease.release()
 
 
+@contextmanager
+def captured() -> Iterator[list[str]]:
+    """This process's log lines of the package (a producer's), as a worker's are written."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(f"{record.levelname} {record.name} {record.getMessage()}")
+
+    logger, handler = logging.getLogger("celery_redislock"), Keep()
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def settle(adapter: Adapter, run_id: str, timeout: float = DEADLINE_S) -> str:
     wait_for(lambda: adapter.state(run_id)[0] in FINAL, f"run {run_id} ended", timeout)
     return adapter.state(run_id)[0]
 
 
-def logged(adapter: Adapter, run_id: str, line: str, lock: str, timeout: float = 5) -> bool:
-    """Whether the worker logged ``line`` (a row's ``log``) for the run, from the outcomes
-    logger, within ``timeout`` seconds."""
+def outcome_line(run_id: str, line: str, lock: str) -> re.Pattern[str]:
+    """``line`` (a row's ``log``: "LEVEL phrase") as the outcomes logger writes it for the run."""
     level, phrase = line.split(" ", 1)
-    pattern = re.compile(
+    return re.compile(
         rf"^{level} celery_redislock\.core\.outcomes task \S+"
         + re.escape(f"[{run_id}]")
         + " ?"
         + phrase.replace("{lock}", re.escape(lock)),
         re.MULTILINE,
     )
+
+
+def logged(adapter: Adapter, run_id: str, line: str, lock: str, timeout: float = 5) -> bool:
+    """Whether the worker logged ``line`` (a row's ``log``) for the run, from the outcomes
+    logger, within ``timeout`` seconds."""
+    pattern = outcome_line(run_id, line, lock)
     deadline = time.monotonic() + timeout
     while not pattern.search(adapter.log()):
         if time.monotonic() > deadline:
@@ -101,6 +127,7 @@ def observe(
     meanwhile: str | None = None,
     first: str | None = None,
     text: str | None = None,
+    said_at_send: tuple[str, str] | None = None,
 ) -> Expect:
     """What the run ``run_id`` showed, in the row's terms (the fields the row leaves open are
     left out)."""
@@ -130,7 +157,18 @@ def observe(
         says=says,
         lease=lease,
         record=recorded(adapter, row, key, run_id) if want.record is not None else None,
+        send_log=sent_line(row, key, said_at_send),
     )
+
+
+def sent_line(row: Scenario, key: str, said: tuple[str, str] | None) -> str | None:
+    """The row's ``send_log`` if the producer logged it for the call (``said``: its id and what
+    the producer logged), else what it logged."""
+    want = row.expect.send_log
+    if want is None or said is None:
+        return None
+    run_id, text = said
+    return want if outcome_line(run_id, want, lock_name(row, key)).search(text) else text
 
 
 # Actions a run may signal more than once (a conflict retry per conflict, a look per await).
@@ -260,7 +298,8 @@ def duplicate_while_queued(adapter: Adapter, row: Scenario, key: str) -> Expect:
     first = adapter.send(row.job, key, delay=DELAY_S)
     sent = str(uuid.uuid4())  # the second call's own id: what a producer signals names it
     try:
-        second = adapter.send(row.job, key, delay=DELAY_S, run_id=sent)
+        with captured() as said:
+            second = adapter.send(row.job, key, delay=DELAY_S, run_id=sent)
     except DuplicateTask as exc:
         assert exc.task_id == first
         ended = settle(adapter, first)
@@ -270,8 +309,16 @@ def duplicate_while_queued(adapter: Adapter, row: Scenario, key: str) -> Expect:
         )
     settle(adapter, second)
     ended = settle(adapter, first)  # ran, skipped or (replaced) canceled
-    also = (first, sent)
-    return observe(adapter, row, key, second, also=also, same_id=second == first, first=ended)
+    return observe(
+        adapter,
+        row,
+        key,
+        second,
+        also=(first, sent),
+        same_id=second == first,
+        first=ended,
+        said_at_send=(sent, "\n".join(said)),
+    )
 
 
 def duplicate_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
