@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,20 +29,6 @@ pytestmark = [
 ]
 
 NAMES = [f"sync:{i}" for i in range(12)]  # spread over every master's slots
-
-
-@pytest.fixture(scope="module")
-def group() -> Iterator[ClusterGroup]:
-    with ClusterGroup() as started:
-        yield started
-
-
-@pytest.fixture
-def cluster(group: ClusterGroup) -> Iterator[RedisCluster]:
-    client = group.client()
-    client.flushall(target_nodes=RedisCluster.PRIMARIES)
-    yield client
-    client.close()
 
 
 def test_locks_and_waiters_on_every_node(cluster: RedisCluster) -> None:

@@ -11,7 +11,6 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 from celery import Celery
@@ -48,21 +47,6 @@ pytestmark = [
         reason="needs redis-server and redis-cli",
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def group() -> Iterator[ClusterGroup]:
-    """One cluster for the tests that leave every node up."""
-    with ClusterGroup() as started:
-        yield started
-
-
-@pytest.fixture
-def cluster(group: ClusterGroup) -> Iterator[RedisCluster]:
-    client = group.client()
-    client.flushall(target_nodes=RedisCluster.PRIMARIES)
-    yield client
-    client.close()
 
 
 def _names_per_master(group: ClusterGroup, cluster: RedisCluster, count: int) -> dict[int, list]:
