@@ -1,11 +1,12 @@
 """Maps that cannot drift: the map of the package in docs/design.md names every module of the
 package and every Lua script, the map of the tests in CONTRIBUTING.md names every test folder,
-and neither names one that is gone. The paths the docs give into tests/ and benchmarks/ exist,
+and neither names one that is gone. The paths the docs give into the checkout exist,
 every test file sits in a folder of the map, and no test imports from ``conftest``.
 
 A map is a table: its first column names what a row is about, in backticks (a module as
-``core.lock`` or ``celery_redislock.core.lock``, a package by its own name; a test folder as
-``tests/core/``). A new module, script or test folder fails here until its line is written."""
+``core.lock``, ``celery_redislock.core.lock`` or ``core/lock.py``, a package by its own name; a
+test folder as ``tests/core/``). A new module, script or test folder fails here until its line
+is written."""
 
 from __future__ import annotations
 
@@ -63,13 +64,21 @@ def package_modules() -> set[str]:
 
 
 def as_module(name: str) -> str:
+    """A module's dotted name from how a map may write it: ``core.lock``,
+    ``celery_redislock.core.lock``, ``core/lock.py``, or a package as ``core/run/``."""
+    name = name.strip("/").removesuffix(".py").replace("/", ".")
     return name if name.split(".")[0] == PACKAGE.name else f"{PACKAGE.name}.{name}"
+
+
+def is_module_token(token: str) -> bool:
+    """Whether a backticked token of a first column names a module (not a script, a glob)."""
+    return re.fullmatch(r"[\w./]+", token) is not None and not token.endswith(".lua")
 
 
 def named_modules() -> set[str]:
     """The modules the first column of the design map names."""
     cells = [first for first, _ in rows(section(ROOT / "docs" / "design.md", "The package"))]
-    return {as_module(t) for cell in cells for t in ticked(cell) if not t.endswith(".lua")}
+    return {as_module(t) for cell in cells for t in ticked(cell) if is_module_token(t)}
 
 
 def mapped_modules() -> set[str]:
@@ -78,7 +87,7 @@ def mapped_modules() -> set[str]:
     mapped = named_modules()
     modules = package_modules()
     for first, rest in rows(section(ROOT / "docs" / "design.md", "The package")):
-        names = [as_module(t) for t in ticked(first)]
+        names = [as_module(t) for t in ticked(first) if is_module_token(t)]
         if len(names) == 1 and (PACKAGE.parent / names[0].replace(".", "/")).is_dir():
             mapped |= {f"{names[0]}.{t}" for t in ticked(rest)} & modules
     return mapped
@@ -149,10 +158,14 @@ def test_no_test_imports_from_conftest() -> None:
     assert not found, f"these import from conftest (import from helpers instead): {found}"
 
 
-def test_the_paths_the_docs_give_into_tests_and_benchmarks_exist() -> None:
-    """A path a page gives (``tests/core/test_lock.py``, ``benchmarks/soak/``) is where it says;
-    patterns (``tests/rq/test_rq_*.py``) are left out."""
-    path = re.compile(r"(?<![\w/.-])((?:tests|benchmarks)/[\w./-]*[\w/])(?![\w/*-]|\.\w)")
+def test_the_paths_the_docs_give_into_the_checkout_exist() -> None:
+    """A path a page gives into the package, the tests, the benchmarks, the demos or the
+    examples (``tests/core/test_lock.py``, ``benchmarks/soak/``) is where it says; patterns
+    (``tests/rq/test_rq_*.py``) are left out."""
+    path = re.compile(
+        r"(?<![\w/.-])((?:tests|benchmarks|celery_redislock|demos|examples)/[\w./-]*[\w/])"
+        r"(?![\w/*-]|\.\w)"
+    )
     wrong = [
         f"{page.relative_to(ROOT)}: {found}"
         for page in PAGES
