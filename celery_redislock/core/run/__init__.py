@@ -13,7 +13,7 @@ from .outcome import (
     RunUnlocked,
     Skip,
 )
-from .run import LockedRun, give_up_claim, make_lock
+from .run import LockedRun, make_lock
 
 __all__ = [
     "AwaitFirst",
@@ -31,6 +31,5 @@ __all__ = [
     "Signals",
     "Skip",
     "TaskSpec",
-    "give_up_claim",
     "make_lock",
 ]

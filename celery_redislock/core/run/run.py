@@ -48,7 +48,7 @@ from .outcome import (
     Skip,
 )
 
-__all__ = ["LockedRun", "give_up_claim", "make_lock"]
+__all__ = ["LockedRun", "make_lock"]
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +73,6 @@ def make_lock(
         handover=handover,
         handover_window=settings.line_handover_window,
     )
-
-
-def give_up_claim(client: RedisClient, namespace: str, name: str, task_id: str, who: str) -> None:
-    """Gives up ``task_id``'s queued claim on the unique key ``name`` (its job ends without
-    running: skipped, failed, revoked); never raises."""
-    try:
-        release_claim(client, namespace, name, task_id)
-    except (LockBackendError, LockConfigError) as exc:
-        log.warning("%s: could not release its unique key: %s", who, exc)
 
 
 class LockedRun:
@@ -465,11 +456,11 @@ class LockedRun:
             return
         self._claim_ended = True
         try:
-            name = self.unique_name()
-        except LockConfigError as exc:
+            release_claim(
+                self.client, self.settings.namespace, self.unique_name(), self.delivery.id
+            )
+        except (LockBackendError, LockConfigError) as exc:
             log.warning("%s: could not release its unique key: %s", self.who, exc)
-            return
-        give_up_claim(self.client, self.settings.namespace, name, self.delivery.id, self.who)
 
     def keep_claim_for_retry(self) -> None:
         """A job unique until it finishes is about to be retried by its framework (after a

@@ -8,7 +8,6 @@ process's shutdown. Also ``lock_for``, and how a parked task is published again.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import threading
 import time
@@ -36,7 +35,6 @@ from ...core.run import (
     Signals,
     Skip,
     TaskSpec,
-    give_up_claim,
     make_lock,
 )
 from ...errors import LockConfigError
@@ -47,6 +45,7 @@ from .kind import (
     LINE_SINCE_HEADER,
     RATE_HEADER,
     REDELIVERY_HEADER,
+    LockAware,
     is_locked_task,
 )
 from .settings import client_for, settings_for
@@ -66,8 +65,6 @@ __all__ = [
     "start",
 ]
 
-log = logging.getLogger(__name__)
-
 SKIPPED = "SKIPPED"
 """The result state of a task run that was skipped because its lock was held."""
 
@@ -81,13 +78,13 @@ _CELERY = Framework(
 )
 
 
-def _spec(task: Any) -> TaskSpec:
+def _spec(task: LockAware) -> TaskSpec:
     return TaskSpec(
         task.name, task.lock_options, task.unique_options, task.rate_options, task.call_signature
     )
 
 
-def _signals(task: Any) -> Signals:
+def _signals(task: LockAware) -> Signals:
     return Signals(lock_acquired, lock_released, lock_conflict, lock_lost, lock_backend_error, task)
 
 
@@ -127,7 +124,7 @@ def handover_for(app: Celery) -> Handover:
     return publish
 
 
-def _payload(task: Any, token: str) -> str:
+def _payload(task: LockAware, token: str) -> str:
     """The running request as a message to publish again (same id, retries, headers, route),
     marked with the line token it will claim and when it first joined a line."""
     request = task.request
@@ -135,7 +132,7 @@ def _payload(task: Any, token: str) -> str:
     return str(dumps(dict(task.signature_from_request(request, headers=headers))))  # type: ignore[no-untyped-call]
 
 
-def _delivery(task: Any, task_id: str, args: Any, kwargs: Any) -> Delivery:
+def _delivery(task: LockAware, task_id: str, args: Any, kwargs: Any) -> Delivery:
     request = task.request
     headers = request.headers or {}
     eager = bool(request.is_eager)
@@ -174,7 +171,7 @@ def _delivery(task: Any, task_id: str, args: Any, kwargs: Any) -> Delivery:
     )
 
 
-def start(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
+def start(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:
     """``before_start``: takes what the task's options ask for, or raises what Celery is to do
     instead (``Ignore``, ``Retry``, ``Reject``, the error)."""
     settings = settings_for(task.app)
@@ -193,12 +190,13 @@ def start(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
     outcome = run.take()
     if isinstance(outcome, Held | RunUnlocked):
         if run.lease is not None:
-            HELD.add(run)
+            with HELD.guard:
+                HELD.runs.add(run)
         return
     _answer(task, run, outcome)
 
 
-def _answer(task: Any, run: LockedRun, outcome: Outcome) -> None:
+def _answer(task: LockAware, run: LockedRun, outcome: Outcome) -> None:
     """Raises Celery's answer to an outcome that does not run the task."""
     request, d = task.request, run.delivery
     if isinstance(outcome, Skip):
@@ -231,7 +229,7 @@ def _answer(task: Any, run: LockedRun, outcome: Outcome) -> None:
     raise Ignore()
 
 
-def _store_skipped(task: Any, task_id: str, name: str, holders: list[str]) -> None:
+def _store_skipped(task: LockAware, task_id: str, name: str, holders: list[str]) -> None:
     if task.ignore_result or task.request.is_eager:
         return
     # Without a result backend (NotImplementedError) the log line and the signal remain.
@@ -245,21 +243,12 @@ class _Held:
     """The runs holding a lease in this process now, for release at process shutdown."""
 
     def __init__(self) -> None:
-        self.runs: dict[int, LockedRun] = {}
+        self.runs: set[LockedRun] = set()
         self.guard = threading.Lock()
-
-    def add(self, run: LockedRun) -> None:
-        with self.guard:
-            self.runs[id(run)] = run
-
-    def discard(self, run: LockedRun) -> None:
-        with self.guard:
-            self.runs.pop(id(run), None)
 
     def drain(self) -> list[LockedRun]:
         with self.guard:
-            out = list(self.runs.values())
-            self.runs.clear()
+            out, self.runs = list(self.runs), set()
             return out
 
 
@@ -274,23 +263,24 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def current_run(task: Any) -> LockedRun | None:
+def current_run(task: LockAware) -> LockedRun | None:
     """The run of the task's current delivery (``None`` before or outside one)."""
     run = getattr(task.request, _ATTR, None)
     return run if isinstance(run, LockedRun) else None
 
 
-def held_lease(task: Any) -> Lease | None:
+def held_lease(task: LockAware) -> Lease | None:
     run = current_run(task)
     return run.lease if run is not None else None
 
 
 def _release(run: LockedRun, finished: bool) -> None:
-    HELD.discard(run)
+    with HELD.guard:
+        HELD.runs.discard(run)
     run.release(finished)
 
 
-def release_at_body_end(task: Any) -> None:
+def release_at_body_end(task: LockAware) -> None:
     """As the body ends: gives the lease back at once, so that whoever waits on the result
     finds the lock free; except for a delivery with a finish record to make, given back after
     its result is stored, together with the record (:func:`end_run`)."""
@@ -299,7 +289,7 @@ def release_at_body_end(task: Any) -> None:
         _release(run, False)
 
 
-def release_for_retry(task: Any) -> None:
+def release_for_retry(task: LockAware) -> None:
     """The task retries itself: the lease goes before the retry is published (the retried
     run must not find it held by this very run), a job unique until it finishes claiming its
     key as queued first, so that no copy slips in between."""
@@ -309,7 +299,7 @@ def release_for_retry(task: Any) -> None:
         _release(run, False)
 
 
-def end_run(task: Any, task_id: str, args: Any, kwargs: Any, state: str | None) -> None:
+def end_run(task: LockAware, task_id: str, args: Any, kwargs: Any, state: str | None) -> None:
     """``task_postrun`` (the result is stored): gives the lease back if still held, with the
     record that the job finished if it ended for good (a retry, whose message carries the job
     on, or a requeued rejection is not an end); a job that failed gives up its queued claim.
@@ -332,18 +322,12 @@ def release_all_held() -> None:
         run.release(False)
 
 
-def end_claim(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
+def end_claim(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:
     """Gives up the queued claim ``task_id`` may hold (revoked, or failed before it started);
     never raises."""
-    unique = task.unique_options
-    if unique is None or not unique.queued:
+    if task.unique_options is None or not task.unique_options.queued:
         return
-    who = f"task {task.name}[{task_id}]"
-    try:
-        name = _spec(task).name_of(unique.keying, args or (), kwargs or {})
-        settings = settings_for(task.app)
-        client = client_for(task.app, settings)
-    except LockConfigError as exc:
-        log.warning("%s: could not release its unique key: %s", who, exc)
-        return
-    give_up_claim(client, settings.namespace, name, task_id, who)
+    settings = settings_for(task.app)
+    client = client_for(task.app, settings)
+    delivery = Delivery(task_id, args or (), kwargs or {})
+    LockedRun(_spec(task), delivery, settings, client, _signals(task), _CELERY).end_claim()
