@@ -136,8 +136,9 @@ def _answer(run: LockedRun, job: Job | None, outcome: Outcome) -> Any:
             raise outcome.error
         return SKIPPED
     meta = job.meta
-    if not (isinstance(outcome, RetryAfter) and outcome.cause == "rate"):
-        meta.pop(RATE_META, None)  # its slot was taken (or it fails)
+    if RATE_META in meta and not (isinstance(outcome, RetryAfter) and outcome.cause == "rate"):
+        del meta[RATE_META]  # its slot was taken: a later try reserves a new one
+        save_meta(job)
     if isinstance(outcome, Skip | Finished):
         _mark(job, "finished" if isinstance(outcome, Finished) else outcome.kind, outcome)
         return SKIPPED
