@@ -4,61 +4,14 @@ again, and a sweeper thread in each worker's main process hands on what lapsed u
 
 from __future__ import annotations
 
-import logging
-import threading
-
 from celery import Celery
 
-from ...core.line import sweep_lines
-from ...core.reach import where
-from ...core.repeated import RepeatedFailure
-from ...errors import LockBackendError
+from ...core.sweeper import LineSweeper
 from .kind import is_locked_task
 from .run import handover_for
 from .settings import client_for, settings_for
 
-__all__ = ["Sweeper", "start_sweeping", "stop_sweeping", "uses_line"]
-
-log = logging.getLogger(__name__)
-
-
-class Sweeper:
-    """Every ``interval`` seconds, sweeps the app's task lines (a worker's main process runs
-    one): hands a lock on when its holder died unseen, publishes what was never published,
-    and ends tasks past their wait."""
-
-    def __init__(self, app: Celery, interval: float) -> None:
-        self.app = app
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        settings = settings_for(self.app)
-        client = client_for(self.app, settings)  # made here, not in the thread (fork safety)
-        publish = handover_for(self.app)
-        window = settings.line_handover_window
-        # Each second while Redis is down: logged once, then summed up.
-        failures = RepeatedFailure(log, f"task line sweep on {where(client)}")
-
-        def run() -> None:
-            while not self._stop.wait(self.interval):
-                try:
-                    sweep_lines(client, settings.namespace, publish, handover_window=window)
-                except LockBackendError as exc:
-                    failures.failed(exc)
-                except Exception:
-                    log.exception("task lines: sweep failed (tried again)")
-                else:
-                    failures.worked()
-
-        self._thread = threading.Thread(target=run, name="redislock-line-sweeper", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+__all__ = ["start_sweeping", "stop_sweeping", "uses_line"]
 
 
 def uses_line(app: Celery) -> bool:
@@ -71,7 +24,7 @@ def uses_line(app: Celery) -> bool:
     return False
 
 
-_sweepers: list[Sweeper] = []
+_sweepers: list[LineSweeper] = []
 
 
 def start_sweeping(sender: object = None, **_: object) -> None:
@@ -83,7 +36,13 @@ def start_sweeping(sender: object = None, **_: object) -> None:
     settings = settings_for(app)
     if settings.disabled:
         return
-    sweeper = Sweeper(app, settings.line_sweep_interval)
+    sweeper = LineSweeper(
+        client_for(app, settings),  # made here, not in the thread (fork safety)
+        settings.namespace,
+        handover_for(app),
+        settings.line_sweep_interval,
+        settings.line_handover_window,
+    )
     sweeper.start()
     _sweepers.append(sweeper)
 
