@@ -1,13 +1,17 @@
--- _lease.lua (a part, not a script; see scripts.py): a lease's record and its writes, and the
--- ids that make a call run twice count once.
--- Defines: REQUESTS_KEPT, parse_lease, read_lease, write_lease, applied, recent, note_request,
--- note_released, was_released, put_lease, lease_fields, keep_lease_keys.
+-- _lease.lua (a part, not a script; see scripts.py): a lease's record, the ids that make a call
+-- run twice count once, and what is dropped with a lease.
+-- Defines: REQUESTS_KEPT, STATE_FIELDS, parse_lease, read_lease, write_lease, applied, recent,
+-- note_request, note_released, was_released, lease_fields.
 
 -- #include _lock.lua
 
 -- How many request ids a lease record, and release ids 'g', remember: enough for a call run
 -- again right after its reply was lost.
 local REQUESTS_KEPT = 16
+
+-- The meta fields about the live leases and the line (mode, arrival counter, queued writers,
+-- parked entries): once nothing is held or queued, none can be right but unset.
+local STATE_FIELDS = {'m', 'qseq', 'qw', 'qp'}
 
 -- A lease record is a plain string (cheaper than JSON on the hot path):
 -- mode|count|fence|requests|owner.
@@ -66,25 +70,6 @@ local function was_released(id)
   return prev ~= false and string.find(' ' .. prev .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
 end
 
--- Writes a new lease of `mode` under `tok`, with the next fence: its expiry, its record, its
--- info (the holder's JSON record, stored as given) and, when it has an owner, the owner's entry,
--- in one HSET. Returns its fence and expiry. How long the keys live is the caller's concern.
--- The fence follows the fence mark, and the server's clock in us when that is ahead.
-local function put_lease(tok, mode, ttl, owner, info, now, now_us)
-  local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
-  local fence = int(math.max(last + 1, now_us))
-  local expiry = now + ttl
-  redis.call('ZADD', K.leases, int(expiry), tok)
-  local rec = mode .. '|1|' .. fence .. '||' .. owner
-  if owner ~= '' then
-    redis.call('HSET', K.meta, 'fence', fence, 'm', mode, 'l:' .. tok, rec, 'i:' .. tok, info,
-      'o:' .. owner, tok)
-  else
-    redis.call('HSET', K.meta, 'fence', fence, 'm', mode, 'l:' .. tok, rec, 'i:' .. tok, info)
-  end
-  return fence, expiry
-end
-
 -- The meta fields of lease `tok` (`rec` its record, nil if it has none), for dropping it: its
 -- record, its info, a parked task's claim, and its owner's entry while that still names it.
 local function lease_fields(tok, rec)
@@ -96,20 +81,4 @@ local function lease_fields(tok, rec)
     fields[#fields + 1] = 'o:' .. rec.o
   end
   return fields
-end
-
--- Makes the leases key live at least `need` ms (with `slack` more when it is extended, so that
--- renewals seldom need to touch it; `fresh`: the key was just made, it has no ttl yet), and the
--- meta key at least as long as the leases key (and `keep_ms`, when given, if it is extended):
--- renew.lua extends the meta key only when it extends the leases key, so without this a lease
--- renewed before that could outlive its own record. Never shortens a key's life.
-local function keep_lease_keys(need, slack, fresh, keep_ms)
-  local life = fresh and -2 or redis.call('PTTL', K.leases)
-  if life < need then
-    life = need + slack
-    redis.call('PEXPIRE', K.leases, int(life))
-  end
-  if redis.call('PTTL', K.meta) < life then
-    redis.call('PEXPIRE', K.meta, int(math.max(life + slack, keep_ms or 0)))
-  end
 end

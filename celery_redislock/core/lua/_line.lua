@@ -2,7 +2,8 @@
 -- line and leases, leases and entries in line made and dropped, and the purge of what lapsed
 -- that a script does before it decides anything.
 -- Defines: queue_known, no_leases, queue_exists, lease_count, lease_expiry, keys_present,
--- new_lease, enqueue, requeue, drop_lease, dequeue, parked_count, purge_leases, purge, start.
+-- keep_lease_keys, new_lease, enqueue, requeue, drop_lease, dequeue, parked_count,
+-- purge_leases, purge, start.
 
 -- #include _lease.lua
 
@@ -37,6 +38,22 @@ local function keys_present(present)
     queue_known = true
   else
     no_leases = queue_exists()
+  end
+end
+
+-- Makes the leases key live at least `need` ms (with `slack` more when it is extended, so that
+-- renewals seldom need to touch it; `fresh`: the key was just made, it has no ttl yet), and the
+-- meta key at least as long as the leases key (and `keep_ms`, when given, if it is extended):
+-- renew.lua extends the meta key only when it extends the leases key, so without this a lease
+-- renewed before that could outlive its own record. Never shortens a key's life.
+local function keep_lease_keys(need, slack, fresh, keep_ms)
+  local life = fresh and -2 or redis.call('PTTL', K.leases)
+  if life < need then
+    life = need + slack
+    redis.call('PEXPIRE', K.leases, int(life))
+  end
+  if redis.call('PTTL', K.meta) < life then
+    redis.call('PEXPIRE', K.meta, int(math.max(life + slack, keep_ms or 0)))
   end
 end
 

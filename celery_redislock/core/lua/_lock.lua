@@ -1,7 +1,7 @@
--- _lock.lua (a part, not a script; see scripts.py): a lock's keys, its spec, and the shape of
--- the hot path's replies.
--- Defines: K, STATE_FIELDS, parse_spec, reply, append, LINE_PREFIX, is_parked_token,
--- record_done.
+-- _lock.lua (a part, not a script; see scripts.py): a lock's keys, its spec, the shape of the
+-- hot path's replies, and the writes of a new lease (all acquire.lua's fast path needs).
+-- Defines: K, parse_spec, reply, append, LINE_PREFIX, is_parked_token, record_done,
+-- put_lease.
 --
 -- Every lock script takes the same six keys, all sharing the lock's hash tag:
 --   KEYS[1] leases  sorted set: lease token -> expiry (server ms)
@@ -38,10 +38,6 @@
 local K = {
   leases = KEYS[1], meta = KEYS[2], queue = KEYS[3], qdl = KEYS[4], wake = KEYS[5], done = KEYS[6],
 }
-
--- The meta fields about the live leases and the line (mode, arrival counter, queued writers,
--- parked entries): once nothing is held or queued, none can be right but unset.
-local STATE_FIELDS = {'m', 'qseq', 'qw', 'qp'}
 
 -- The lock's spec: mode 'r' | 'w', limit (0 = unbounded), ttl ms, fair '0' | '1', queue entry
 -- lifetime ms, keep ms (how long the fence mark outlives the lock's last use: fences stay
@@ -87,4 +83,23 @@ local function record_done(job, keep_ms, now)
   if redis.call('PTTL', K.done) < keep_ms then
     redis.call('PEXPIRE', K.done, keep_ms)
   end
+end
+
+-- Writes a new lease of `mode` under `tok`, with the next fence: its expiry, its record, its
+-- info (the holder's JSON record, stored as given) and, when it has an owner, the owner's entry,
+-- in one HSET. Returns its fence and expiry. How long the keys live is the caller's concern.
+-- The fence follows the fence mark, and the server's clock in us when that is ahead.
+local function put_lease(tok, mode, ttl, owner, info, now, now_us)
+  local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
+  local fence = int(math.max(last + 1, now_us))
+  local expiry = now + ttl
+  redis.call('ZADD', K.leases, int(expiry), tok)
+  local rec = mode .. '|1|' .. fence .. '||' .. owner
+  if owner ~= '' then
+    redis.call('HSET', K.meta, 'fence', fence, 'm', mode, 'l:' .. tok, rec, 'i:' .. tok, info,
+      'o:' .. owner, tok)
+  else
+    redis.call('HSET', K.meta, 'fence', fence, 'm', mode, 'l:' .. tok, rec, 'i:' .. tok, info)
+  end
+  return fence, expiry
 end

@@ -24,7 +24,7 @@
 --   5 not parked: the line is full (count = the parked entries);
 --   granted is token, fence, expiry of other waiters this call handed the lock to (fair mode).
 
--- #include _lease.lua
+-- #include _lock.lua
 
 local tok, owner, info, job = ARGV[1], ARGV[4], ARGV[5], ARGV[6]
 local mode, limit, ttl, fair, entry_ms, keep_ms = parse_spec(ARGV[2])

@@ -5,7 +5,7 @@
 -- ARGV: 1 hand-over window ms, 2... the tokens published
 -- Returns the number of leases extended. Run twice, it extends the same leases to the same end.
 
--- #include _lease.lua
+-- #include _line.lua
 
 local now = server_now()
 local window = tonumber(ARGV[1])
