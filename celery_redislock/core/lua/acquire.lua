@@ -45,8 +45,8 @@ end
 -- Fast path: no lease (not even a lapsed one) and nobody waits. Then this token has no lease
 -- yet (a second run of this call finds the first run's lease and takes the path below), the
 -- owner holds none, and the lease is taken at once, in fair mode too (an empty line), before
--- the other helpers are even defined (defining them costs each run about as much as a few
--- Redis commands). The fence still follows the fence mark.
+-- the other parts are included (defining their helpers costs each run about as much as a few
+-- Redis commands). The fence still follows the fence mark (put_lease).
 local present = redis.call('EXISTS', K.leases, K.queue)
 if present == 0 then
   if job_done() then
@@ -58,7 +58,8 @@ if present == 0 then
   end
   -- Nothing else lives in the lock's keys now: the meta key (the fence mark) is set to live
   -- `keep_ms` from this use (at least as long as the lease), as tidy() sets it after the last
-  -- release; the leases key is new (new_lease's keep_lease_keys in two calls).
+  -- release; the leases key is new. (What new_lease does with keep_lease_keys, without its PTTL:
+  -- no other life in these keys needs keeping.)
   local need = ttl + GRACE_MS
   redis.call('PEXPIRE', K.meta, int(math.max(need + ttl, keep_ms)))
   redis.call('PEXPIRE', K.leases, need + ttl)
