@@ -30,9 +30,9 @@ local function lease_expiry(tok)
   return not no_leases and redis.call('ZSCORE', K.leases, tok)
 end
 
--- What `EXISTS leases queue` answered before these helpers were defined (a script's fast path
--- asks it), when it was 1 or 2: both keys, or which one of them, so that start() asks nothing
--- more (when it is the line, the lock has no lease at all).
+-- What `EXISTS leases queue` answered (`present`: 1 or 2) in a script's fast path, before these
+-- helpers were defined: 2, both keys; 1, one of them, and which is asked here, once (when it is
+-- the line, the lock has no lease at all). start() then asks nothing more.
 local function keys_present(present)
   if present == 2 then
     queue_known = true
