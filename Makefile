@@ -10,7 +10,7 @@ LOWEST ?= .venv-lowest
 TEST_PROCESSES ?= 3
 
 .PHONY: demo demo-core demo-docs test quick test-main test-quick test-lowest test-topologies lint \
-	bench bench-celery bench-rq soak clean docs
+	lua-check bench bench-celery bench-rq soak clean docs
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -46,11 +46,24 @@ demo-core: $(VENV)/.demo
 demo-docs: $(VENV)/.demo
 	$(BIN)/python -m demos.celery --write-docs $(ARGS)
 
-lint: $(VENV)/.dev
+lint: $(VENV)/.dev lua-check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+	luacheck --no-color -q celery_redislock/core/lua
+
+# luacheck, the Lua linter `make lint` runs on the scripts (settings in .luacheckrc): Debian's
+# package lua-check, installed here when it is missing (as root, or with sudo), as .ci/run
+# installs redis-server. Elsewhere, install luacheck first (e.g. `luarocks install luacheck`).
+lua-check:
+	@command -v luacheck >/dev/null || { \
+		command -v apt-get >/dev/null || { \
+			echo "make lint needs luacheck: install it (e.g. luarocks install luacheck)"; exit 1; }; \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		echo "installing luacheck (apt-get install lua-check)"; \
+		$$sudo apt-get update -qq && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lua-check >/dev/null; }
 
 # Runs the make targets $(1) one after another, each even if one before it failed; then says how
 # each ended and how long it took, and fails if any failed. Ctrl-C stops it all.

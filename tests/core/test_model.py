@@ -67,7 +67,7 @@ ENTRY_MS = 20_000
 GRACE_MS = 1000  # _time.lua: how long the lock's keys outlive the last lease
 KEEP_S = 2.0  # how long the fence mark outlives the lock's last use (Lock(fence_keep=...))
 WAKE_LIST_MS = 3000  # lock.py: a fair waiter's wake list lives this long unless popped
-SIGNAL_MS = 2000  # common.lua wake_one: a plain lock's wake-up signals live this long
+SIGNAL_MS = 2000  # _grant.lua WAKE_MS: a plain lock's wake-up signals live this long
 OWNERS = (None, "alice", "b|1|2|ob")  # a tiny pool, so owners re-enter; one with the separator
 GROUPS = ("a", "b")  # the 'g' info field that release_where matches on
 RENEW_TTLS = (None, 1.0, 60.0)  # shorter than the lease (no change), the default, longer

@@ -16,7 +16,7 @@ from celery_redislock import Lease, Lock, renew_leases
 from celery_redislock.core.claims import claim, release_claim
 from celery_redislock.core.keys import LockKeys, check_name, registry_key
 from celery_redislock.core.protocol import ClaimKind
-from celery_redislock.core.scripts import _PARTS, assembled
+from celery_redislock.core.scripts import NAMES, assembled
 
 _CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'\s*(,|\))")
 # Commands our scripts may run without a key.
@@ -95,7 +95,7 @@ def _full(name: str) -> str:
     return assembled(name).decode()
 
 
-@pytest.mark.parametrize("name", sorted(_PARTS))
+@pytest.mark.parametrize("name", NAMES)
 def test_every_key_a_script_touches_comes_from_keys(name: str) -> None:
     source = re.sub(r"--[^\n]*", "", _full(name))  # comments out
     fields, names = _key_names(source)

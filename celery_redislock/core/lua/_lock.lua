@@ -1,7 +1,7 @@
--- lockbase.lua: the lock's keys and the few helpers a script's fast path needs, prepended to
--- every lock script at load time (after _time.lua, whose server_now and int it uses); not a
--- script of its own. The rest of the helpers are in common.lua, which a script includes after
--- its fast path: defining them costs each run about as much as a few Redis commands.
+-- _lock.lua (a part, not a script; see scripts.py): a lock's keys, its spec, the shape of the
+-- hot path's replies, and the writes of a new lease (all acquire.lua's fast path needs).
+-- Defines: K, parse_spec, reply, append, LINE_PREFIX, is_parked_token, record_done,
+-- put_lease.
 --
 -- Every lock script takes the same six keys, all sharing the lock's hash tag:
 --   KEYS[1] leases  sorted set: lease token -> expiry (server ms)
@@ -14,7 +14,8 @@
 --                   'g' ids of the last releases that dropped a lease (run twice, such a
 --                   release still says released), 'w' the id and answer of the last
 --                   release_where that freed a lease (run twice, it answers the same),
---                   the task line (parked tasks, see line.lua): 'qp' number of parked entries,
+--                   the task line (parked tasks: the park branch of acquire.lua and the
+--                   line_*.lua scripts): 'qp' number of parked entries,
 --                   'p:<token>' a parked task's record (JSON: s arrival number, d wait deadline,
 --                   q its line record, x the payload to publish it again) kept until its
 --                   hand-over is published, 'c:<token>' '' while a lease handed to a parked
@@ -32,9 +33,7 @@
 -- arguments: each gives the same answer the second time (tokens and request ids are chosen by
 -- the client before the call).
 
--- How many request ids a lease record, and release ids 'g', remember: enough for a call run
--- again right after its reply was lost.
-local REQUESTS_KEPT = 16
+-- #include _time.lua
 
 local K = {
   leases = KEYS[1], meta = KEYS[2], queue = KEYS[3], qdl = KEYS[4], wake = KEYS[5], done = KEYS[6],
@@ -59,66 +58,23 @@ local function reply(items)
   return table.concat(items, ' ')
 end
 
--- A lease record is a plain string (cheaper than JSON on the hot path):
--- mode|count|fence|requests|owner.
-local function parse_lease(raw)
-  if not raw then
-    return nil
+-- Appends the items of `more` (e.g. the token, fence, expiry of each grant) to `out`; returns
+-- `out`.
+local function append(out, more)
+  for _, v in ipairs(more) do
+    out[#out + 1] = v
   end
-  local m, c, f, r, o = string.match(raw, '^(%a)|(%d+)|(%d+)|([^|]*)|(.*)$')
-  return {m = m, c = tonumber(c), f = f, r = r, o = o}
-end
-
-local function read_lease(tok)
-  return parse_lease(redis.call('HGET', K.meta, 'l:' .. tok))
-end
-
-local function write_lease(tok, rec)
-  redis.call('HSET', K.meta, 'l:' .. tok,
-    rec.m .. '|' .. rec.c .. '|' .. rec.f .. '|' .. rec.r .. '|' .. rec.o)
-end
-
--- Whether request `id` was already applied to the lease `rec` (then it must not count again).
-local function applied(rec, id)
-  return string.find(' ' .. rec.r .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
-end
-
--- Keeps the `n` most recent of the space-separated ids in `list`, with `id` first.
-local function recent(id, list, n)
-  local kept, count = id, 1
-  if list then
-    for t in string.gmatch(list, '%S+') do
-      if count >= n then
-        break
-      end
-      kept = kept .. ' ' .. t
-      count = count + 1
-    end
-  end
-  return kept
-end
-
--- Notes request `id` as applied to `rec` (written with the record). Only the last few are kept:
--- a call is run again right after its reply was lost, and a lease re-entered all day must not
--- carry a record that grows all day.
-local function note_request(rec, id)
-  rec.r = recent(id, rec.r ~= '' and rec.r or nil, REQUESTS_KEPT)
-end
-
--- Remembers that release `id` dropped a lease, so that the same release run again says so.
-local function note_released(id)
-  local prev = redis.call('HGET', K.meta, 'g') or nil
-  redis.call('HSET', K.meta, 'g', recent(id, prev, REQUESTS_KEPT))
-end
-
-local function was_released(id)
-  local prev = redis.call('HGET', K.meta, 'g')
-  return prev ~= false and string.find(' ' .. prev .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
+  return out
 end
 
 -- Token prefix of parked tasks' entries (the client's tokens are hex): a lease handed to one
 -- is published, not woken.
 local LINE_PREFIX = 'L'
+
+-- Whether `tok` is a parked task's token (its place in the task line, then its hand-over).
+local function is_parked_token(tok)
+  return string.sub(tok, 1, 1) == LINE_PREFIX
+end
 
 -- Records job `job` as finished for `keep_ms` (the done set is trimmed as it is written).
 local function record_done(job, keep_ms, now)
@@ -127,4 +83,23 @@ local function record_done(job, keep_ms, now)
   if redis.call('PTTL', K.done) < keep_ms then
     redis.call('PEXPIRE', K.done, keep_ms)
   end
+end
+
+-- Writes a new lease of `mode` under `tok`, with the next fence: its expiry, its record, its
+-- info (the holder's JSON record, stored as given) and, when it has an owner, the owner's entry,
+-- in one HSET. Returns its fence and expiry. How long the keys live is the caller's concern.
+-- The fence follows the fence mark, and the server's clock in us when that is ahead.
+local function put_lease(tok, mode, ttl, owner, info, now, now_us)
+  local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
+  local fence = int(math.max(last + 1, now_us))
+  local expiry = now + ttl
+  redis.call('ZADD', K.leases, int(expiry), tok)
+  local rec = mode .. '|1|' .. fence .. '||' .. owner
+  if owner ~= '' then
+    redis.call('HSET', K.meta, 'fence', fence, 'm', mode, 'l:' .. tok, rec, 'i:' .. tok, info,
+      'o:' .. owner, tok)
+  else
+    redis.call('HSET', K.meta, 'fence', fence, 'm', mode, 'l:' .. tok, rec, 'i:' .. tok, info)
+  end
+  return fence, expiry
 end
