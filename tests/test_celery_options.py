@@ -16,7 +16,6 @@ import pytest
 from celery import Celery, Task
 from workers import TESTS, Worker
 
-import celery_redislock
 from celery_redislock import LockConfigError, LockedTask, install, lock_for
 from celery_redislock.contrib.redis_server import RedisServer
 
@@ -207,18 +206,6 @@ def test_no_redis_for_locks_is_a_clear_error() -> None:
 
     with pytest.raises(LockConfigError, match=r"no Redis for locks: set app\.conf\.redislock_url"):
         lock_for(r)
-
-
-def test_public_names_are_exported() -> None:
-    import celery_redislock.integrations.celery as integration
-
-    for name in ("LockedTask", "install", "lock_for", "client_for", "lock_conflict", "lock_lost"):
-        assert name in celery_redislock.__all__
-    # The package loads exactly the integration's names on first use, and exports each.
-    assert set(integration.__all__) == celery_redislock._CELERY_NAMES
-    assert set(celery_redislock.__all__) >= celery_redislock._CELERY_NAMES
-    for name in integration.__all__:
-        assert getattr(celery_redislock, name) is getattr(integration, name)
 
 
 # -- a worker refuses to start with a configuration mistake ------------------------------------
