@@ -16,7 +16,6 @@ import pytest
 from celery import Celery, Task
 from workers import TESTS, Worker
 
-import celery_redislock
 from celery_redislock import LockConfigError, LockedTask, install, lock_for
 from celery_redislock.contrib.redis_server import RedisServer
 
@@ -199,6 +198,28 @@ def test_bad_setting_is_named(app: Celery, setting: str, value: Any, message: st
         lock_for(z)
 
 
+def test_each_call_gets_its_own_lock_with_the_tasks_current_settings() -> None:
+    # A task's locks are made from its first one (its settings checked once): each must still
+    # carry its own name and keys, and a changed setting must reach the next one.
+    app = install(Celery("kfp", broker="memory://", set_as_current=False))
+    app.conf.redislock_url = "redis://127.0.0.1:1/0"  # never connected to here
+
+    @app.task(name="kfp.t", lock={"key": "k:{n}", "mode": "read", "limit": 3})
+    def t(n: int) -> None: ...
+
+    first, second = lock_for(t, (1,)), lock_for(t, (2,))
+    assert (first.name, second.name) == ("k:1", "k:2")
+    assert first.keys != second.keys and first.encoded_keys != second.encoded_keys
+    assert [k.encode() for k in second.keys.all] == second.encoded_keys
+    assert (second.mode, second.limit, second.ttl) == ("read", 3, first.ttl)
+    assert second._entered is not first._entered
+    app.conf.redislock_ttl = first.ttl + 7
+    third = lock_for(t, (3,))
+    assert (third.name, third.ttl) == ("k:3", first.ttl + 7)
+    app.conf.redislock_namespace = "other"
+    assert lock_for(t, (4,)).keys.leases.startswith("other:")
+
+
 def test_no_redis_for_locks_is_a_clear_error() -> None:
     rabbit = install(Celery("opts", broker="amqp://guest@localhost//", set_as_current=False))
 
@@ -207,18 +228,6 @@ def test_no_redis_for_locks_is_a_clear_error() -> None:
 
     with pytest.raises(LockConfigError, match=r"no Redis for locks: set app\.conf\.redislock_url"):
         lock_for(r)
-
-
-def test_public_names_are_exported() -> None:
-    import celery_redislock.integrations.celery as integration
-
-    for name in ("LockedTask", "install", "lock_for", "client_for", "lock_conflict", "lock_lost"):
-        assert name in celery_redislock.__all__
-    # The package loads exactly the integration's names on first use, and exports each.
-    assert set(integration.__all__) == celery_redislock._CELERY_NAMES
-    assert set(celery_redislock.__all__) >= celery_redislock._CELERY_NAMES
-    for name in integration.__all__:
-        assert getattr(celery_redislock, name) is getattr(integration, name)
 
 
 # -- a worker refuses to start with a configuration mistake ------------------------------------
