@@ -66,6 +66,7 @@ class Settings:
     """Every lock setting of a process or app; see the tables in docs/celery.md and docs/rq.md.
     A bad value raises :class:`~celery_redislock.LockConfigError` naming it.
 
+    >>> from celery_redislock.integrations.rq import Settings
     >>> Settings(ttl=30, on_conflict="retry").ttl
     30.0
     """
@@ -133,6 +134,7 @@ class Settings:
         """Settings from ``REDISLOCK_URL``, ``REDISLOCK_NAMESPACE``, ``REDISLOCK_TTL``, ...
         (each field's name in upper case), defaults for what is not set.
 
+        >>> from celery_redislock.integrations.rq import Settings
         >>> Settings.from_env({"REDISLOCK_TTL": "30"}).ttl
         30.0
         """
