@@ -232,18 +232,18 @@ def _as_is(value: object, what: str) -> object:
     return value
 
 
-def _number_text(raw: str, what: str) -> object:
-    try:
-        return float(raw)
-    except ValueError:
-        raise LockConfigError(f"{what} must be a number of seconds, got {raw!r}") from None
+def _parsed(convert: Callable[[str], object], words: str) -> Callable[[str, str], object]:
+    def parse(raw: str, what: str) -> object:
+        try:
+            return convert(raw)
+        except ValueError:
+            raise LockConfigError(f"{what} must be {words}, got {raw!r}") from None
+
+    return parse
 
 
-def _int_text(raw: str, what: str) -> object:
-    try:
-        return int(raw)
-    except ValueError:
-        raise LockConfigError(f"{what} must be an integer, got {raw!r}") from None
+_number_text = _parsed(float, "a number of seconds")
+_int_text = _parsed(int, "an integer")
 
 
 _FLAGS = {
@@ -259,10 +259,6 @@ def _flag_text(raw: str, what: str) -> object:
     return flag
 
 
-def _text(raw: str, what: str) -> object:
-    return raw
-
-
 @dataclass(frozen=True, slots=True)
 class Field:
     """One setting: how a value is checked, how its environment text is read (``None``: not
@@ -270,7 +266,7 @@ class Field:
 
     name: str
     check: Callable[[object, str], object]
-    text: Callable[[str, str], object] | None = _text
+    text: Callable[[str, str], object] | None = _as_is  # (a string as it is)
     conf: str | None = ""
     """The Celery name (``""``: ``redislock_<name>``; ``None``: not a Celery setting)."""
 
