@@ -41,7 +41,8 @@ demo-core: $(VENV)/.demo
 	$(BIN)/python -m demos.core $(ARGS)
 
 # The sample output in docs/examples.md and docs/demo-timeline.png, from one full run of
-# `make demo` (tests/test_taskdemo.py fails while the sample is not what the demo prints).
+# `make demo` (tests/packaging/test_taskdemo.py fails while the sample is not what the demo
+# prints).
 demo-docs: $(VENV)/.demo
 	$(BIN)/python -m demos.celery --write-docs $(ARGS)
 
@@ -82,13 +83,15 @@ test-main: $(VENV)/.dev
 test-quick: $(VENV)/.dev
 	$(BIN)/pytest -n $(TEST_PROCESSES) -m "not slow" $(ARGS)
 
-# The Celery and RQ tests (markers `celery` and `rq`: every tests/test_celery_*.py and
-# tests/test_rq_*.py) again on the lowest supported Celery, kombu, billiard, RQ and redis-py.
+# The Celery and RQ tests (markers `celery` and `rq`: every tests/celery/test_celery_*.py and
+# tests/rq/test_rq_*.py, and the worker log test) again on the lowest supported Celery, kombu,
+# billiard, RQ and redis-py.
 test-lowest: $(LOWEST)/.done
 	$(LOWEST)/bin/pytest -n $(TEST_PROCESSES) -p no:hypothesispytest -q -m "celery or rq"
 
 # Sentinel (1 master, 1 replica, 3 sentinels) and a Redis Cluster (3 masters, 3 replicas) from
-# local redis-server processes, with real failovers (marker `topology`, tests/test_topology_*.py).
+# local redis-server processes, with real failovers (marker `topology`: tests/topologies/ and
+# RedLock's tests with several masters; the folder's fast static checks run in test-main).
 test-topologies: $(VENV)/.dev
 	$(BIN)/pytest -q -m topology
 
@@ -106,7 +109,7 @@ bench-rq: $(VENV)/.dev
 # Two workers under chaos (kills, lost replies) for 5 minutes: nothing lost, no two holders at
 # once. `make soak ARGS="--minutes 1 --json soak.json"` for a shorter one.
 soak: $(VENV)/.dev
-	$(BIN)/python benchmarks/soak.py $(ARGS)
+	$(BIN)/python benchmarks/soak $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(LOWEST) .coverage .pytest_cache .mypy_cache .ruff_cache .hypothesis docs/_build
