@@ -8,7 +8,6 @@ factory, with a replica acknowledgement policy attached; and the one cache of th
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -163,9 +162,9 @@ def make_client(settings: Settings, what: Callable[[str], str]) -> RedisClient:
 
 
 class ClientCache:
-    """One client per process and :meth:`~celery_redislock.core.settings.Settings.client_key`
-    (redis-py reconnects after a fork, but a child makes its own): the same settings, the same
-    client; changed settings, a new one. The ``size`` latest are kept."""
+    """One client per :meth:`~celery_redislock.core.settings.Settings.client_key`: the same
+    settings, the same client (a forked child too: redis-py reconnects after a fork); changed
+    settings, a new one. The ``size`` latest are kept."""
 
     def __init__(self, size: int = 16) -> None:
         self._size = size
@@ -178,7 +177,7 @@ class ClientCache:
         (no ``url``, ``sentinels`` or ``client_factory``)."""
         if settings.url is None and settings.sentinels is None and settings.client_factory is None:
             return None
-        key = (os.getpid(), *settings.client_key())
+        key = settings.client_key()
         for made, client in self._entries:
             if made == key:
                 return client
