@@ -12,7 +12,7 @@ from helpers import most_in_window
 from rq import Queue
 from rqcheck import wait_ended
 
-from celery_redislock.integrations.rq.rate import RATE_META
+from celery_redislock.integrations.rq.running import RATE_META
 
 
 def _starts(conn: redis.Redis, kind: str) -> list[float]:

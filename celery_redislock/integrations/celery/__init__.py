@@ -6,10 +6,9 @@ settings, the worker parent's release of a dead child's lease, signals and helpe
 >>> app = install(Celery("proj"))                              # doctest: +SKIP
 """
 
-from .ending import SKIPPED
-from .execution import lock_for
 from .install import install
 from .parent import LockRequest
+from .run import SKIPPED, lock_for
 from .settings import client_for
 from .signals import (
     lock_acquired,

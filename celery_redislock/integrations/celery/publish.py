@@ -8,7 +8,7 @@ import datetime
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Celery
 from celery.utils import uuid
@@ -16,12 +16,10 @@ from celery.utils import uuid
 from ...core.claims import Claim, ClaimKind, publish_claimed
 from ...core.naming import lock_name
 from ...errors import DuplicateTask, LockBackendError
+from .kind import CONFLICTS_HEADER, LINE_HEADER, RATE_HEADER, REDELIVERY_HEADER
 from .registry import Spec, spec_for
 from .settings import Settings, client_for, settings_for
 from .signals import lock_conflict
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "CONFLICTS_HEADER",
@@ -33,18 +31,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Message header counting conflict retries (kept apart from the task's own ``retries``); such a
-# re-publish is the same job.
-CONFLICTS_HEADER = "redislock_conflicts"
-# Message header of a task published again from its lock's task line (the same job; the
-# token of the hand-over it claims).
-LINE_HEADER = "redislock_line"
-# Message header of a task published again to start at its reserved slot of a rate limit (the
-# same job; the request id that holds the slot).
-RATE_HEADER = "redislock_rate"
-# Message header counting re-publishes of a delivery that found another delivery of the same
-# task holding its lease (it waits to learn whether that one finished); the same job too.
-REDELIVERY_HEADER = "redislock_redelivered"
 _MAX_CLAIM_S = 365 * 86400.0
 
 SendTask = Callable[..., Any]
