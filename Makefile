@@ -10,7 +10,7 @@ LOWEST ?= .venv-lowest
 TEST_PROCESSES ?= 3
 
 .PHONY: demo demo-core demo-docs test quick test-main test-quick test-lowest test-topologies lint \
-	bench bench-celery bench-rq soak clean docs
+	lua-check bench bench-celery bench-rq soak clean docs
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -41,15 +41,29 @@ demo-core: $(VENV)/.demo
 	$(BIN)/python -m demos.core $(ARGS)
 
 # The sample output in docs/examples.md and docs/demo-timeline.png, from one full run of
-# `make demo` (tests/test_taskdemo.py fails while the sample is not what the demo prints).
+# `make demo` (tests/packaging/test_taskdemo.py fails while the sample is not what the demo
+# prints).
 demo-docs: $(VENV)/.demo
 	$(BIN)/python -m demos.celery --write-docs $(ARGS)
 
-lint: $(VENV)/.dev
+lint: $(VENV)/.dev lua-check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+	luacheck --no-color -q celery_redislock/core/lua
+
+# luacheck, the Lua linter `make lint` runs on the scripts (settings in .luacheckrc): Debian's
+# package lua-check, installed here when it is missing (as root, or with sudo), as .ci/run
+# installs redis-server. Elsewhere, install luacheck first (e.g. `luarocks install luacheck`).
+lua-check:
+	@command -v luacheck >/dev/null || { \
+		command -v apt-get >/dev/null || { \
+			echo "make lint needs luacheck: install it (e.g. luarocks install luacheck)"; exit 1; }; \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		echo "installing luacheck (apt-get install lua-check)"; \
+		$$sudo apt-get update -qq && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lua-check >/dev/null; }
 
 # Runs the make targets $(1) one after another, each even if one before it failed; then says how
 # each ended and how long it took, and fails if any failed. Ctrl-C stops it all.
@@ -82,13 +96,15 @@ test-main: $(VENV)/.dev
 test-quick: $(VENV)/.dev
 	$(BIN)/pytest -n $(TEST_PROCESSES) -m "not slow" $(ARGS)
 
-# The Celery and RQ tests (markers `celery` and `rq`: every tests/test_celery_*.py and
-# tests/test_rq_*.py) again on the lowest supported Celery, kombu, billiard, RQ and redis-py.
+# The Celery and RQ tests (markers `celery` and `rq`: every tests/celery/test_celery_*.py and
+# tests/rq/test_rq_*.py, and the worker log test) again on the lowest supported Celery, kombu,
+# billiard, RQ and redis-py.
 test-lowest: $(LOWEST)/.done
 	$(LOWEST)/bin/pytest -n $(TEST_PROCESSES) -p no:hypothesispytest -q -m "celery or rq"
 
 # Sentinel (1 master, 1 replica, 3 sentinels) and a Redis Cluster (3 masters, 3 replicas) from
-# local redis-server processes, with real failovers (marker `topology`, tests/test_topology_*.py).
+# local redis-server processes, with real failovers (marker `topology`: tests/topologies/ and
+# RedLock's tests with several masters; the folder's fast static checks run in test-main).
 test-topologies: $(VENV)/.dev
 	$(BIN)/pytest -q -m topology
 
@@ -106,7 +122,7 @@ bench-rq: $(VENV)/.dev
 # Two workers under chaos (kills, lost replies) for 5 minutes: nothing lost, no two holders at
 # once. `make soak ARGS="--minutes 1 --json soak.json"` for a shorter one.
 soak: $(VENV)/.dev
-	$(BIN)/python benchmarks/soak.py $(ARGS)
+	$(BIN)/python benchmarks/soak $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(LOWEST) .coverage .pytest_cache .mypy_cache .ruff_cache .hypothesis docs/_build

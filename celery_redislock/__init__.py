@@ -1,9 +1,23 @@
 """Redis leases for Celery and RQ tasks: mutexes, caps of N holders and read/write locks,
 kept alive by a per-process heartbeat and released however a task ends.
 
-The core (this module's eager names) needs redis-py only. The Celery names (``LockedTask``,
-``install``, ``lock_for``, ...) load :mod:`celery_redislock.integrations.celery` on first use,
-so ``task_cls="celery_redislock:LockedTask"`` works and a core user never imports Celery.
+What to import, and from where (every other module is internal and may change):
+
+- here: the lock core (``Lock``, ``RedLock``, ``RateLimit``, their leases and helpers), the
+  exceptions, and Celery's entry points (``LockedTask``, ``install``, ``lock_for``,
+  ``SKIPPED``);
+- :mod:`celery_redislock.integrations.celery`: the same Celery names, plus Celery's signals
+  (``lock_conflict``, ...) and ``LockRequest``;
+- :mod:`celery_redislock.integrations.rq`: RQ's ``locked``, ``UniqueQueue``, workers and its
+  own signals (same names as Celery's, RQ's signal class);
+- :mod:`celery_redislock.core.admin`: reading and freeing locks from outside their holders;
+- ``celery_redislock.contrib.*``: test helpers, the pytest plugin, Prometheus metrics.
+
+The core needs redis-py only. The Celery names load :mod:`celery_redislock.integrations.celery`
+on first use, so ``task_cls="celery_redislock:LockedTask"`` works and a core user never imports
+Celery. Names that earlier releases exported here and now live elsewhere (Celery's signals,
+``LockRequest``, ``client_for``, ``iter_locks``, ``LockOptions``, ``UniqueOptions``) still
+resolve here, but are not part of ``__all__``: import them from their modules.
 
 >>> import redis, celery_redislock                                        # doctest: +SKIP
 >>> lock = celery_redislock.Lock(redis.Redis(), "nightly-report", ttl=30)  # doctest: +SKIP
@@ -17,12 +31,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__ as __version__
-from .core.admin import iter_locks
+from .core.clients import sentinel_client
 from .core.heartbeat import Heartbeat
 from .core.lease import Holder, Lease, Mode, RenewReport, renew_leases
 from .core.lock import Lock
-from .core.options import LockOptions
-from .core.unique_options import UniqueOptions
+from .core.rate import RateLimit
+from .core.redlock import RedLock
+from .core.redlock_masters import master_clients
+from .core.replicas import require_replicas
 from .errors import (
     DuplicateTask,
     JobFinished,
@@ -37,77 +53,78 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .integrations.celery import (
-        SKIPPED,
-        LockedTask,
-        LockRequest,
-        client_for,
-        install,
-        lock_acquired,
-        lock_backend_error,
-        lock_conflict,
-        lock_for,
-        lock_lost,
-        lock_released,
-    )
+    from .core.admin import iter_locks as iter_locks
+    from .core.options import LockOptions as LockOptions
+    from .core.unique_options import UniqueOptions as UniqueOptions
+    from .integrations.celery import SKIPPED, LockedTask, install, lock_for
+    from .integrations.celery import LockRequest as LockRequest
+    from .integrations.celery import client_for as client_for
+    from .integrations.celery import lock_acquired as lock_acquired
+    from .integrations.celery import lock_backend_error as lock_backend_error
+    from .integrations.celery import lock_conflict as lock_conflict
+    from .integrations.celery import lock_lost as lock_lost
+    from .integrations.celery import lock_released as lock_released
 
-__all__ = [
-    "SKIPPED",
-    "DuplicateTask",
-    "Heartbeat",
-    "Holder",
-    "JobFinished",
-    "Lease",
-    "LineFull",
+__all__ = [  # noqa: RUF022 (in groups: the docs list them in this order)
+    # the lock core
     "Lock",
-    "LockBackendError",
-    "LockConfigError",
-    "LockLost",
+    "Lease",
+    "Holder",
+    "Mode",
+    "Heartbeat",
+    "renew_leases",
+    "RenewReport",
+    "RedLock",
+    "master_clients",
+    "sentinel_client",
+    "require_replicas",
+    "RateLimit",
+    # the exceptions
+    "RedisLockError",
     "LockNotAcquired",
     "LockNotOwned",
-    "LockOptions",
-    "LockRequest",
+    "LockLost",
     "LockUpgradeError",
+    "LockBackendError",
+    "LockConfigError",
+    "DuplicateTask",
+    "JobFinished",
+    "LineFull",
+    # Celery, loaded on first use
     "LockedTask",
-    "Mode",
-    "RedisLockError",
-    "RenewReport",
-    "UniqueOptions",
-    "client_for",
     "install",
-    "iter_locks",
-    "lock_acquired",
-    "lock_backend_error",
-    "lock_conflict",
     "lock_for",
-    "lock_lost",
-    "lock_released",
-    "renew_leases",
+    "SKIPPED",
 ]
 
-_CELERY_NAMES = frozenset(
-    {
-        "SKIPPED",
-        "LockRequest",
-        "LockedTask",
-        "client_for",
-        "install",
-        "lock_acquired",
-        "lock_backend_error",
-        "lock_conflict",
-        "lock_for",
-        "lock_lost",
-        "lock_released",
-    }
-)
+_CELERY = ".integrations.celery"
+# Loaded on first use (PEP 562): name -> the module that has it. The Celery ones so that
+# `import celery_redislock` never imports Celery; the rest (no longer in __all__) so that code
+# written against earlier releases keeps working.
+_ELSEWHERE = {
+    "LockedTask": _CELERY,
+    "install": _CELERY,
+    "lock_for": _CELERY,
+    "SKIPPED": _CELERY,
+    "LockRequest": _CELERY,
+    "client_for": _CELERY,
+    "lock_acquired": _CELERY,
+    "lock_backend_error": _CELERY,
+    "lock_conflict": _CELERY,
+    "lock_lost": _CELERY,
+    "lock_released": _CELERY,
+    "iter_locks": ".core.admin",
+    "LockOptions": ".core.options",
+    "UniqueOptions": ".core.unique_options",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # PEP 562: the Celery names are loaded on first use, never by `import celery_redislock`.
-    if name not in _CELERY_NAMES:
+    where = _ELSEWHERE.get(name)
+    if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
-        celery_integration = importlib.import_module(".integrations.celery", __name__)
+        module = importlib.import_module(where, __name__)
     except ModuleNotFoundError as exc:
         if exc.name not in ("celery", "kombu", "billiard"):
             raise
@@ -116,10 +133,10 @@ def __getattr__(name: str) -> Any:
             'pip install "celery-redislock[celery]"',
             name=exc.name,
         ) from exc
-    value = getattr(celery_integration, name)
+    value = getattr(module, name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _CELERY_NAMES)
+    return sorted(set(globals()) | set(_ELSEWHERE))

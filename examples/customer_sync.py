@@ -21,7 +21,7 @@ from typing import Any
 
 from _runner import example_app, main, noted, worker_command
 
-from celery_redislock import lock_conflict
+from celery_redislock.integrations.celery import lock_conflict
 
 # demos/ is in the checkout, not installed: importing _runner put it on sys.path.
 from demos._common.spans import most_at_once

@@ -19,7 +19,7 @@ from typing import Any
 from _runner import beat_command, example_app, main, worker_command
 from celery.signals import before_task_publish
 
-from celery_redislock import lock_conflict
+from celery_redislock.integrations.celery import lock_conflict
 
 NAME = "singleton_report"
 REPORT_SECONDS = 3.0

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import children_of
+from helpers import STARTED_WORKERS, children_of
 from rqworkers import RQWorker
 from workers import Worker
 
-from celery_redislock import Heartbeat, Lock
+from celery_redislock import Heartbeat
 from celery_redislock.contrib.redis_server import RedisServer, embedded_binary
 
 
@@ -39,9 +39,6 @@ def _binaries() -> dict[str, str]:
 
 
 BINARIES = _binaries()
-
-
-STARTED_WORKERS = pytest.StashKey[list[Worker]]()
 
 
 # Files whose every test is a fault test, by name: test_faults.py, test_rq_faults.py, ...
@@ -214,20 +211,6 @@ def own_server(redis_binary: str) -> Iterator[RedisServer]:
     """A server of this test's own, for tests that stop, restart or pause it."""
     with RedisServer(redis_binary) as server:
         yield server
-
-
-def wait_for(condition: Callable[[], object], what: str, timeout: float = 10) -> None:
-    """Polls ``condition`` until it holds; fails naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.005)
-
-
-def wait_until_queued(client: redis.Redis | redis.RedisCluster, lock: Lock, count: int = 1) -> None:
-    """Blocks until ``count`` waiters stand in ``lock``'s line: a release after this is sure to
-    find them blocked (no sleeping and hoping)."""
-    wait_for(lambda: client.zcard(lock.keys.all[2]) >= count, f"{count} waiter(s) queued")
 
 
 @pytest.fixture(scope="session")

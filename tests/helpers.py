@@ -1,16 +1,45 @@
-"""Small helpers the tests share: free ports, processes read from /proc, and what the test app's
-tasks note in Redis (``started:<name>`` lists, ``stop:<name>`` flags)."""
+"""Small helpers the tests share: waiting on a condition, free ports, processes read from /proc,
+and what the test app's tasks note in Redis (``started:<name>`` lists, ``stop:<name>`` flags).
+
+Test modules import these from here, never from ``conftest``: each test folder may have a
+``conftest.py`` of its own, and the module named ``conftest`` at a given moment is whichever
+pytest loaded last."""
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import pytest
+
+if TYPE_CHECKING:
+    import redis
+
+    from celery_redislock import Lock
 
 HAS_PROC = Path("/proc/self/stat").exists()
+
+# The workers a test started (Celery's or RQ's): a failing test's report shows their logs.
+STARTED_WORKERS = pytest.StashKey[list[Any]]()
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 10) -> None:
+    """Polls ``condition`` until it holds; fails naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.005)
+
+
+def wait_until_queued(client: redis.Redis | redis.RedisCluster, lock: Lock, count: int = 1) -> None:
+    """Blocks until ``count`` waiters stand in ``lock``'s line: a release after this is sure to
+    find them blocked (no sleeping and hoping)."""
+    wait_for(lambda: client.zcard(lock.keys.all[2]) >= count, f"{count} waiter(s) queued")
 
 
 def free_port() -> int:
@@ -70,8 +99,6 @@ def started(lockapp: ModuleType, name: str) -> list[str]:
 
 
 def wait_started(lockapp: ModuleType, name: str, count: int = 1, timeout: float = 30) -> list[str]:
-    from conftest import wait_for  # (conftest imports this module's importers)
-
     wait_for(lambda: len(started(lockapp, name)) >= count, f"{name} started", timeout)
     return started(lockapp, name)
 

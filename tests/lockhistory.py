@@ -1,6 +1,6 @@
 """Judging a concurrent history of lock calls: linearizability against a sequential model of the
 lock, and the lock's invariants read off the history directly. No Redis here: a history is plain
-data, so a failing one printed by tests/test_model_concurrent.py can be judged again by pasting
+data, so a failing one printed by tests/core/test_model_concurrent.py can be judged again by pasting
 it into ``check(...)``.
 
 A history is a list of :class:`Op`: who called what, the results, and two ticks of one shared
@@ -8,7 +8,7 @@ counter taken just before the call and just after it returned. ``a.res < b.inv``
 returned before ``b`` was called; calls whose ticks interleave overlapped in time, and may take
 effect in either order.
 
-The sequential model is the one tests/test_model.py drives one step at a time (``fits`` and
+The sequential model is the one tests/core/test_model.py drives one step at a time (``fits`` and
 ``owned_outcome`` here are its ``fits`` and ``expect_owned``): a lock is a set of leases, each with
 a mode, an owner, a re-entry count, a fence and an expiry; a new lease is granted only beside leases
 of its own mode and under the mode's capacity; an owner holding a lease re-enters it (or is refused:

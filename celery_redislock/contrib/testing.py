@@ -75,7 +75,7 @@ def _lock_of(task: Task | Lock, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         if args or kwargs:
             raise TypeError("call arguments given with a Lock: pass a task to derive its lock")
         return task
-    from ..integrations.celery.execution import lock_for
+    from ..integrations.celery.run import lock_for
 
     return lock_for(task, args, kwargs)
 

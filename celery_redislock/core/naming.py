@@ -226,91 +226,6 @@ class _KeyFormatter(string.Formatter):
 _formatter = _KeyFormatter()
 
 
-# The common case, a template whose fields are plain argument names of a task whose parameters
-# are all plain (positional-or-keyword), is filled without inspect's binding and without
-# string.Formatter's machinery: both cost a call more than taking the lock's lease in Python.
-# Whatever the fast path cannot fill (or would refuse) goes the general way, which then also
-# words the error.
-_Parts = tuple[tuple[str, str | None, str], ...]
-_plain_templates: dict[str, _Parts | None] = {}
-_plain_signatures: dict[int, tuple[inspect.Signature, tuple[str, ...], dict[str, Any]]] = {}
-_PLAIN_KIND = inspect.Parameter.POSITIONAL_OR_KEYWORD
-
-
-def _template_parts(template: str) -> _Parts | None:
-    """``template`` as (literal, field, spec) parts when each field is an argument name with at
-    most a plain format spec; ``None`` for anything else (attributes, indexes, conversions,
-    nested specs, positional fields, a malformed template)."""
-    if template in _plain_templates:
-        return _plain_templates[template]
-    parts: _Parts | None
-    try:
-        parsed = list(_formatter.parse(template))
-    except ValueError:
-        parsed = []
-        parts = None
-    else:
-        parts = tuple((literal, field, spec or "") for literal, field, spec, _ in parsed)
-    for _, field, spec, conversion in parsed:
-        if field is not None and (
-            not field.isidentifier() or conversion is not None or "{" in (spec or "")
-        ):
-            parts = None
-    if len(_plain_templates) < 1024:  # templates are declared, not made per call
-        _plain_templates[template] = parts
-    return parts
-
-
-def _plain_binding(
-    signature: inspect.Signature,
-) -> tuple[tuple[str, ...], dict[str, Any]] | None:
-    """The parameter names and defaults of a signature with plain parameters only."""
-    cached = _plain_signatures.get(id(signature))
-    if cached is not None and cached[0] is signature:
-        return cached[1], cached[2]
-    params = list(signature.parameters.values())
-    if any(p.kind is not _PLAIN_KIND for p in params):
-        return None
-    names = tuple(p.name for p in params)
-    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
-    if len(_plain_signatures) < 1024:  # one per task
-        _plain_signatures[id(signature)] = (signature, names, defaults)
-    return names, defaults
-
-
-def _fast_name(
-    template: str,
-    signature: inspect.Signature,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-) -> str | None:
-    """The name the general path gives, or ``None`` where it must decide (or refuse)."""
-    parts = _template_parts(template)
-    binding = _plain_binding(signature) if parts is not None else None
-    if parts is None or binding is None:
-        return None
-    names, defaults = binding
-    if len(args) > len(names):
-        return None
-    named = dict(zip(names, args, strict=False))
-    for key, value in kwargs.items():
-        if key in named or key not in names:
-            return None  # given twice, or unknown: binding refuses the call
-        named[key] = value
-    if any(name not in named and name not in defaults for name in names):
-        return None  # an argument missing: binding refuses the call
-    out: list[str] = []
-    try:
-        for literal, field, spec in parts:
-            out.append(literal)
-            if field is not None:
-                value = named[field] if field in named else defaults[field]
-                out.append(field_text(value, spec))
-    except (KeyError, TypeError, ValueError):
-        return None
-    return "".join(out)
-
-
 def _describe(key: object) -> str:
     if isinstance(key, str):
         return f"key template {key!r}"
@@ -343,16 +258,9 @@ def lock_name(
     for ``scope="host"``. Raises :class:`LockConfigError` naming the task (and the template or
     key function) when the call cannot make one."""
     key = options.key
-    fast = (
-        _fast_name(key, signature, args, kwargs)
-        if isinstance(key, str) and signature is not None
-        else None
-    )
-    bound = bind_arguments(task, signature, args, kwargs) if fast is None else None
+    bound = bind_arguments(task, signature, args, kwargs)
     try:
-        if fast is not None:
-            name = fast
-        elif isinstance(key, str):
+        if isinstance(key, str):
             named = _named(bound) if bound is not None else dict(kwargs)
             name = _formatter.vformat(key, (), named)
         elif key is not None:

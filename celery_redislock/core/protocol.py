@@ -66,7 +66,7 @@ def _bit(flag: bool) -> str:
 
 
 class LockSpec(NamedTuple):
-    """A lock's settings, passed to every lock script (``parse_spec`` in ``lockbase.lua``)."""
+    """A lock's settings, passed to every lock script (``parse_spec`` in ``_lock.lua``)."""
 
     mode: Mode
     limit: int

@@ -1,5 +1,12 @@
 """Lua scripts, read from the package's ``lua/`` folder and registered once per process.
 
+A script is a ``lua/<name>.lua`` file; a part is a ``lua/_<name>.lua`` file of helpers shared by
+scripts, never run alone. A line ``-- #include _<name>.lua`` in a script or a part is replaced by
+that part (whose own includes are expanded first, so a part names the parts it is built on), at
+that place: a script's fast path can come before the helpers it does not need, which cost each
+run their definitions. Each part goes in once: an include of a part already in is left out, its
+helpers being in scope already. That is the one way scripts are assembled.
+
 redis-py's :class:`~redis.commands.core.Script` runs EVALSHA and falls back to SCRIPT LOAD on
 NOSCRIPT, so the scripts survive ``SCRIPT FLUSH``, restarts and failover.
 """
@@ -14,46 +21,67 @@ from typing import Any
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+_LUA = files(__package__) / "lua"
+# `-- #include _part.lua` alone on a line: that part's text goes in its place.
+_INCLUDE = re.compile(rb"^-- #include (\S*)$", re.MULTILINE)
+_PART = re.compile(r"_[a-z0-9_]+\.lua")
 
-def _source(name: str) -> bytes:
-    return (files(__package__) / "lua" / f"{name}.lua").read_bytes()
+
+class ScriptSourceError(LookupError):
+    """A script includes a part that is not in ``core/lua`` (or not named as a part)."""
 
 
-# The partials each script is built on, prepended in this order: _time.lua (the server's clock)
-# to every script that reads it, lockbase.lua (the lock's keys and the helpers a fast path needs)
-# after it. A line ``-- #include common`` in a lock script is replaced by common.lua (the rest of
-# the helpers): a script whose fast path comes before that line does not pay, on that path, for
-# defining helpers it does not use.
-_PARTS: dict[str, tuple[str, ...]] = {
-    "acquire": ("_time", "lockbase"),
-    "release": ("_time", "lockbase"),
-    "release_where": ("_time", "lockbase", "common"),
-    "finish": ("_time", "lockbase"),
-    "line_sweep": ("_time", "lockbase", "common"),
-    "line_sent": ("_time", "lockbase", "common"),
-    "line_forget": (),
-    "line_drop": ("_time", "lockbase", "common"),
-    "line_lapse": ("_time", "lockbase"),
-    "renew": ("_time",),
-    "holders": ("_time",),
-    "unique_claim": ("_time",),
-    "rate": ("_time",),
-    "notify": (),
-    "unique_release": (),
-    "redlock_fence": ("_time", "lockbase", "common"),
-}
-_INCLUDE = re.compile(rb"^-- #include (\w+)$", re.MULTILINE)
+def _source(file: str) -> bytes:
+    return (_LUA / file).read_bytes()
+
+
+def _assemble(name: str) -> tuple[bytes, tuple[str, ...]]:
+    """Script ``name``'s text as sent to Redis, and the parts in it, in the order they went in."""
+    included: list[str] = []
+
+    def expand(file: str, chain: str) -> bytes:
+        def include(found: re.Match[bytes]) -> bytes:
+            part = found.group(1).decode()
+            where = f"{chain} -> {part}"
+            if not _PART.fullmatch(part) or not (_LUA / part).is_file():
+                raise ScriptSourceError(
+                    f"{name}.lua: {chain} includes {part!r}, which is not a part in "
+                    "celery_redislock/core/lua (a part is a file named _<name>.lua)"
+                )
+            if part in included:  # each part once: its helpers are in scope already
+                return f"-- ({part}: included above)".encode()
+            included.append(part)
+            return expand(part, where).rstrip(b"\n")
+
+        return _INCLUDE.sub(include, _source(file))
+
+    return expand(f"{name}.lua", f"{name}.lua"), tuple(included)
 
 
 def assembled(name: str) -> bytes:
-    """Script ``name`` as it is sent to Redis: its partials prepended, its includes expanded."""
-    body = b"\n".join([*(_source(part) for part in _PARTS[name]), _source(name)])
-    return _INCLUDE.sub(lambda found: _source(found.group(1).decode()), body)
+    """Script ``name`` as it is sent to Redis: each ``-- #include _part.lua`` line replaced by
+    that part, whose own includes are expanded first; a part already in is not put in again."""
+    return _assemble(name)[0]
+
+
+def includes(name: str) -> tuple[str, ...]:
+    """The parts script ``name`` is built with (file names), in the order their includes are met."""
+    return _assemble(name)[1]
+
+
+# Every .lua file in lua/ whose name does not start with "_" is a script; the others are parts.
+NAMES: tuple[str, ...] = tuple(
+    sorted(
+        entry.name.removesuffix(".lua")
+        for entry in _LUA.iterdir()
+        if entry.name.endswith(".lua") and not entry.name.startswith("_")
+    )
+)
 
 
 def _load_all() -> dict[str, Script]:
     # A Script made from bytes needs no client: each call names the client it runs on.
-    return {name: Script(None, assembled(name)) for name in _PARTS}  # type: ignore[arg-type]
+    return {name: Script(None, assembled(name)) for name in NAMES}  # type: ignore[arg-type]
 
 
 # Read at import, never later: reading package files takes the import system's module locks,
@@ -62,7 +90,7 @@ _SCRIPTS = _load_all()
 
 
 def script(name: str) -> Script:
-    """The registered script ``name``, with the partials it is built on prepended."""
+    """The registered script ``name``, assembled (see :func:`assembled`)."""
     return _SCRIPTS[name]
 
 

@@ -20,7 +20,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_redislock import install, lock_acquired, lock_conflict
+from celery_redislock import install
+from celery_redislock.integrations.celery import lock_acquired, lock_conflict
 
 from .._common.runs import note_event
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import STARTED_WORKERS
+from helpers import STARTED_WORKERS
 
 from celery_redislock.contrib.redis_server import RedisServer
 

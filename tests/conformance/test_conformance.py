@@ -20,8 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
-from conftest import wait_for, wait_until_queued
-from helpers import free_port
+from helpers import free_port, wait_for, wait_until_queued
 
 from celery_redislock import DuplicateTask, LockBackendError
 from celery_redislock.contrib.redis_server import RedisServer

@@ -1,5 +1,6 @@
--- _time.lua: the server's clock, prepended to every script that reads it; not a script of its
--- own. Server time, never the client's: the clients' clocks may disagree.
+-- _time.lua (a part, not a script; see scripts.py): the server's clock. Server time, never the
+-- client's: the clients' clocks may disagree.
+-- Defines: GRACE_MS, server_now, int.
 
 -- How long a lock's keys outlive its last lease or waiter (the fence mark: far longer, `keep`).
 local GRACE_MS = 1000

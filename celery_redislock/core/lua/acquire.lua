@@ -1,8 +1,8 @@
 -- acquire.lua: take a lease, re-enter one, or wait in line for one.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see lockbase.lua)
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see _lock.lua)
 -- ARGV: 1 token (chosen by the client: run again with the same token, this call returns the
 --         lease it made, never a second one nor a second re-entry),
---       2 the lock's spec 'mode limit ttl fair entry keep' (see parse_spec in lockbase.lua),
+--       2 the lock's spec 'mode limit ttl fair entry keep' (see parse_spec in _lock.lua),
 --       3 this call's flags 'wait woke once park': wait 1 = stay queued on failure, woke 1 = the
 --         caller was woken by a signal, once 1 = an owner holding a live lease is refused instead
 --         of re-entering, park 1 = a task that finds the lock taken is parked in the task line
@@ -23,6 +23,9 @@
 --   then the ms that lease has left), 4 parked (count = the parked entries in line),
 --   5 not parked: the line is full (count = the parked entries);
 --   granted is token, fence, expiry of other waiters this call handed the lock to (fair mode).
+
+-- #include _lock.lua
+
 local tok, owner, info, job = ARGV[1], ARGV[4], ARGV[5], ARGV[6]
 local mode, limit, ttl, fair, entry_ms, keep_ms = parse_spec(ARGV[2])
 local wait, woke = string.sub(ARGV[3], 1, 1) == '1', string.sub(ARGV[3], 2, 2) == '1'
@@ -41,46 +44,32 @@ end
 
 -- Fast path: no lease (not even a lapsed one) and nobody waits. Then this token has no lease
 -- yet (a second run of this call finds the first run's lease and takes the path below), the
--- owner holds none, and the lease is taken at once, in fair mode too (an empty line): what
--- new_lease (common.lua) writes, in fewer calls, before common.lua's helpers are even defined.
--- The fence still follows the fence mark.
+-- owner holds none, and the lease is taken at once, in fair mode too (an empty line), before
+-- the other parts are included (defining their helpers costs each run about as much as a few
+-- Redis commands). The fence still follows the fence mark (put_lease).
 local present = redis.call('EXISTS', K.leases, K.queue)
 if present == 0 then
   if job_done() then
     return reply({2, '-', 0, 0, 0, 0, mode})
   end
-  local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
-  local fence = int(math.max(last + 1, now_us))
-  local expiry = now + ttl
-  redis.call('ZADD', K.leases, int(expiry), tok)
-  local rec = mode .. '|1|' .. fence .. '||' .. owner
-  if owner ~= '' then
-    redis.call('HSET', K.meta, 'fence', fence, 'm', mode, 'l:' .. tok, rec, 'i:' .. tok, info,
-      'o:' .. owner, tok)
-  else
-    redis.call('HSET', K.meta, 'fence', fence, 'm', mode, 'l:' .. tok, rec, 'i:' .. tok, info)
-  end
+  local fence, expiry = put_lease(tok, mode, ttl, owner, info, now, now_us)
   if claim_id ~= '' then -- a parked task's token: this call's delivery holds it (see held())
     redis.call('HSET', K.meta, 'c:' .. tok, claim_id)
   end
   -- Nothing else lives in the lock's keys now: the meta key (the fence mark) is set to live
   -- `keep_ms` from this use (at least as long as the lease), as tidy() sets it after the last
-  -- release; the leases key is new.
+  -- release; the leases key is new. (What new_lease does with keep_lease_keys, without its PTTL:
+  -- no other life in these keys needs keeping.)
   local need = ttl + GRACE_MS
   redis.call('PEXPIRE', K.meta, int(math.max(need + ttl, keep_ms)))
   redis.call('PEXPIRE', K.leases, need + ttl)
   return reply({1, tok, fence, expiry, 1, 0, mode})
 end
 
--- #include common
+-- #include _grant.lua
+-- #include _wait.lua
 
--- Both keys: someone waits. One of them: which one, asked once for start() (when it is the
--- line, the lock has no lease at all).
-if present == 2 then
-  queue_known = true
-else
-  no_leases = queue_exists()
-end
+keys_present(present)
 local waiters = start(now)
 
 local function held(token, fence, expiry, count, granted, lease_mode)
@@ -90,11 +79,7 @@ local function held(token, fence, expiry, count, granted, lease_mode)
   if token == tok and claim_id ~= '' and redis.call('HGET', K.meta, 'c:' .. tok) == false then
     redis.call('HSET', K.meta, 'c:' .. tok, claim_id)
   end
-  local out = {1, token, fence, expiry, count, 0, lease_mode or mode}
-  for _, v in ipairs(granted) do
-    out[#out + 1] = v
-  end
-  return reply(out)
+  return reply(append({1, token, fence, expiry, count, 0, lease_mode or mode}, granted))
 end
 
 -- `status` 0 not held, 4 parked, 5 the line is full; `count` the parked entries (4, 5).
@@ -104,11 +89,7 @@ local function not_held_as(status, count, granted)
   else
     tidy(keep_ms)
   end
-  local out = {status, '-', 0, 0, count, next_expiry(now), mode}
-  for _, v in ipairs(granted) do
-    out[#out + 1] = v
-  end
-  return reply(out)
+  return reply(append({status, '-', 0, 0, count, next_expiry(now), mode}, granted))
 end
 
 local function not_held(granted)
@@ -118,13 +99,13 @@ end
 -- This very call ran before (its reply was lost and the client sent it again), or, in fair mode,
 -- the lock was handed to us while we waited (our wake-up is late, or its sender died): the lease
 -- is ours. A lease handed over in fair mode is claimed for the full ttl.
-local mine_at = not no_leases and redis.call('ZSCORE', K.leases, tok)
+local mine_at = lease_expiry(tok)
 if mine_at then
   local expiry = tonumber(mine_at)
   -- A lease handed to a parked task: the first delivery of the hand-over claims it (and the
   -- full ttl); a second delivery of it (the hand-over published twice) is refused as another
   -- copy holding it.
-  local claim = string.sub(tok, 1, 1) == LINE_PREFIX and redis.call('HGET', K.meta, 'c:' .. tok)
+  local claim = is_parked_token(tok) and redis.call('HGET', K.meta, 'c:' .. tok)
   if claim and claim ~= claim_id then
     local rec = read_lease(tok)
     if claim ~= '' then
@@ -159,7 +140,7 @@ end
 -- would hold up the line (a queued writer blocks readers) until its deadline. The line then
 -- advances as it would have if the waiter had left.
 -- This call's own entry in line, when it is a plain caller's, need not be read (see dequeue).
-local own = not park and string.sub(tok, 1, 1) ~= LINE_PREFIX and mode or nil
+local own = not park and not is_parked_token(tok) and mode or nil
 
 local function leave_line()
   if not (waiters and redis.call('ZSCORE', K.queue, tok)) then
@@ -175,17 +156,10 @@ local function leave_line()
   return {}
 end
 
-local function with_granted(items, granted)
-  for _, v in ipairs(granted) do
-    items[#items + 1] = v
-  end
-  return reply(items)
-end
-
 if owner ~= '' then
   local mine = redis.call('HGET', K.meta, 'o:' .. owner)
   -- (Its expiry, read once: nothing below changes it before it is used.)
-  local mine_expiry = mine and not no_leases and redis.call('ZSCORE', K.leases, mine)
+  local mine_expiry = mine and lease_expiry(mine)
   if mine_expiry then
     mine_expiry = tonumber(mine_expiry)
     local rec = read_lease(mine)
@@ -195,10 +169,10 @@ if owner ~= '' then
     end
     if once then -- the owner holds a lease already: say so, with the ms it has left
       local left = mine_expiry - now
-      return with_granted({3, mine, rec.f, 0, rec.c, left, rec.m}, granted)
+      return reply(append({3, mine, rec.f, 0, rec.c, left, rec.m}, granted))
     end
     if rec.m == 'r' and mode == 'w' then
-      return with_granted({-1, mine, rec.f, 0, rec.c, 0, rec.m}, granted)
+      return reply(append({-1, mine, rec.f, 0, rec.c, 0, rec.m}, granted))
     end
     rec.c = rec.c + 1
     note_request(rec, tok)
@@ -264,9 +238,7 @@ if fair then
   end
   if not wait then
     dequeue(tok, nil, own)
-    for _, v in ipairs(grant(now, now_us, tok, keep_ms)) do
-      granted[#granted + 1] = v
-    end
+    append(granted, grant(now, now_us, tok, keep_ms))
   end
   return not_held(granted)
 end
@@ -299,7 +271,7 @@ elseif queued then
   dequeue(tok, nil, own)
 end
 -- A waiter woken for a free lock it may not take (a writer is queued) passes the signal on.
-if woke and (no_leases or redis.call('ZCARD', K.leases) == 0) and queue_exists() then
+if woke and lease_count() == 0 and queue_exists() then
   wake_one()
 end
 return not_held({})

@@ -1,9 +1,11 @@
--- holders.lua: the live leases of one lock, read atomically with the server's clock
--- (_time.lua prepended).
+-- holders.lua: the live leases of one lock, read atomically with the server's clock.
 -- KEYS: 1 leases, 2 meta
 -- ARGV: none
--- Returns {now ms, then for each live lease: token, expiry ms, record 'mode|count|fence|requests|owner',
---   info (JSON)}.
+-- Returns {now ms, then for each live lease: token, expiry ms, record
+--   'mode|count|fence|requests|owner', info (JSON)}.
+
+-- #include _time.lua
+
 local now = server_now()
 local out = {now}
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. int(now), '+inf', 'WITHSCORES')

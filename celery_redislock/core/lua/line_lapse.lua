@@ -4,12 +4,15 @@
 -- next call on the lock, or a worker's sweeper within its interval, puts the task back at its
 -- place at the head of the line and hands it over again, publishing it. Newcomers meanwhile
 -- find the parked task in line first, as they would have found its hand-over.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see lockbase.lua; only leases is
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see _lock.lua; only leases is
 --   written)
 -- ARGV: token, fence of each hand-over (the fence tells this hand-over from a later one made to
 --   the same entry, which this call must leave alone)
 -- Returns the number of hand-overs lapsed. Run twice, the second run finds the same leases
 -- lapsed already (or gone, or handed over anew under another fence) and changes nothing.
+
+-- #include _lease.lua
+
 local now = server_now()
 local lapsed = 0
 for i = 1, #ARGV, 2 do

@@ -1,5 +1,4 @@
--- rate.lua: a fleet-wide rate limit, a sliding window of reserved start slots (_time.lua
--- prepended, for server_now, int and GRACE_MS).
+-- rate.lua: a fleet-wide rate limit, a sliding window of reserved start slots.
 -- KEYS: 1 log  sorted set: request id -> its slot (server ms); the rate limit's name is the
 --              hash tag. It holds the recent and the future slots, so it is both the window
 --              and the record that makes a request run twice get the same slot.
@@ -19,6 +18,8 @@
 -- The invariant: any `per` ms of server time hold at most `limit` slots. Slots are handed out
 -- in request order, never decreasing: a new slot is the latest of now, the last slot, and the
 -- limit-th most recent slot + per.
+
+-- #include _time.lua
 
 -- How long a request id is remembered after its slot (a call run again after a lost reply, a
 -- re-published task asking again), and how many ids are kept at most (never fewer than

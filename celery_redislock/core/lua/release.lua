@@ -1,6 +1,6 @@
 -- release.lua: give back a lease (one reentry level, or all of it) and hand the lock on.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see lockbase.lua)
--- ARGV: 1 token, 2 the lock's spec (see parse_spec in lockbase.lua),
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see _lock.lua)
+-- ARGV: 1 token, 2 the lock's spec (see parse_spec in _lock.lua),
 --       3 whole: '1' drops the lease whatever its reentry count (or, for a parked task's token
 --         'L...' still in line, its place), '0' one level,
 --       4 request id (chosen by the client: run again, the call does not count twice),
@@ -9,6 +9,9 @@
 -- Returns 'status left granted...' (one string, space-separated): status 1 released, 0 not held
 --   by this token; left the reentry count left;
 --   granted is token, fence, expiry of each waiter the lock was handed to (fair mode).
+
+-- #include _lease.lua
+
 local tok, whole, request = ARGV[1], ARGV[3] == '1', ARGV[4]
 local _, _, _, fair, _, keep_ms = parse_spec(ARGV[2])
 local now, now_us = server_now()
@@ -16,41 +19,45 @@ if (ARGV[5] or '') ~= '' then
   record_done(ARGV[5], tonumber(ARGV[6]), now)
 end
 
+-- Gives back one level of this token's lease (its record `rec`), unless the call is `whole` or
+-- the lease is held once. Returns the reentry count left while the lease stays, and whether this
+-- very partial release ran before (it counts once); nil when the lease itself is to go.
+local function release_level(rec)
+  if applied(rec, request) then
+    return rec.c, true
+  end
+  if rec.c > 1 and not whole then
+    rec.c = rec.c - 1
+    note_request(rec, request)
+    write_lease(tok, rec)
+    return rec.c, false
+  end
+  return nil
+end
+
 -- Fast path: nobody waits and this token holds the lock's only lease, live. Then nothing is
--- purged nor handed on, and the lease is given back in a few calls, before common.lua's
--- helpers are even defined.
+-- purged nor handed on, and the lease is given back in a few calls, before the other helpers
+-- are even defined.
 if redis.call('EXISTS', K.queue) == 0 then
   local first = redis.call('ZRANGE', K.leases, 0, 1, 'WITHSCORES')
   local rec = first[1] == tok and first[3] == nil and tonumber(first[2]) > now
-    and parse_lease(redis.call('HGET', K.meta, 'l:' .. tok))
+    and read_lease(tok)
   if rec then
-    if applied(rec, request) then -- this partial release ran before
-      return reply({1, rec.c})
+    local left = release_level(rec)
+    if left then
+      return reply({1, left})
     end
-    if rec.c > 1 and not whole then
-      rec.c = rec.c - 1
-      note_request(rec, request)
-      write_lease(tok, rec)
-      return reply({1, rec.c})
-    end
-    -- As tidy() (common.lua) leaves a lock nobody holds: only the fence mark (and the last
-    -- release ids) is left, for `keep_ms`.
+    -- As drop_lease then tidy() (_line.lua, _grant.lua) leave a lock nobody holds, in fewer
+    -- calls: only the fence mark (and the last release ids) is left, for `keep_ms`.
     redis.call('DEL', K.leases)
-    local fields = {'l:' .. tok, 'i:' .. tok, 'm', 'qseq', 'qw', 'qp'}
-    if string.sub(tok, 1, 1) == LINE_PREFIX then -- a hand-over this task claimed
-      fields[#fields + 1] = 'c:' .. tok
-    end
-    if rec.o ~= '' and redis.call('HGET', K.meta, 'o:' .. rec.o) == tok then
-      fields[#fields + 1] = 'o:' .. rec.o
-    end
-    redis.call('HDEL', K.meta, unpack(fields))
+    redis.call('HDEL', K.meta, unpack(append(lease_fields(tok, rec), STATE_FIELDS)))
     note_released(request)
     redis.call('PEXPIRE', K.meta, keep_ms)
     return reply({1, 0})
   end
 end
 
--- #include common
+-- #include _grant.lua
 
 start(now)
 local status, left = 0, 0
@@ -58,21 +65,19 @@ local expiry = redis.call('ZSCORE', K.leases, tok)
 if expiry and tonumber(expiry) > now then
   status = 1
   local rec = read_lease(tok)
-  if applied(rec, request) then -- this partial release ran before
-    return reply({1, rec.c})
+  local level, again = release_level(rec)
+  if again then
+    return reply({1, level})
   end
-  if rec.c > 1 and not whole then
-    rec.c = rec.c - 1
-    left = rec.c
-    note_request(rec, request)
-    write_lease(tok, rec)
+  if level then
+    left = level
   else
     drop_lease(tok, rec)
     note_released(request)
   end
 elseif was_released(request) then -- this very release ran before
   return reply({1, 0})
-elseif whole and string.sub(tok, 1, 1) == LINE_PREFIX and redis.call('ZSCORE', K.queue, tok) then
+elseif whole and is_parked_token(tok) and redis.call('ZSCORE', K.queue, tok) then
   -- A park whose reply was lost (the caller gave up on it): its entry leaves the line.
   dequeue(tok)
   redis.call('HDEL', K.meta, 'p:' .. tok)

@@ -2,8 +2,8 @@
 -- worker child that was killed and cannot release for itself, or an operator's choice of leases
 -- (by token), and hand the lock on: the one way a lease is freed by someone other than its
 -- holder.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see lockbase.lua)
--- ARGV: 1 the lock's spec (see parse_spec in lockbase.lua),
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see _lock.lua)
+-- ARGV: 1 the lock's spec (see parse_spec in _lock.lua),
 --       2 match (JSON object: every field must equal the lease's info field; {} matches any),
 --       3 request id (chosen by the client; '' = none),
 --       4... tokens (optional): only these leases are looked at, whatever their re-entry count
@@ -13,6 +13,9 @@
 -- meta field 'w' keeps the last release that freed anything: its id and answer), so that the
 -- caller hands the lock to those the first run granted it to; only if another such release ran
 -- on the lock in between does it find nothing left and return 0 and no tokens.
+
+-- #include _grant.lua
+
 local _, _, _, fair, _, keep_ms = parse_spec(ARGV[1])
 local request = ARGV[3] or ''
 if request ~= '' then
@@ -56,18 +59,10 @@ for _, tok in ipairs(candidates) do
     released[#released + 1] = tok
   end
 end
-local out = {#released}
-for _, tok in ipairs(released) do
-  out[#out + 1] = tok
-end
-out = hand_on(out, now, now_us, fair, #released > 0, keep_ms)
+local out = hand_on(append({#released}, released), now, now_us, fair, #released > 0, keep_ms)
 if request ~= '' and #released > 0 then
   -- (The meta key exists: the leases released had their records there. Written as the
-  -- answer's items, numbers as exact integers.)
-  local items = {}
-  for i, v in ipairs(out) do
-    items[i] = type(v) == 'number' and int(v) or v
-  end
-  redis.call('HSET', K.meta, 'w', request .. ' ' .. table.concat(items, ' '))
+  -- answer's items, numbers as exact integers: reply() on a copy, `out` is the answer.)
+  redis.call('HSET', K.meta, 'w', request .. ' ' .. reply(append({}, out)))
 end
 return out

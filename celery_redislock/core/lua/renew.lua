@@ -1,14 +1,16 @@
 -- renew.lua: extend many leases in one call; a lease that has expired or is gone is not revived.
--- Not built on common.lua: its keys are those of any number of locks (all in one cluster slot).
--- _time.lua is prepended.
+-- Not built on _lock.lua: its keys are those of any number of locks (all in one cluster slot).
 -- KEYS: leases and meta key of each lease, in pairs: 2i-1 leases, 2i meta
 -- ARGV: 1 ttl ms (the same for every lease of the call), then the token of each lease
 -- Returns one string, space-separated: each lease's new expiry (server ms), or 0 when it is lost
 -- (one reply element, quicker to read than thousands).
+
+-- #include _time.lua
+
 local now = server_now()
 local ttl = tonumber(ARGV[1])
 -- Keys are given a ttl of slack beyond the lease, so most renewals need not touch them; the meta
--- key outlives the leases key (keep_lease_keys in common.lua), so it is looked at only when the
+-- key outlives the leases key (keep_lease_keys in _lease.lua), so it is looked at only when the
 -- leases key is extended.
 local keep = ttl
 local out = {}

@@ -1,4 +1,4 @@
--- unique_claim.lua: claim a unique task's key as its message is published (_time.lua prepended).
+-- unique_claim.lua: claim a unique task's key as its message is published.
 -- KEYS: 1 queued (string: the id of the task whose message holds the key),
 --       2 leases, 3 meta (the run lock's keys, read only: a live run lease means the job runs),
 --       4 replaced (set: ids of queued copies replaced, which must not run when delivered)
@@ -15,6 +15,9 @@
 --     state 'q' (queued) or 'r' (running)
 --   3 a re-publish that found another id holding the key: published without it; a
 --     confirmation that found the key not this id's (holder '-' if nobody holds it)
+
+-- #include _time.lua
+
 local id, ttl, kind, count_running = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
 -- A live run lease: the job runs (its leases key exists only while a lease may be live).
 -- A re-publish or a confirmation is the job that may hold the lease itself.

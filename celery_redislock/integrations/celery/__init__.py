@@ -1,16 +1,19 @@
 """The Celery integration: the task base class that reads ``lock=`` and ``unique=``, its
 settings, the worker parent's release of a dead child's lease, signals and helpers.
 
+Its ``__all__`` is the public Celery API: the entry points (also exported by the top-level
+package), the ``Request`` base class a custom request class must derive from, and the Celery
+signals (RQ's same-named signals are in :mod:`celery_redislock.integrations.rq`).
+
 >>> from celery import Celery                                  # doctest: +SKIP
 >>> from celery_redislock.integrations.celery import install   # doctest: +SKIP
 >>> app = install(Celery("proj"))                              # doctest: +SKIP
 """
 
-from .ending import SKIPPED
-from .execution import lock_for
 from .install import install
 from .parent import LockRequest
-from .settings import client_for
+from .run import SKIPPED, lock_for
+from .settings import client_for as client_for  # plumbing, not in __all__; tests use it
 from .signals import (
     lock_acquired,
     lock_backend_error,
@@ -24,7 +27,6 @@ __all__ = [
     "SKIPPED",
     "LockRequest",
     "LockedTask",
-    "client_for",
     "install",
     "lock_acquired",
     "lock_backend_error",

@@ -14,7 +14,7 @@ from ...cli.commands import COMMANDS, Target, redacted, set_target
 from ...core.lease import RedisClient
 from ...errors import LockConfigError
 from .guard import refuse_unlocked_tasks
-from .line import handover_for
+from .run import handover_for
 from .settings import client_for, settings_for
 
 __all__ = ["redislock"]

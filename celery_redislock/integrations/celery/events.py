@@ -51,21 +51,58 @@ class _Switch:
         return self._byte[0] == 1
 
 
-_switch: list[_Switch | None] = [None]
-_hostname: list[str | None] = [None]
-_warned = threading.Event()
+class _Events:
+    """This process's lock events: the switch (shared with the pool children), the worker's
+    host name, and whether a failed send was logged (once)."""
+
+    def __init__(self) -> None:
+        self.switch: _Switch | None = None
+        self.hostname: str | None = None
+        self.warned = threading.Event()
+
+    def start(self, worker: Any) -> None:
+        on = bool(getattr(worker, "task_events", False))
+        if self.switch is None:
+            self.switch = _Switch(on)
+        else:
+            self.switch.set(on)
+        self.hostname = getattr(worker, "hostname", None)
+
+    def follow(self, dispatcher: Any) -> None:
+        if self.switch is None:
+            return
+        # As Celery's own task events (Request.send_event, EventDispatcher.send): an enabled
+        # dispatcher that sends the "task" group, or every group.
+        groups = getattr(dispatcher, "groups", None)
+        enabled = bool(getattr(dispatcher, "enabled", False))
+        self.switch.set(enabled and (not groups or "task" in groups))
+
+    def on(self, task: Any) -> bool:
+        # A task declared with send_events=False sends none, as for Celery's own task events.
+        return bool(self.switch) and getattr(task, "send_events", True) is not False
+
+    def send(self, task: Any, type_: str, task_id: Any, **fields: Any) -> None:
+        app = getattr(task, "app", None)
+        if app is None or not task_id:  # sent by a producer that published by name: no task
+            return
+        hostname = self.hostname or getattr(task.request, "hostname", None)
+        try:
+            with app.events.default_dispatcher(hostname=hostname) as dispatcher:
+                dispatcher.send(type_, uuid=str(task_id), **fields)
+        except Exception as exc:  # a monitoring event must never change how a task runs
+            if not self.warned.is_set():
+                self.warned.set()
+                log.warning("celery_redislock: could not send the %s event: %r", type_, exc)
+
+
+_EVENTS = _Events()
 
 
 def enable_at_worker_start(sender: Any = None, **_: Any) -> None:
     """``worker_init`` receiver: connects the receivers that turn the lock signals into events
     (pool children, forked later, inherit them), and those that follow the worker's event
     dispatcher in its main process. Nothing is sent while task events are off."""
-    on = bool(getattr(sender, "task_events", False))
-    if _switch[0] is None:
-        _switch[0] = _Switch(on)
-    else:
-        _switch[0].set(on)
-    _hostname[0] = getattr(sender, "hostname", None)
+    _EVENTS.start(sender)
     for signal, receiver in (
         (lock_acquired, _acquired),
         (lock_released, _released),
@@ -79,50 +116,21 @@ def enable_at_worker_start(sender: Any = None, **_: Any) -> None:
         )
 
 
-def _follow(dispatcher: Any) -> None:
-    switch = _switch[0]
-    if switch is None:
-        return
-    # As Celery's own task events (Request.send_event, EventDispatcher.send): an enabled
-    # dispatcher that sends the "task" group, or every group.
-    groups = getattr(dispatcher, "groups", None)
-    switch.set(bool(getattr(dispatcher, "enabled", False)) and (not groups or "task" in groups))
-
-
 def _follow_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     # Sent in the main process before the request goes to the pool: its child sees the state.
-    _follow(getattr(request, "eventer", None))
+    _EVENTS.follow(getattr(request, "eventer", None))
 
 
 def _follow_heartbeat(sender: Any = None, **_: Any) -> None:
     # Every 2 s (the worker heartbeat): events turned on or off reach tasks already running.
-    _follow(getattr(sender, "eventer", None))
-
-
-def _send(task: Any, type_: str, task_id: Any, **fields: Any) -> None:
-    app = getattr(task, "app", None)
-    if app is None or not task_id:  # sent by a producer that published by name: no task here
-        return
-    hostname = _hostname[0] or getattr(task.request, "hostname", None)
-    try:
-        with app.events.default_dispatcher(hostname=hostname) as dispatcher:
-            dispatcher.send(type_, uuid=str(task_id), **fields)
-    except Exception as exc:  # a monitoring event must never change how a task runs
-        if not _warned.is_set():
-            _warned.set()
-            log.warning("celery_redislock: could not send the %s event: %r", type_, exc)
-
-
-def _on(task: Any) -> bool:
-    # A task declared with send_events=False sends none, as for Celery's own task events.
-    return bool(_switch[0]) and getattr(task, "send_events", True) is not False
+    _EVENTS.follow(getattr(sender, "eventer", None))
 
 
 def _acquired(
     sender: Any = None, task_id: Any = None, lock: str = "", lease: Any = None, **kw: Any
 ) -> None:
-    if _on(sender):
-        _send(
+    if _EVENTS.on(sender):
+        _EVENTS.send(
             sender,
             "task-lock-acquired",
             task_id,
@@ -136,8 +144,8 @@ def _acquired(
 def _released(
     sender: Any = None, task_id: Any = None, lock: str = "", lease: Any = None, **kw: Any
 ) -> None:
-    if _on(sender):
-        _send(
+    if _EVENTS.on(sender):
+        _EVENTS.send(
             sender,
             "task-lock-released",
             task_id,
@@ -150,15 +158,17 @@ def _released(
 def _conflict(
     sender: Any = None, task_id: Any = None, lock: str = "", action: str = "", **kw: Any
 ) -> None:
-    if _on(sender):
+    if _EVENTS.on(sender):
         holders = [str(h) for h in kw.get("holders") or ()]
-        _send(sender, "task-lock-conflict", task_id, lock=lock, action=action, holders=holders)
+        _EVENTS.send(
+            sender, "task-lock-conflict", task_id, lock=lock, action=action, holders=holders
+        )
 
 
 def _lost(sender: Any = None, task_id: Any = None, lease: Any = None, **kw: Any) -> None:
-    if _on(sender):
+    if _EVENTS.on(sender):
         error = kw.get("error")
-        _send(
+        _EVENTS.send(
             sender,
             "task-lock-lost",
             task_id,

@@ -13,9 +13,13 @@ from ...core.rate_options import parse_rate_option
 from ...core.unique_options import parse_unique_option
 from ...errors import LockConfigError
 from ._compat import forget_task_base, names_locked_task
+from .kind import LockAware
 from .publish import wrap_send_task
 from .receivers import check_request_class, check_tasks, connect_receivers
-from .task import LockedTask
+
+# By name: the task class sits beside this module, not below it (Celery imports it when the
+# app first makes its task base).
+_LOCKED_TASK = "celery_redislock.integrations.celery.task:LockedTask"
 
 __all__ = ["install"]
 
@@ -33,7 +37,7 @@ def install(app: Celery) -> Celery:
     if getattr(app, "_redislock_installed", False):
         return app
     current = app.task_cls
-    if not (isinstance(current, type) and issubclass(current, LockedTask)):
+    if not (isinstance(current, type) and issubclass(current, LockAware)):
         if current not in ("celery.app.task:Task", "celery_redislock:LockedTask") and not (
             names_locked_task(current)
         ):
@@ -41,7 +45,7 @@ def install(app: Celery) -> Celery:
                 f"install(app): the app's task_cls is {current!r}; derive it from "
                 "celery_redislock.LockedTask instead"
             )
-        app.task_cls = LockedTask
+        app.task_cls = _LOCKED_TASK
         forget_task_base(app)
     if app.finalized:
         check_tasks(app)
@@ -72,7 +76,7 @@ def _checking(app: Celery, decorator: Any) -> Any:
 def _check_declaration(app: Celery, fun: Any, opts: dict[str, Any]) -> None:
     name = opts.get("name") or gen_task_name(app, fun.__name__, fun.__module__)
     base = opts.get("base")
-    if base is not None and not (isinstance(base, type) and issubclass(base, LockedTask)):
+    if base is not None and not (isinstance(base, type) and issubclass(base, LockAware)):
         raise LockConfigError(
             f"task {name!r}: lock=, unique= and rate= need a base class derived from "
             f"celery_redislock.LockedTask, got base={base!r}"

@@ -1,17 +1,43 @@
-"""What marks a Celery task as one of ours. The modules that ask (publish, execution, the
-receivers) sit below the task class, which imports them; they ask through this marker."""
+"""What marks a Celery task, and a message, as one of ours: the task class's marker (the modules
+that ask, below the task class, ask through it) and the headers our re-publishes carry."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, TypeGuard
+import inspect
+from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard
 
 if TYPE_CHECKING:
     from ...core.options import LockOptions
     from ...core.rate_options import RateOptions
     from ...core.unique_options import UniqueOptions
-    from .task import LockedTask
 
-__all__ = ["LockAware", "is_locked_task"]
+__all__ = [
+    "CONFLICTS_HEADER",
+    "LINE_EXPIRED_HEADER",
+    "LINE_HEADER",
+    "LINE_SINCE_HEADER",
+    "RATE_HEADER",
+    "REDELIVERY_HEADER",
+    "LockAware",
+    "is_locked_task",
+]
+
+# Message header counting conflict retries (kept apart from the task's own ``retries``); such a
+# re-publish is the same job.
+CONFLICTS_HEADER = "redislock_conflicts"
+# Message header of a task published again from its lock's task line (the same job; the
+# token of the hand-over it claims).
+LINE_HEADER = "redislock_line"
+# Set on a parked task published because its wait deadline passed: it ends, it does not run.
+LINE_EXPIRED_HEADER = "redislock_line_expired"
+# When the task first joined a line (time.time()), for the seconds it waited.
+LINE_SINCE_HEADER = "redislock_line_since"
+# Message header of a task published again to start at its reserved slot of a rate limit (the
+# same job; the request id that holds the slot).
+RATE_HEADER = "redislock_rate"
+# Message header counting re-publishes of a delivery that found another delivery of the same
+# task holding its lease (it waits to learn whether that one finished); the same job too.
+REDELIVERY_HEADER = "redislock_redelivered"
 
 
 class LockAware:
@@ -23,8 +49,25 @@ class LockAware:
     unique_options: ClassVar[UniqueOptions | None] = None
     rate_options: ClassVar[RateOptions | None] = None
     """``rate=`` as parsed: a fleet-wide rate limit on the task's starts."""
+    call_signature: ClassVar[inspect.Signature | None] = None
+    # What the modules below the task class read of a task (Celery's Task has them; declared
+    # here for the type checker only, so that nothing below imports the task class).
+    if TYPE_CHECKING:
+        name: str
+        app: Any
+        request: Any
+        Request: Any
+        expires: Any
+        acks_late: bool
+        time_limit: Any
+        ignore_result: bool
+        backend: Any
+
+        def signature_from_request(self, *args: Any, **kwargs: Any) -> Any: ...
+        def retry(self, *args: Any, **kwargs: Any) -> Any: ...
+        def unique_spec(self) -> Any: ...
 
 
-def is_locked_task(task: object) -> TypeGuard[LockedTask]:
+def is_locked_task(task: object) -> TypeGuard[LockAware]:
     """Whether ``task`` is a task of a :class:`LockedTask` class (declared options or not)."""
     return isinstance(task, LockAware)

@@ -4,126 +4,18 @@ again, and a sweeper thread in each worker's main process hands on what lapsed u
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
-import weakref
-from typing import TYPE_CHECKING
-
 from celery import Celery
-from kombu.utils.json import dumps, loads
 
-from ...core.line import Handed, Handover, sweep_lines
-from ...core.reach import where
-from ...core.repeated import RepeatedFailure
-from ...errors import LockBackendError
-from .publish import LINE_HEADER
+from ...core.sweeper import LineSweeper
+from .kind import is_locked_task
+from .run import handover_for
+from .settings import client_for, settings_for
 
-if TYPE_CHECKING:
-    from .task import LockedTask
-
-__all__ = [
-    "LINE_EXPIRED_HEADER",
-    "LINE_HEADER",
-    "LINE_SINCE_HEADER",
-    "Sweeper",
-    "handover_for",
-    "payload_of",
-    "start_sweeping",
-    "stop_sweeping",
-    "waited_in_line",
-]
-
-log = logging.getLogger(__name__)
-
-# Set on a parked task published because its wait deadline passed: it ends, it does not run.
-LINE_EXPIRED_HEADER = "redislock_line_expired"
-
-
-# Message header: when the task first joined a line (time.time()), for the seconds it waited.
-LINE_SINCE_HEADER = "redislock_line_since"
-
-
-def payload_of(task: LockedTask, token: str) -> str:
-    """The running request as a message to publish again (same id, retries, headers, route),
-    marked with the line token it will claim and when it first joined a line."""
-    request = task.request
-    headers = {
-        LINE_SINCE_HEADER: time.time(),
-        **(request.headers or {}),
-        LINE_HEADER: token,
-    }
-    signature = task.signature_from_request(request, headers=headers)
-    return str(dumps(dict(signature)))  # type: ignore[no-untyped-call]
-
-
-_handovers: weakref.WeakKeyDictionary[Celery, Handover] = weakref.WeakKeyDictionary()
-
-
-def handover_for(app: Celery) -> Handover:
-    """Publishes a parked task of ``app`` again (one function per app)."""
-    found = _handovers.get(app)
-    if found is not None:
-        return found
-
-    def publish(handed: Handed) -> None:
-        signature = app.signature(loads(handed.payload))  # type: ignore[no-untyped-call]
-        if handed.expired:
-            headers = {**(signature.options.get("headers") or {}), LINE_EXPIRED_HEADER: True}
-            signature.apply_async(headers=headers)
-        else:
-            signature.apply_async()
-
-    _handovers[app] = publish
-    return publish
-
-
-class Sweeper:
-    """Every ``interval`` seconds, sweeps the app's task lines (a worker's main process runs
-    one): hands a lock on when its holder died unseen, publishes what was never published,
-    and ends tasks past their wait."""
-
-    def __init__(self, app: Celery, interval: float) -> None:
-        self.app = app
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        from .settings import client_for, settings_for
-
-        settings = settings_for(self.app)
-        client = client_for(self.app, settings)  # made here, not in the thread (fork safety)
-        publish = handover_for(self.app)
-        window = settings.line_handover_window
-        # Each second while Redis is down: logged once, then summed up.
-        failures = RepeatedFailure(log, f"task line sweep on {where(client)}")
-
-        def run() -> None:
-            while not self._stop.wait(self.interval):
-                try:
-                    sweep_lines(client, settings.namespace, publish, handover_window=window)
-                except LockBackendError as exc:
-                    failures.failed(exc)
-                except Exception:
-                    log.exception("task lines: sweep failed (tried again)")
-                else:
-                    failures.worked()
-
-        self._thread = threading.Thread(target=run, name="redislock-line-sweeper", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+__all__ = ["start_sweeping", "stop_sweeping", "uses_line"]
 
 
 def uses_line(app: Celery) -> bool:
     """Whether any of the app's tasks may park (so its workers sweep)."""
-    from .kind import is_locked_task
-    from .settings import settings_for
-
     default = settings_for(app).on_conflict
     for task in list(app.tasks.values()):
         options = getattr(task, "lock_options", None) if is_locked_task(task) else None
@@ -132,21 +24,25 @@ def uses_line(app: Celery) -> bool:
     return False
 
 
-_sweepers: list[Sweeper] = []
+_sweepers: list[LineSweeper] = []
 
 
 def start_sweeping(sender: object = None, **_: object) -> None:
     """``worker_ready`` receiver: a worker whose app has tasks that may park sweeps their
     lines from its main process."""
-    from .settings import settings_for
-
     app = getattr(getattr(sender, "controller", sender), "app", None)
     if not isinstance(app, Celery) or not uses_line(app):
         return
     settings = settings_for(app)
     if settings.disabled:
         return
-    sweeper = Sweeper(app, settings.line_sweep_interval)
+    sweeper = LineSweeper(
+        client_for(app, settings),  # made here, not in the thread (fork safety)
+        settings.namespace,
+        handover_for(app),
+        settings.line_sweep_interval,
+        settings.line_handover_window,
+    )
     sweeper.start()
     _sweepers.append(sweeper)
 
@@ -155,11 +51,3 @@ def stop_sweeping(**_: object) -> None:
     """``worker_shutdown`` receiver."""
     while _sweepers:
         _sweepers.pop().stop()
-
-
-def waited_in_line(headers: dict[str, object]) -> float:
-    """Seconds a task published from a line waited since it first joined one (0 otherwise)."""
-    since = headers.get(LINE_SINCE_HEADER)
-    if not isinstance(since, int | float) or isinstance(since, bool):
-        return 0.0
-    return max(0.0, time.time() - float(since))

@@ -13,7 +13,7 @@ from celery.worker import state as worker_state
 from celery.worker.request import Request
 
 from ...core.childwatch import ChildWatch
-from .execution import lock_for
+from .run import lock_for
 from .settings import client_for
 
 __all__ = ["LockRequest", "watched_tasks"]

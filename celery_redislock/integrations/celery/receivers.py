@@ -25,8 +25,6 @@ from ...core.reach import check_at_start
 from ...errors import LockConfigError
 from . import settings
 from ._compat import is_test_worker, names_locked_task
-from .claiming import end_claim
-from .ending import end_run, release_all_held
 from .events import enable_at_worker_start
 from .guard import refuse_to_start, unlocked_message, unlocked_tasks
 from .kind import LockAware, is_locked_task
@@ -35,6 +33,7 @@ from .parent import LockRequest
 from .publish import wrap_send_task
 from .registry import Spec, publish_specs
 from .revoke import release_revoked, wrap_revoke
+from .run import end_run, release_all_held
 from .settings import check_app
 
 __all__ = ["check_request_class", "check_tasks", "check_worker_app", "connect_receivers"]
@@ -107,10 +106,7 @@ def _release_after_run(
     # task_postrun fires for every ending, RETRY, IGNORED and REJECTED included (after_return
     # does not), in the process that ran the task, while its request is still current.
     if is_locked_task(sender):
-        end_run(sender, info.get("state"))
-        if info.get("state") in ("FAILURE", "REJECTED"):
-            # The job is over (it may have failed before it started): its queued claim goes.
-            end_claim(sender, task_id, args, kwargs or {})
+        end_run(sender, task_id, args, kwargs or {}, info.get("state"))
 
 
 def _release_at_shutdown(**_: Any) -> None:

@@ -11,7 +11,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Celery
 
@@ -19,11 +19,8 @@ from ...core.keys import registry_key
 from ...core.options import LockOptions
 from ...core.unique_options import LIFECYCLES, ON_DUPLICATE, UniqueOptions
 from ...errors import LockBackendError
-from .kind import is_locked_task
+from .kind import LockAware, is_locked_task
 from .settings import Settings, client_for, settings_for
-
-if TYPE_CHECKING:
-    from .task import LockedTask
 
 __all__ = ["Spec", "publish_specs", "spec_for"]
 
@@ -46,7 +43,7 @@ class Spec:
     """False when the key is a callable this process does not have (a task it cannot import)."""
 
     @classmethod
-    def of(cls, task: LockedTask) -> Spec | None:
+    def of(cls, task: LockAware) -> Spec | None:
         unique = task.unique_options
         if unique is None or not unique.queued:
             return None
@@ -174,7 +171,8 @@ _registry = _Registry()
 def spec_for(app: Celery, name: str) -> Spec | None:
     task = app.tasks.get(name)
     if is_locked_task(task):
-        return task.unique_spec()
+        spec: Spec | None = task.unique_spec()
+        return spec
     if task is not None:
         return None
     settings = settings_for(app)

@@ -9,10 +9,8 @@ from typing import Any
 from ...core.line import drop_hand_over
 from ...errors import LockBackendError, LockConfigError
 from ._compat import held_request, wrap_revoke_command
-from .claiming import end_claim
-from .execution import lock_for
-from .kind import is_locked_task
-from .publish import LINE_HEADER
+from .kind import LINE_HEADER, is_locked_task
+from .run import end_claim, lock_for
 
 __all__ = ["release_revoked", "wrap_revoke"]
 

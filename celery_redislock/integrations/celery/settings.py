@@ -1,7 +1,9 @@
-"""Settings read from ``app.conf`` (all named ``redislock_*``) and the Redis client they give.
+"""Celery's source of the lock settings: ``app.conf`` (all named ``redislock_*``, the app's
+namespace prefix applied) read into the core :class:`~celery_redislock.core.settings.Settings`,
+the Redis client they give, and the checks a worker runs as it starts.
 
-A little over 300 lines: reading, checking and noticing a change of every setting belong
-together (the fingerprint must cover exactly what is read)."""
+What this module keeps for an app (its settings as last read, what they were read from, which
+keys Celery reads for each) lives on one :class:`_AppState` per app."""
 
 from __future__ import annotations
 
@@ -9,250 +11,105 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
 
 import redis
 from celery import Celery
-from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
-from ...core._validate import one_of
-from ...core.claims import DEFAULT_PUBLISH_WINDOW
-from ...core.clients import parse_sentinels, sentinel_client
-from ...core.durations import ALLOWANCE, OTHER, TTL, Duration, seconds
-from ...core.handover import DEFAULT_HANDOVER_WINDOW
-from ...core.keys import DEFAULT_NAMESPACE, check_namespace
+from ...core.clients import CLIENTS
 from ...core.lease import RedisClient
-from ...core.lock import DEFAULT_FENCE_KEEP
-from ...core.options import CONFLICT_ACTIONS, ConflictAction
-from ...core.redlock_masters import parse_master_urls
-from ...core.replicas import check_policy, require_replicas
-from ...core.unique_options import ON_DUPLICATE, OnDuplicate
+from ...core.settings import (
+    BACKEND_POLICIES,
+    CELERY,
+    DISABLED_ENV,
+    FIELDS,
+    BackendPolicy,
+    Settings,
+    disabled_by_env,
+    read_mapping,
+)
 from ...errors import LockConfigError
 from ._compat import SettingLookups, setting_lookups
 
-__all__ = ["BackendPolicy", "Settings", "check_app", "client_for", "settings_for"]
+__all__ = [
+    "BACKEND_POLICIES",
+    "DISABLED_ENV",
+    "KNOWN_SETTINGS",
+    "BackendPolicy",
+    "Settings",
+    "check_app",
+    "client_for",
+    "freeze",
+    "set_setting",
+    "settings_for",
+]
 
-BackendPolicy = Literal["fail", "retry", "run"]
-BACKEND_POLICIES: tuple[BackendPolicy, ...] = ("fail", "retry", "run")
-
-DEFAULT_TTL = 15.0
-DEFAULT_QUEUE_ALLOWANCE = 600.0
-# How long a finished acks_late delivery is remembered: a redelivery of it within this time is
-# dropped instead of run again (a Redis broker redelivers after its visibility timeout, 1 h).
-DEFAULT_COMPLETION_TTL = 3600.0
-SOCKET_TIMEOUT = 5.0
-DEFAULT_SWEEP_INTERVAL = 1.0
-# Below 50 ms the sweeps cost more than the lapses they catch; past a minute a dead holder's
-# line waits too long.
-SWEEP_INTERVAL = Duration(0.05, 60.0)
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """The app-wide lock settings; see the settings table in docs/celery.md."""
-
-    url: str | None
-    client_factory: Callable[[], RedisClient] | None
-    namespace: str
-    ttl: float
-    on_conflict: ConflictAction
-    on_backend_error: BackendPolicy
-    on_duplicate: OnDuplicate
-    queue_allowance: float
-    """Seconds a unique task's queued claim lasts beyond its countdown/ETA."""
-    task_time_limit: float | None
-    """Celery's own ``task_time_limit``: the default maximum hold of a lease."""
-    unique_publish_window: float = DEFAULT_PUBLISH_WINDOW
-    """Seconds a unique task's claim lasts until its publish went through (then: its lifetime)."""
-    completion_ttl: float = DEFAULT_COMPLETION_TTL
-    """Seconds a finished ``acks_late`` delivery is remembered, so a redelivery is dropped."""
-    fence_keep: float = DEFAULT_FENCE_KEEP
-    """Seconds a lock's fence mark outlives its last use (server clock steps back safely)."""
-    disabled: bool = False
-    """The kill switch (``redislock_disabled`` or ``REDISLOCK_DISABLED=1``): no task takes a
-    lock or claims a unique key."""
-    sentinels: tuple[tuple[str, int], ...] | None = None
-    """Sentinel addresses: the lock client follows ``sentinel_master`` through failovers."""
-    sentinel_master: str | None = None
-    sentinel_options: tuple[tuple[str, Any], ...] = ()
-    min_replicas: int = 0
-    """Replicas that must acknowledge each acquire and renewal (``WAIT``); 0: none."""
-    replica_timeout: float | None = None
-    redlock_urls: tuple[str, ...] | None = None
-    """RedLock masters (``redislock_redlock_urls``): task locks are held on a majority of them."""
-    line_handover_window: float = DEFAULT_HANDOVER_WINDOW
-    """Seconds a lock handed to a parked task waits for its message to be delivered."""
-    line_sweep_interval: float = DEFAULT_SWEEP_INTERVAL
-    """Seconds between two sweeps of the task lines by a worker's main process."""
-
-
-def _setting(app: Celery, name: str, default: Any) -> Any:
-    value = app.conf.get(name)
-    return default if value is None else value
-
-
-def _seconds(app: Celery, name: str, default: float, duration: Duration) -> float:
-    return seconds(_setting(app, name, default), duration, f"setting {name}")
-
-
-def _choice(app: Celery, name: str, default: str, allowed: tuple[T, ...]) -> T:
-    value = _setting(app, name, default)
-    return one_of(
-        value, allowed, f"setting {name}", listed=f"one of {', '.join(map(str, allowed))}"
-    )
-
-
-def _namespace(app: Celery) -> str:
-    try:
-        return check_namespace(_setting(app, "redislock_namespace", DEFAULT_NAMESPACE))
-    except LockConfigError as exc:
-        raise LockConfigError(f"setting redislock_namespace: {exc}") from exc
-
-
-# The kill switch from the environment, for an emergency without a code change.
-DISABLED_ENV = "REDISLOCK_DISABLED"
-_ENV_FLAGS = {
-    **dict.fromkeys(("", "0", "false", "no"), False),
-    **dict.fromkeys(("1", "true", "yes"), True),
-}
-
-
-def _disabled(app: Celery) -> bool:
-    value = _setting(app, "redislock_disabled", False)
-    if not isinstance(value, bool):
-        raise LockConfigError(f"setting redislock_disabled must be True or False, got {value!r}")
-    raw = os.environ.get(DISABLED_ENV, "")
-    env = _ENV_FLAGS.get(raw.strip().lower())
-    if env is None:
-        raise LockConfigError(
-            f"environment variable {DISABLED_ENV} must be 1/true/yes or 0/false/no, got {raw!r}"
-        )
-    return value or env
+# Every key read: our settings' Celery names, and the broker's for the lock Redis it may be.
+_READ_KEYS = (
+    *(f.celery for f in FIELDS.values() if f.celery is not None),
+    "broker_url",
+    "broker_host",  # (app.conf.broker_url falls back to it)
+)
+# Every setting this package reads: another name with the prefix is most likely a typo.
+KNOWN_SETTINGS = frozenset(name for name in _READ_KEYS if name.startswith("redislock_"))
+# app.conf.broker_url reads this first (Celery's Settings.broker_url).
+_BROKER_URL_ENV = "CELERY_BROKER_URL"
+_MISSING = object()
 
 
 def _read(app: Celery) -> Settings:
-    url = _setting(app, "redislock_url", None)
-    factory = _setting(app, "redislock_client", None)
-    if factory is not None and not callable(factory):
-        raise LockConfigError(
-            "setting redislock_client must be a callable returning a redis.Redis or "
-            f"RedisCluster, got {type(factory).__name__}"
-        )
-    sentinels, master, options = _sentinel_settings(app)
-    if url is None and factory is None and sentinels is None:
-        broker = app.conf.broker_url or ""
+    conf = app.conf
+    values = read_mapping(conf.get)
+    if "sentinels" in values:
+        values.pop("url", None)  # the Sentinels win over redislock_url (docs/topologies.md)
+    elif "url" not in values and "client_factory" not in values:
+        broker = conf.broker_url or ""
         if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
-            url = broker.split(";", 1)[0]  # the first of a failover list
-    if url is not None and not isinstance(url, str):
-        raise LockConfigError(f"setting redislock_url must be a string, got {url!r}")
-    ttl = _seconds(app, "redislock_ttl", DEFAULT_TTL, TTL)
-    allowance = _seconds(app, "redislock_queue_allowance", DEFAULT_QUEUE_ALLOWANCE, ALLOWANCE)
-    on_conflict = _choice(app, "redislock_on_conflict", "skip", CONFLICT_ACTIONS)
-    policy = _choice(app, "redislock_on_backend_error", "fail", BACKEND_POLICIES)
-    on_duplicate = _choice(app, "redislock_on_duplicate", "existing", ON_DUPLICATE)
-    return Settings(
-        url=url,
-        client_factory=factory,
-        namespace=_namespace(app),
-        ttl=ttl,
-        on_conflict=on_conflict,
-        on_backend_error=policy,
-        on_duplicate=on_duplicate,
-        queue_allowance=allowance,
-        unique_publish_window=_seconds(
-            app, "redislock_unique_publish_window", DEFAULT_PUBLISH_WINDOW, ALLOWANCE
-        ),
-        task_time_limit=app.conf.task_time_limit,
-        completion_ttl=_seconds(app, "redislock_completion_ttl", DEFAULT_COMPLETION_TTL, ALLOWANCE),
-        fence_keep=_seconds(app, "redislock_fence_keep", DEFAULT_FENCE_KEEP, OTHER),
-        disabled=_disabled(app),
-        sentinels=sentinels,
-        sentinel_master=master,
-        sentinel_options=options,
-        redlock_urls=_redlock_urls(app, sentinels),
-        line_handover_window=_seconds(
-            app, "redislock_line_handover_window", DEFAULT_HANDOVER_WINDOW, ALLOWANCE
-        ),
-        line_sweep_interval=_seconds(
-            app, "redislock_line_sweep_interval", DEFAULT_SWEEP_INTERVAL, SWEEP_INTERVAL
-        ),
-        **_replica_settings(app),
-    )
+            values["url"] = broker.split(";", 1)[0]  # the first of a failover list
+    if values.get("disabled", False) is False and disabled_by_env():
+        values["disabled"] = True  # (a bad redislock_disabled is still refused)
+    return Settings.from_values(values, CELERY)
 
 
-def _sentinel_settings(
-    app: Celery,
-) -> tuple[tuple[tuple[str, int], ...] | None, str | None, tuple[tuple[str, Any], ...]]:
-    raw = _setting(app, "redislock_sentinels", None)
-    master = _setting(app, "redislock_sentinel_master", None)
-    options = _setting(app, "redislock_sentinel_options", {})
-    if raw is None:
-        if master is not None:
-            raise LockConfigError(
-                "setting redislock_sentinel_master needs redislock_sentinels (the Sentinels' "
-                "addresses)"
-            )
-        return None, None, ()
-    sentinels = tuple(parse_sentinels(raw, "setting redislock_sentinels"))
-    if not isinstance(master, str) or not master:
-        raise LockConfigError(
-            "setting redislock_sentinel_master must name the Sentinel service (e.g. "
-            f"'mymaster') when redislock_sentinels is set, got {master!r}"
-        )
-    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
-        raise LockConfigError(
-            "setting redislock_sentinel_options must be a dict of redis-py connection options, "
-            f"got {options!r}"
-        )
-    return sentinels, master, tuple(sorted(options.items()))
+class _AppState:
+    """What this module keeps for one app."""
+
+    __slots__ = ("lookups", "seen", "settings")
+
+    def __init__(self) -> None:
+        self.settings: Settings | None = None  # (in a worker: read once)
+        # (the fingerprint, the settings read with it), set as one: threads may race.
+        self.seen: tuple[tuple[object, ...], Settings] | None = None
+        # ((id of its app.conf, its prefix), what Celery reads for each setting, all those keys)
+        self.lookups: tuple[tuple[int, object], SettingLookups, tuple[str, ...]] | None = None
 
 
-def _redlock_urls(app: Celery, sentinels: object) -> tuple[str, ...] | None:
-    raw = _setting(app, "redislock_redlock_urls", None)
-    if raw is None:
-        return None
-    if sentinels is not None:
-        raise LockConfigError(
-            "settings redislock_redlock_urls and redislock_sentinels: give one of them, not both "
-            "(RedLock's masters are independent servers)"
-        )
-    return parse_master_urls(raw, "setting redislock_redlock_urls")
+class _Apps:
+    """Each app's :class:`_AppState`, and whether configuration is final: in a worker it is
+    once it has started, and settings are then read once per app (reading app.conf costs more
+    than the rest of taking a lock, Redis aside)."""
+
+    def __init__(self) -> None:
+        self.frozen = False
+        self._states: weakref.WeakKeyDictionary[Celery, _AppState] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def of(self, app: Celery) -> _AppState:
+        state = self._states.get(app)
+        if state is None:
+            with self._lock:
+                state = self._states.setdefault(app, _AppState())
+        return state
 
 
-def _replica_settings(app: Celery) -> dict[str, Any]:
-    count = _setting(app, "redislock_min_replicas", 0)
-    timeout = _setting(app, "redislock_replica_timeout", None)
-    try:
-        policy = check_policy(count, timeout)
-    except LockConfigError as exc:
-        raise LockConfigError(
-            f"setting redislock_min_replicas/redislock_replica_timeout: {exc}"
-        ) from exc
-    return {"min_replicas": policy.count, "replica_timeout": policy.timeout}
-
-
-# One client per app and Redis address: a changed setting gets a new client.
-_clients: weakref.WeakKeyDictionary[Celery, tuple[object, RedisClient]] = (
-    weakref.WeakKeyDictionary()
-)
-_clients_lock = threading.Lock()
-
-
-# In a worker, configuration is final once it has started: settings are then read once per
-# app (reading app.conf costs more than the rest of taking a lock, Redis aside).
-_frozen = False
-_settings: weakref.WeakKeyDictionary[Celery, Settings] = weakref.WeakKeyDictionary()
+_APPS = _Apps()
 
 
 def freeze() -> None:
     """From now on, read each app's settings once (called as a worker starts)."""
-    global _frozen
-    _frozen = True
+    _APPS.frozen = True
 
 
 # Outside a worker, settings may change at any time (tests, scripts): they are read again
@@ -261,55 +118,21 @@ def freeze() -> None:
 # raises a KeyError for each name and map it misses). So Celery's lookup is asked once which
 # keys it reads for each setting (the app's namespace prefix applied, as in a Django project's
 # CELERY_REDISLOCK_TTL, and old names), and the fingerprint looks those up in app.conf's maps.
-_READ_KEYS = (
-    "redislock_url",
-    "redislock_client",
-    "redislock_namespace",
-    "redislock_ttl",
-    "redislock_queue_allowance",
-    "redislock_unique_publish_window",
-    "redislock_completion_ttl",
-    "redislock_fence_keep",
-    "redislock_on_conflict",
-    "redislock_on_duplicate",
-    "redislock_on_backend_error",
-    "redislock_disabled",
-    "redislock_sentinels",
-    "redislock_sentinel_master",
-    "redislock_sentinel_options",
-    "redislock_min_replicas",
-    "redislock_replica_timeout",
-    "redislock_redlock_urls",
-    "redislock_line_handover_window",
-    "redislock_line_sweep_interval",
-    "broker_url",
-    "broker_host",  # (app.conf.broker_url falls back to it)
-    "task_time_limit",
-)
-# app.conf.broker_url reads this first (Celery's Settings.broker_url).
-_BROKER_URL_ENV = "CELERY_BROKER_URL"
-_MISSING = object()
-_seen: weakref.WeakKeyDictionary[Celery, tuple[tuple[object, ...], Settings]] = (
-    weakref.WeakKeyDictionary()
-)
-# app -> ((id of its app.conf, its prefix), what Celery reads for each setting, all those keys)
-_lookups: weakref.WeakKeyDictionary[
-    Celery, tuple[tuple[int, object], SettingLookups, tuple[str, ...]]
-] = weakref.WeakKeyDictionary()
 
 
 def _lookups_of(app: Celery) -> tuple[SettingLookups, tuple[str, ...]] | None:
-    """What Celery reads for each setting, and all those keys once each (cached per app)."""
+    """What Celery reads for each setting, and all those keys once each (kept per app)."""
     conf = app.conf
     identity = (id(conf), getattr(conf, "prefix", None))
-    cached = _lookups.get(app)
+    state = _APPS.of(app)
+    cached = state.lookups
     if cached is not None and cached[0] == identity:
         return cached[1], cached[2]
     found = setting_lookups(conf, _READ_KEYS)
     if found is None:
         return None
     keys = tuple(dict.fromkeys(key for keys in found.values() for key in keys))
-    _lookups[app] = (identity, found, keys)
+    state.lookups = (identity, found, keys)
     return found, keys
 
 
@@ -348,88 +171,44 @@ def set_setting(app: Celery, name: str, value: object) -> None:
 
 def settings_for(app: Celery) -> Settings:
     """The app's lock settings, checked (a bad value raises :class:`LockConfigError`)."""
-    if _frozen:
-        settings = _settings.get(app)
-        if settings is None:
-            settings = _settings[app] = _read(app)
-        return settings
+    state = _APPS.of(app)
+    if _APPS.frozen:
+        if state.settings is None:
+            state.settings = _read(app)
+        return state.settings
     fingerprint = _fingerprint(app)
-    seen = _seen.get(app)
+    seen = state.seen
     if fingerprint is not None and seen is not None and seen[0] == fingerprint:
         return seen[1]
     settings = _read(app)
     if fingerprint is not None:
-        _seen[app] = (fingerprint, settings)
+        state.seen = (fingerprint, settings)
     return settings
 
 
 def client_for(app: Celery, settings: Settings | None = None) -> RedisClient:
-    """The Redis client the app's locks use (one per app; redis-py reconnects after fork).
-    Making it does not connect. A URL redis-py cannot parse, or a ``redislock_client`` that
-    does not make a client, raises :class:`LockConfigError` naming the setting.
+    """The Redis client the app's locks use (one per process and settings; redis-py reconnects
+    after fork). Making it does not connect. A URL redis-py cannot parse, or a
+    ``redislock_client`` that does not make a client, raises :class:`LockConfigError` naming
+    the setting.
 
     >>> client_for(app).ping()   # doctest: +SKIP
     True
     """
     settings = settings or _read(app)
-    identity = (
-        settings.url,
-        id(settings.client_factory),
-        settings.sentinels,
-        settings.sentinel_master,
-        settings.sentinel_options,
-        settings.min_replicas,
-        settings.replica_timeout,
-    )
-    with _clients_lock:
-        cached = _clients.get(app)
-        if cached is not None and cached[0] == identity:
-            return cached[1]
-        if settings.client_factory is not None:
-            client = settings.client_factory()
-            if not isinstance(client, redis.Redis | RedisCluster):
-                raise LockConfigError(
-                    "setting redislock_client must return a redis.Redis or RedisCluster, got "
-                    f"{type(client).__name__}"
-                )
-        elif settings.sentinels is not None:
-            client = sentinel_client(
-                settings.sentinels,
-                settings.sentinel_master,
-                options=dict(settings.sentinel_options),
-                what="setting redislock_sentinels",
-            )
-        elif settings.url is not None:
-            client = _from_url(app, settings.url)
-        else:
-            raise LockConfigError(
-                "no Redis for locks: set app.conf.redislock_url (or redislock_client); "
-                f"the broker ({app.conf.broker_url!r}) is not a Redis URL"
-            )
-        if settings.min_replicas:
-            require_replicas(client, settings.min_replicas, timeout=settings.replica_timeout)
-        _clients[app] = (identity, client)
-        return client
 
+    def what(name: str) -> str:
+        if name == "url" and app.conf.get("redislock_url") is None:
+            return "setting broker_url (used for locks: redislock_url is not set)"
+        return CELERY(name)
 
-def _from_url(app: Celery, url: str) -> redis.Redis:
-    try:
-        # Bounded socket waits: a hung Redis must surface as an error (and a lost lease),
-        # not block a task or the heartbeat forever. Options in the URL take precedence.
-        return redis.Redis.from_url(
-            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT
+    client = CLIENTS.get(settings, what)
+    if client is None:
+        raise LockConfigError(
+            "no Redis for locks: set app.conf.redislock_url (or redislock_client); "
+            f"the broker ({app.conf.broker_url!r}) is not a Redis URL"
         )
-    except ValueError as exc:
-        source = (
-            "setting redislock_url"
-            if _setting(app, "redislock_url", None) is not None
-            else "setting broker_url (used for locks: redislock_url is not set)"
-        )
-        raise LockConfigError(f"{source} {url!r} is not a Redis URL redis-py takes: {exc}") from exc
-
-
-# Every setting this package reads: another name with the prefix is most likely a typo.
-KNOWN_SETTINGS = frozenset(name for name in _READ_KEYS if name.startswith("redislock_"))
+    return client
 
 
 def check_app(app: Celery, *, needs_redis: bool) -> list[str]:

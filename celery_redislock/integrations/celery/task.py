@@ -11,13 +11,11 @@ from ...core.lease import Lease
 from ...core.options import LockOptionDict, call_signature, parse_lock_option
 from ...core.rate_options import RateOptionDict, parse_rate_option
 from ...core.unique_options import Lifecycle, UniqueOptionDict, parse_unique_option
-from .claiming import keep_claim_for_retry
-from .ending import held_lease, release_at_body_end, release_held
-from .execution import acquire_for
 from .kind import LockAware
 from .publish import wrap_send_task
 from .receivers import LOCK_REQUEST, check_request_class, connect_receivers
 from .registry import Spec
+from .run import held_lease, release_at_body_end, release_for_retry, start
 
 __all__ = ["LockedTask"]
 
@@ -93,7 +91,7 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
             or self.unique_options is not None
             or self.rate_options is not None
         ):
-            acquire_for(self, task_id, args, kwargs)
+            start(self, task_id, args, kwargs)
         super().before_start(task_id, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -111,6 +109,5 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
         # Give the lock back before the retry is published, so the retried run cannot find it
         # still held by this very run and be skipped as a duplicate. A job unique until it
         # finishes first claims its key as queued, so no other copy slips in between.
-        keep_claim_for_retry(self)
-        release_held(self)
+        release_for_retry(self)
         return super().retry(*args, **kwargs)

@@ -8,22 +8,24 @@ jobs, on the same lock core.
 Enqueue through :class:`UniqueQueue` for enqueue-time uniqueness; run workers with
 ``-w celery_redislock.integrations.rq.LockWorker`` to free a killed horse's leases at once and
 to sweep the task lines of ``on_conflict="queue"``.
+
+Its ``__all__`` is the public RQ API. The signals here are RQ's (a small signal class of this
+package), with the names and arguments of Celery's in
+:mod:`celery_redislock.integrations.celery`.
 """
 
 from .job import JobSpec, lock_for, locked, spec_of
 from .queue import UniqueQueue
-from .running import OUTCOME_META, SKIPPED, outcome_of
+from .running import SKIPPED, outcome_of
 from .settings import Settings
 from .signals import lock_acquired, lock_backend_error, lock_conflict, lock_lost, lock_released
-from .worker import LockSpawnWorker, LockWorker, ReleasesDeadHorses, release_dead_horse
+from .worker import LockSpawnWorker, LockWorker
 
 __all__ = [
-    "OUTCOME_META",
     "SKIPPED",
     "JobSpec",
     "LockSpawnWorker",
     "LockWorker",
-    "ReleasesDeadHorses",
     "Settings",
     "UniqueQueue",
     "lock_acquired",
@@ -34,6 +36,5 @@ __all__ = [
     "lock_released",
     "locked",
     "outcome_of",
-    "release_dead_horse",
     "spec_of",
 ]

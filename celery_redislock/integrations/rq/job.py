@@ -14,7 +14,7 @@ from ...core.lock import Lock
 from ...core.naming import lock_name
 from ...core.options import LockOptionDict, LockOptions, call_signature, parse_lock_option
 from ...core.rate_options import RateOptionDict, RateOptions, parse_rate_option
-from ...core.redlock import lock_factory
+from ...core.run import TaskSpec, make_lock
 from ...core.unique_options import (
     Lifecycle,
     UniqueOptionDict,
@@ -72,17 +72,7 @@ class JobSpec:
         assert self.lock is not None
         if settings is None:
             settings = self.settings
-        return lock_factory(
-            settings.redlock_urls or client,
-            name,
-            ttl=self.lock.ttl or settings.ttl,
-            mode=self.lock.mode,
-            limit=self.lock.limit,
-            namespace=settings.namespace,
-            fence_keep=settings.fence_keep,
-            handover=handover,
-            handover_window=settings.line_handover_window,
-        )
+        return make_lock(settings, client, self.lock, name, handover)
 
 
 def locked(
@@ -128,10 +118,11 @@ def locked(
         if lock_opts is None and unique_opts is None and rate_opts is None:
             raise LockConfigError(f"job {name!r}: @locked needs lock=, unique= or rate=")
         spec = JobSpec(name, lock_opts, unique_opts, signature, settings, rate_opts)
+        task = TaskSpec(name, lock_opts, unique_opts, rate_opts, signature)
 
         @functools.wraps(fun)
         def run_locked(*args: P.args, **kwargs: P.kwargs) -> R:
-            result: R = run(spec, fun, args, kwargs)
+            result: R = run(task, spec.settings, fun, args, kwargs)
             return result
 
         setattr(run_locked, SPEC_ATTR, spec)

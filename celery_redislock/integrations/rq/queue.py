@@ -11,8 +11,8 @@ from typing import Any
 from rq import Queue
 from rq.exceptions import NoSuchJobError
 
-from ...core.claims import Claim, ClaimKind, publish_claimed
-from ...errors import DuplicateTask, LockBackendError
+from ...core.run.delivery import TaskSpec
+from ...core.run.send import Duplicate, Sender, send_unique
 from ._compat import Job
 from .job import JobSpec, spec_of
 from .running import republished
@@ -22,9 +22,6 @@ from .signals import lock_conflict
 __all__ = ["UniqueQueue"]
 
 log = logging.getLogger(__name__)
-
-# Past a year it is no claim but a mistake; Redis must not be handed a number it cannot take.
-_MAX_CLAIM_S = 365 * 86400.0
 
 
 class UniqueQueue(Queue):
@@ -70,47 +67,25 @@ class UniqueQueue(Queue):
         settings = spec.settings
         if settings.disabled:
             return enqueue()  # type: ignore[no-any-return]
-        client = client_for(settings, self.connection)
-        name = spec.unique_name(job.args or (), job.kwargs or {})
-        action = unique.on_duplicate or settings.on_duplicate
-        kind = (
-            ClaimKind.REPUBLISH
-            if republished(job)
-            else ClaimKind.REPLACE
-            if action == "replace"
-            else ClaimKind.NEW
+        sent = send_unique(
+            TaskSpec(spec.name, spec.lock, unique, spec.rate, spec.signature),
+            unique,
+            job.id,
+            (job.args or (), job.kwargs or {}),
+            delay=delay,
+            # RQ drops a job not started within its ttl.
+            expires_in=delay + float(job.ttl) if job.ttl is not None and job.ttl > 0 else None,
+            republish=republished(job),
+            in_canvas=False,
+            settings=settings,
+            client=client_for(settings, self.connection),
+            by=Sender("job", "enqueued", "enqueue", lock_conflict, spec.name),
+            publish=enqueue,
+            cancel=self._cancel,
         )
-        life = min(delay + (unique.allowance or settings.queue_allowance), _MAX_CLAIM_S)
-        if job.ttl is not None and job.ttl > 0:
-            life = min(life, delay + float(job.ttl))  # RQ drops a job not started within its ttl
-        what = f"job {spec.name}[{job.id}]"
-        try:
-            found, result = publish_claimed(
-                client,
-                settings.namespace,
-                name,
-                task_id=job.id,
-                lifetime=life,
-                kind=kind,
-                running_counts=unique.running_counts,
-                window=settings.unique_publish_window,
-                publish=enqueue,
-                what=what,
-            )
-        except LockBackendError as exc:
-            if settings.on_backend_error != "run":
-                raise
-            log.error("%s enqueued WITHOUT unique key %r: %s", what, name, exc)
-            return enqueue()  # type: ignore[no-any-return]
-        if found.duplicate:
-            _signal(spec, job.id, name, "raise" if action == "raise" else "existing", found)
-            return self._duplicate(spec, name, job, found, action)
-        if found.replaced and found.holder:
-            log.info("%s replaces %s under unique key %r", what, found.holder, name)
-            _signal(spec, job.id, name, "replace", found)
-            self._cancel(found.holder)
-        assert result is not None
-        return result  # type: ignore[no-any-return]
+        if isinstance(sent, Duplicate):
+            return self._existing(sent.holder)
+        return sent.result  # type: ignore[no-any-return]
 
     def _existing(self, job_id: str) -> Job:
         """The copy that holds the key. It may not be saved yet (queued in the same
@@ -121,27 +96,6 @@ class UniqueQueue(Queue):
             )
         except NoSuchJobError:
             return self.job_class(job_id, connection=self.connection, serializer=self.serializer)
-
-    def _duplicate(self, spec: JobSpec, name: str, job: Job, found: Claim, action: str) -> Job:
-        state = "running" if found.running else "queued"
-        log.info(
-            "job %s[%s] not enqueued: %s is %s under unique key %r",
-            spec.name,
-            job.id,
-            found.holder,
-            state,
-            name,
-        )
-        if action == "raise":
-            raise DuplicateTask(
-                f"job {spec.name}: a copy ({found.holder}) is already {state} under unique "
-                f"key {name!r}",
-                name=name,
-                task_id=found.holder,
-                expires_in=found.ms_left / 1000,
-                state=state,
-            )
-        return self._existing(found.holder)
 
     def _cancel(self, job_id: str) -> None:
         """Takes the replaced copy off the queue; if it starts anyway, it finds itself
@@ -158,15 +112,3 @@ class UniqueQueue(Queue):
                 job_id,
                 exc,
             )
-
-
-def _signal(spec: JobSpec, job_id: str, name: str, action: str, found: Claim) -> None:
-    if lock_conflict.receivers:
-        lock_conflict.send(
-            sender=spec.name,
-            task_id=job_id,
-            lock=name,
-            action=action,
-            holders=[found.holder],
-            stage="enqueue",
-        )

@@ -1,7 +1,15 @@
-"""What a locked job does in the process that runs it (RQ's work horse): take the lease or act
-on the conflict, give up the queued unique claim, run, and give the lease back however the call
-ends (the horse leaves with ``os._exit``: ``atexit`` never runs, so the ``finally`` here is the
-release)."""
+"""A locked job in the process that runs it (RQ's work horse): the facts of the call in, the
+core's :class:`~celery_redislock.core.run.LockedRun` takes what the options ask for, and its
+outcome out as RQ's answer: the job's return value (``SKIPPED``), RQ's ``Retry`` (a conflict
+retry, a wait for its first copy, a rate slot ahead, a place in the task line), or an error.
+The lease goes back however the call ends (the horse leaves with ``os._exit``: ``atexit``
+never runs, so the ``finally`` here is the release).
+
+A parked job (``on_conflict="queue"``) returns a ``Retry`` too: what a job returns is all RQ
+lets it decide (a return value finishes it, an exception fails it, a ``Retry`` keeps it), and a
+``Retry`` with a delay parks it the same way on RQ 2.1 and 3.0: status ``scheduled``, off the
+queue, due only long after its wait could have ended (a fallback); whoever frees the lock puts
+it back on its queue at once (:class:`.line.PutBack`)."""
 
 from __future__ import annotations
 
@@ -9,35 +17,31 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...core import outcomes
-from ...core.backoff import conflict_delay, first_delivery_delay
-from ...core.claims import ClaimKind, claim, claim_holder_action, release_claim
-from ...core.heartbeat import Heartbeat
-from ...core.lease import Lease, RedisClient
-from ...core.line import Parked
-from ...core.lock import Lock
-from ...errors import (
-    JobFinished,
-    LineFull,
-    LockBackendError,
-    LockConfigError,
-    LockNotAcquired,
-    LockNotOwned,
+from ...core.run import (
+    AwaitFirst,
+    Delivery,
+    Fail,
+    Finished,
+    Framework,
+    Held,
+    LockedRun,
+    Outcome,
+    Parked,
+    RetryAfter,
+    RunUnlocked,
+    Signals,
+    Skip,
+    TaskSpec,
 )
-from . import parking
 from ._compat import Job, Retry, current_job, retries_left, retry_after, save_meta
-from .line import LINE_META, PutBack, line_of
+from .line import LINE_META, PutBack, line_of, payload_of
 from .logs import to_worker_log
-from .rate import take_rate_slot
 from .settings import Settings, client_for
 from .signals import lock_acquired, lock_backend_error, lock_conflict, lock_lost, lock_released
 
-if TYPE_CHECKING:
-    from .job import JobSpec
-
-__all__ = ["OUTCOME_META", "SKIPPED", "outcome_of", "republished", "run"]
+__all__ = ["OUTCOME_META", "RATE_META", "SKIPPED", "outcome_of", "republished", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +51,28 @@ superseded under its unique key, or a copy of a run that already finished. The j
 ``meta["redislock"]`` says which (see :func:`outcome_of`)."""
 
 OUTCOME_META = "redislock"
+RATE_META = "redislock_rate"
+"""``job.meta`` key: the request id holding the job's reserved slot while it waits for it."""
 _CONFLICTS_META = "redislock_conflicts"
 _WAITS_META = "redislock_waits"
 # RQ's default job timeout; the parent kills a horse 60 s past its job's timeout.
 _RQ_DEFAULT_TIMEOUT = 180
 _KILL_GRACE = 60
+# A parked job nobody puts back (its line lost with the lock Redis, no sweeper running) is run
+# by RQ's scheduler this long after its wait and hand-over window would have ended; it then
+# ends as expired.
+FALLBACK_MARGIN_S = 60.0
+
+# RQ's scheduler brings a job back in whole seconds and looks every second: a rate slot at most
+# 2 s ahead is waited for in the horse, a later one comes back 2 s early and waits the rest.
+_RQ = Framework(
+    word="job",
+    republish_claims=False,
+    own_retries=False,
+    whole_seconds=True,
+    rate_wait_in_place=2.0,
+    rate_back_early=2.0,
+)
 
 
 def outcome_of(job: Job) -> dict[str, Any] | None:
@@ -78,343 +99,101 @@ def republished(job: Job) -> bool:
     )
 
 
-class _Run:
-    """One call of a locked job, in the process that runs it."""
+def _delivery(job: Job | None, args: Any, kwargs: Any) -> Delivery:
+    if job is None:  # called directly: no queue, no claim, no record
+        return Delivery(uuid.uuid4().hex, args, kwargs, queued=False, rate_request=uuid.uuid4().hex)
+    meta = job.meta or {}
+    line = line_of(job)
+    state = line.get("state") if line is not None else None
+    timeout = job.timeout or _RQ_DEFAULT_TIMEOUT
+    return Delivery(
+        job.id,
+        args,
+        kwargs,
+        finish_job=job.id,
+        conflicts=int(meta.get(_CONFLICTS_META, 0)),
+        waits=int(meta.get(_WAITS_META, 0)),
+        republished=bool(job.number_of_retries) or _CONFLICTS_META in meta or _WAITS_META in meta,
+        line_token=line["token"] if line is not None else None,
+        line_ended=line is not None
+        and (
+            state == "expired" or (state == "parked" and time.time() > float(line.get("until", 0)))
+        ),
+        line_waited=max(0.0, time.time() - float(line.get("since", time.time())))
+        if line is not None
+        else 0.0,
+        payload=lambda lock, _token: payload_of(job, lock),
+        rate_request=str(meta.get(RATE_META) or f"{job.id}.{uuid.uuid4().hex[:12]}"),
+        rate_came_back=RATE_META in meta,
+        max_hold=None if timeout == -1 else float(timeout) + _KILL_GRACE,
+    )
 
-    def __init__(self, spec: JobSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-        self.spec = spec
-        self.args = args
-        self.kwargs = kwargs
-        self.job = current_job()
-        self.settings: Settings = spec.settings
-        self.job_id = self.job.id if self.job is not None else uuid.uuid4().hex
-        connection = self.job.connection if self.job is not None else None
-        self.client: RedisClient = client_for(self.settings, connection)
-        self.lease: Lease | None = None
-        self.taken = 0.0
 
-    # -- the lease ---------------------------------------------------------------------------
+def _answer(run: LockedRun, job: Job | None, outcome: Outcome) -> Any:
+    """RQ's answer to an outcome that does not run the job (the run logged and signalled it)."""
+    if job is None:  # called directly: nothing comes back later
+        if isinstance(outcome, Fail):
+            raise outcome.error
+        return SKIPPED
+    meta = job.meta
+    if RATE_META in meta and not (isinstance(outcome, RetryAfter) and outcome.cause == "rate"):
+        del meta[RATE_META]  # its slot was taken: a later try reserves a new one
+        save_meta(job)
+    if isinstance(outcome, Skip | Finished):
+        _mark(job, "finished" if isinstance(outcome, Finished) else outcome.kind, outcome)
+        return SKIPPED
+    if isinstance(outcome, Fail):
+        if outcome.mark is not None:
+            meta.pop(LINE_META, None)  # an RQ retry of this failure starts afresh
+            _mark(job, outcome.mark, outcome)
+        raise outcome.error
+    if isinstance(outcome, Parked):
+        now = time.time()
+        before = line_of(job)
+        meta[LINE_META] = {
+            "token": outcome.place.token,
+            "state": "parked",
+            "until": now + outcome.max_wait,
+            "since": before.get("since", now) if before is not None else now,
+        }
+        _mark(job, "queued", outcome)
+        window = run.settings.line_handover_window
+        return retry_after(job, outcome.max_wait + window + FALLBACK_MARGIN_S)
+    if isinstance(outcome, AwaitFirst):
+        meta[_WAITS_META] = outcome.waits + 1
+    elif isinstance(outcome, RetryAfter):
+        if outcome.cause == "rate":
+            meta[RATE_META] = run.delivery.rate_request
+        else:
+            meta[_CONFLICTS_META] = outcome.conflicts + 1
+    save_meta(job)
+    assert isinstance(outcome, AwaitFirst | RetryAfter)
+    return retry_after(job, outcome.delay)
 
-    def take(self) -> object:
-        """Takes the lease (``None``: go on and run) or returns what the job returns instead:
-        ``SKIPPED`` or a ``Retry``. Raises for ``raise``, ``wait`` past its timeout, and a
-        backend error under the ``fail`` policy."""
-        spec, options = self.spec, self.spec.lock
-        assert options is not None
-        action = options.on_conflict or self.settings.on_conflict
-        name = spec.lock_name(self.args, self.kwargs)
-        job = self.job
-        put_back = None
-        if job is not None:  # its release hands the lock on to parked jobs, and puts them back
-            put_back = PutBack(
-                job.connection, job.serializer, self.client, self.settings.line_handover_window
-            )
-        lock = spec.make_lock(self.client, name, self.settings, put_back)
-        # A job that waited in the task line goes on through it, whatever its lock says now.
-        line = line_of(job) if job is not None else None
-        in_line = job is not None and (action == "queue" or line is not None)
-        if in_line and parking.wait_ended(line):
-            parking.expired(self, lock)
-        asked = time.monotonic()
+
+def _mark(job: Job, outcome: str, what: Skip | Finished | Fail | Parked) -> None:
+    """Records in the job's meta why it did not run (RQ stores what it returns, SKIPPED)."""
+    job.meta[OUTCOME_META] = {"outcome": outcome, "lock": what.lock, "holders": what.holders}
+    try:
+        save_meta(job)
+    except Exception as exc:  # the outcome is informative; the job's ending must not fail
+        log.warning("job %s: could not record its outcome: %s", job.id, exc)
+
+
+def _left_line(job: Job) -> None:
+    """The job runs after waiting in line (or for its rate slot): that state goes."""
+    meta = job.meta
+    changed = meta.pop(LINE_META, None) is not None
+    changed = meta.pop(RATE_META, None) is not None or changed
+    outcome = meta.get(OUTCOME_META)
+    if isinstance(outcome, dict) and outcome.get("outcome") == "queued":
+        del meta[OUTCOME_META]
+        changed = True
+    if changed:
         try:
-            if in_line:
-                got = parking.take_in_line(self, lock, line)
-            else:
-                got = lock.acquire(
-                    blocking=action == "wait",
-                    timeout=options.timeout if action == "wait" else None,
-                    owner=self.job_id,
-                    reentrant=False,  # a second copy of a running job is a conflict
-                    info={"task_id": self.job_id, "task": spec.name},
-                    job=self.job_id if job is not None else None,
-                )
-        except JobFinished:
-            outcomes.dropped(spec.name, self.job_id, name)
-            self.mark("finished", name, [self.job_id])
-            self.signal_conflict(name, "drop", [self.job_id])
-            return SKIPPED
-        except LineFull as exc:
-            parking.line_full(self, lock, exc)
-        except LockNotAcquired as exc:
-            if exc.owner_expires_in is not None and job is not None:
-                return self.await_first_copy(lock, exc.owner_expires_in)
-            return self.conflict(lock, action)
-        except LockBackendError as exc:
-            return self.backend_down(name, exc)
-        if isinstance(got, Parked):
-            return parking.parked(self, lock, got)
-        self.lease = got
-        waited = 0.0
-        if line is not None:  # the time in line counts as waiting
-            waited = max(0.0, time.time() - float(line.get("since", time.time())))
-            self.left_line()
-        Heartbeat.current().register(self.lease, on_lost=self.on_lost, max_hold=self.max_hold())
-        self.taken = time.monotonic()
-        if lock_acquired.receivers:
-            lock_acquired.send(
-                sender=spec.name,
-                task_id=self.job_id,
-                lock=name,
-                lease=self.lease,
-                waited=waited + self.taken - asked,
-            )
-        return None
-
-    def left_line(self) -> None:
-        """The job took the lease after waiting in line: its place and "queued" outcome go."""
-        assert self.job is not None
-        meta = self.job.meta
-        changed = meta.pop(LINE_META, None) is not None
-        outcome = meta.get(OUTCOME_META)
-        if isinstance(outcome, dict) and outcome.get("outcome") == "queued":
-            del meta[OUTCOME_META]
-            changed = True
-        if changed:
-            try:
-                save_meta(self.job)
-            except Exception as exc:  # informative only; the job runs
-                log.warning(
-                    "job %s[%s]: could not update its meta: %s", self.spec.name, self.job_id, exc
-                )
-
-    def max_hold(self) -> float | None:
-        assert self.spec.lock is not None
-        if self.spec.lock.max_hold is not None:
-            return self.spec.lock.max_hold
-        if self.job is None:
-            return None
-        timeout = self.job.timeout or _RQ_DEFAULT_TIMEOUT
-        return None if timeout == -1 else float(timeout) + _KILL_GRACE
-
-    def on_lost(self, lost: Lease, error: BaseException | None) -> None:
-        outcomes.lease_lost(self.spec.name, self.job_id, lost.name, error)
-        if lock_lost.receivers:
-            lock_lost.send(sender=self.spec.name, task_id=self.job_id, lease=lost, error=error)
-
-    def release(self, finished: bool) -> None:
-        """Gives the lease back; for a run that finished, records it so in the same step (a
-        copy of this job requeued meanwhile is then dropped, not run twice). Never raises."""
-        lease, self.lease = self.lease, None
-        if lease is None:
-            return
-        Heartbeat.current().unregister(lease)
-        job = self.job_id if finished and self.job is not None else None
-        try:
-            lease.release(finish_job=job, keep=self.settings.completion_ttl if job else None)
-        except LockNotOwned:
-            log.warning(
-                "job %s[%s]: its lease on lock %r had lapsed before the job ended",
-                self.spec.name,
-                self.job_id,
-                lease.name,
-            )
-        except LockBackendError as exc:
-            log.warning(
-                "job %s[%s]: could not release lock %r (it lapses within its ttl): %s",
-                self.spec.name,
-                self.job_id,
-                lease.name,
-                exc,
-            )
-        if lock_released.receivers:
-            lock_released.send(
-                sender=self.spec.name,
-                task_id=self.job_id,
-                lock=lease.name,
-                lease=lease,
-                held=time.monotonic() - self.taken,
-            )
-
-    # -- not running now ---------------------------------------------------------------------
-
-    def await_first_copy(self, lock: Lock, expires_in: float) -> Retry:
-        """Another copy of this very job holds the lease: RQ requeued it while the first one
-        still runs (its worker was killed, the horse lives on) or died. Neither run beside it
-        nor dropped: look again when that lease may have lapsed."""
-        assert self.job is not None
-        waits = self.bump(_WAITS_META)
-        delay = first_delivery_delay(lock.ttl, expires_in, waits)
-        outcomes.awaits_first(self.spec.name, self.job_id, lock.name, max(1, round(delay)))
-        self.keep_claim(delay)
-        self.signal_conflict(lock.name, "await", [self.job_id])
-        return retry_after(self.job, delay)
-
-    def signal_conflict(self, name: str, action: str, holders: list[str]) -> None:
-        if lock_conflict.receivers:
-            lock_conflict.send(
-                sender=self.spec.name,
-                task_id=self.job_id,
-                lock=name,
-                action=action,
-                holders=holders,
-            )
-
-    def conflict(self, lock: Lock, action: str) -> object:
-        spec, options = self.spec, self.spec.lock
-        assert options is not None
-        holders = self.holder_ids(lock)
-        held_by = outcomes.held_by(holders)
-        unique = spec.unique
-        if unique is not None and unique.queued and self.job is not None:
-            was = action
-            action = claim_holder_action(
-                self.client,
-                self.settings.namespace,
-                lock.name,
-                self.job_id,
-                action,
-                running_counts=unique.running_counts,
-            )
-            if action != was:
-                held_by += ", and this copy holds the unique claim"
-        why = f"lock {lock.name!r} is held by {held_by}"
-        self.signal_conflict(lock.name, action, holders)
-        if action == "skip":
-            outcomes.skipped(spec.name, self.job_id, lock.name, holders)
-            self.mark("skipped", lock.name, holders)
-            self.end_claim()
-            return SKIPPED
-        if action == "retry" and self.job is not None and not options.count_retries:
-            conflicts = int((self.job.meta or {}).get(_CONFLICTS_META, 0))
-            limit = options.max_retries
-            if limit is None:
-                limit = self.settings.max_conflict_retries
-            if conflicts < limit:
-                self.bump(_CONFLICTS_META)
-                delay = conflict_delay(options.countdown, conflicts)
-                retry = retry_after(self.job, delay)
-                outcomes.retries(spec.name, self.job_id, retry.intervals[0], why)
-                self.keep_claim(delay)
-                return retry
-            why = f"gave up after {conflicts} conflict retries: {why}"
-        waited = f" after waiting {options.timeout}s" if action == "wait" else ""
-        self.end_claim()
-        raise LockNotAcquired(
-            f"job {spec.name}[{self.job_id}]: {why}{waited}",
-            name=lock.name,
-            timeout=options.timeout if action == "wait" else None,
-        )
-
-    def backend_down(self, name: str, exc: LockBackendError) -> object:
-        policy = self.settings.on_backend_error
-        if lock_backend_error.receivers:
-            lock_backend_error.send(
-                sender=self.spec.name, task_id=self.job_id, lock=name, error=exc, policy=policy
-            )
-        if policy == "run":
-            outcomes.runs_unlocked(self.spec.name, self.job_id, name, exc)
-            return None
-        if policy == "retry" and self.job is not None:
-            assert self.spec.lock is not None
-            conflicts = self.bump(_CONFLICTS_META)
-            retry = retry_after(self.job, conflict_delay(self.spec.lock.countdown, conflicts))
-            why = f"Redis for lock {name!r} failed: {exc}"
-            outcomes.retries(self.spec.name, self.job_id, retry.intervals[0], why)
-            return retry
-        self.end_claim()
-        raise exc
-
-    def holder_ids(self, lock: Lock) -> list[str]:
-        try:
-            return [str(h.info.get("task_id", h.token)) for h in lock.holders()]
-        except LockBackendError:
-            return []
-
-    def bump(self, field: str) -> int:
-        """Counts one more in the job's meta; returns the count before."""
-        assert self.job is not None
-        before = int((self.job.meta or {}).get(field, 0))
-        self.job.meta[field] = before + 1
-        save_meta(self.job)
-        return before
-
-    def mark(self, outcome: str, name: str, holders: list[str]) -> None:
-        """Records in the job's meta why it did not run (RQ stores what it returns, SKIPPED)."""
-        if self.job is None:
-            return
-        self.job.meta[OUTCOME_META] = {"outcome": outcome, "lock": name, "holders": holders}
-        try:
-            save_meta(self.job)
-        except Exception as exc:  # the outcome is informative; the job's ending must not fail
-            log.warning(
-                "job %s[%s]: could not record its outcome: %s", self.spec.name, self.job_id, exc
-            )
-
-    # -- the queued unique claim ---------------------------------------------------------------
-
-    def unique_name(self) -> str:
-        unique, lease = self.spec.unique, self.lease
-        assert unique is not None
-        options = self.spec.lock
-        if (
-            lease is not None
-            and options is not None
-            and (unique.keying.key, unique.keying.scope) == (options.key, options.scope)
-        ):
-            return lease.name
-        return self.spec.unique_name(self.args, self.kwargs)
-
-    def start_claim(self) -> str | None:
-        """Gives up the claim this job's enqueue made, now that it runs (with its lease held, so
-        a job unique until finished is never free in between). Returns the id of the job that
-        superseded this one (it then does not run), or ``None``."""
-        if self.spec.unique is None or not self.spec.unique.queued or self.job is None:
-            return None
-        name = self.unique_name()
-        try:
-            holder = release_claim(self.client, self.settings.namespace, name, self.job_id)
-        except LockBackendError as exc:
-            log.warning(
-                "unique key %r: could not release as job %s started: %s", name, self.job_id, exc
-            )
-            return None
-        meta = self.job.meta or {}
-        if (
-            holder is None
-            or self.job.number_of_retries
-            or _CONFLICTS_META in meta
-            or _WAITS_META in meta
-        ):
-            return None  # a retry runs even though a newer copy was enqueued after it started
-        outcomes.superseded(self.spec.name, self.job_id, holder, name)
-        self.mark("superseded", name, [holder])
-        self.signal_conflict(name, "superseded", [holder])
-        return holder
-
-    def end_claim(self) -> None:
-        """The job ends without running: its queued claim goes (never raises)."""
-        unique = self.spec.unique
-        if unique is None or not unique.queued or self.job is None:
-            return
-        try:
-            release_claim(self.client, self.settings.namespace, self.unique_name(), self.job_id)
-        except (LockBackendError, LockConfigError) as exc:
-            log.warning(
-                "job %s[%s]: could not release its unique key: %s", self.spec.name, self.job_id, exc
-            )
-
-    def keep_claim(self, delay: float) -> None:
-        """The job will run later (a retry): it holds its unique key meanwhile, as if queued."""
-        unique = self.spec.unique
-        if unique is None or not unique.queued or self.job is None:
-            return
-        try:
-            claim(
-                self.client,
-                self.settings.namespace,
-                self.unique_name(),
-                task_id=self.job_id,
-                lifetime=delay + (unique.allowance or self.settings.queue_allowance),
-                kind=ClaimKind.REPUBLISH,
-                running_counts=unique.running_counts,
-            )
-        except (LockBackendError, LockConfigError) as exc:
-            log.warning(
-                "job %s[%s]: could not keep its unique key across a retry: %s",
-                self.spec.name,
-                self.job_id,
-                exc,
-            )
+            save_meta(job)
+        except Exception as exc:  # informative only; the job runs
+            log.warning("job %s: could not update its meta: %s", job.id, exc)
 
 
 _said_disabled = False
@@ -431,32 +210,47 @@ def _say_disabled() -> None:
 
 
 def run(
-    spec: JobSpec, fun: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    spec: TaskSpec,
+    settings: Settings,
+    fun: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
 ) -> Any:
-    """Runs one call of a locked job: see the module's docstring."""
+    """Runs one call of the locked job ``fun`` (declared with ``spec``): see the module's
+    docstring."""
     to_worker_log()  # (a plain rq Worker: its horse's first job; cheap after)
-    if spec.settings.disabled:
+    if settings.disabled:
         _say_disabled()
         return fun(*args, **kwargs)
-    call = _Run(spec, args, kwargs)
-    if spec.rate is not None:
-        instead = take_rate_slot(call)
-        if instead is not None:
-            return instead
-    if spec.lock is not None:
-        instead = call.take()
-        if instead is not None:
-            return instead
+    job = current_job()
+    client = client_for(settings, job.connection if job is not None else None)
+    put_back = None
+    if job is not None:  # its release hands the lock on to parked jobs, and puts them back
+        put_back = PutBack(job.connection, job.serializer, client, settings.line_handover_window)
+    signals = Signals(
+        lock_acquired, lock_released, lock_conflict, lock_lost, lock_backend_error, spec.name
+    )
+    call = LockedRun(
+        spec,
+        _delivery(job, args, kwargs),
+        settings,
+        client,
+        signals,
+        _RQ,
+        handover=put_back,
+        max_conflict_retries=settings.max_conflict_retries,
+    )
+    outcome = call.take()
+    if not isinstance(outcome, Held | RunUnlocked):
+        return _answer(call, job, outcome)
+    if job is not None:
+        _left_line(job)
     finished = False
     try:
-        if call.start_claim() is not None:
-            return SKIPPED
         result = fun(*args, **kwargs)
         finished = not isinstance(result, Retry)  # the job's own Retry: it runs again
         return result
     finally:
-        unique = spec.unique
-        retrying = not finished and call.job is not None and retries_left(call.job) > 0
-        if retrying and unique is not None and unique.running_counts:
-            call.keep_claim(0.0)  # RQ retries the failed job: still a duplicate meanwhile
+        if not finished and job is not None and retries_left(job) > 0:
+            call.keep_claim_for_retry()  # RQ retries the failed job: still a duplicate meanwhile
         call.release(finished)

@@ -19,7 +19,8 @@ job from a task line, since it first parked)."""
 
 lock_released = Signal("lock_released")
 """A job gave its lease back as it ended: ``task_id``, ``lock``, ``lease``, ``held`` (seconds).
-Not sent when ``LockWorker``'s parent frees a killed horse's lease."""
+Not sent for a lease that was lost, nor when ``LockWorker``'s parent frees a killed horse's
+lease."""
 
 lock_conflict = Signal("lock_conflict")
 """A job found its lock held (``action``: skip, retry, wait, raise, queue; ``expired`` and

@@ -10,13 +10,13 @@ from typing import Any
 
 from ...core.childwatch import alive
 from ...core.reach import check_at_start
+from ...core.sweeper import LineSweeper
 from ...errors import LockBackendError, LockConfigError
 from ._compat import Job, SpawnWorker, Worker
 from .job import lock_for_job
 from .line import PutBack
 from .logs import to_worker_log
 from .settings import Settings, client_for, default_settings
-from .sweeper import Sweeper
 
 __all__ = ["LockSpawnWorker", "LockWorker", "ReleasesDeadHorses"]
 
@@ -73,7 +73,7 @@ class ReleasesDeadHorses:
             client, policy=settings.on_backend_error, setting="REDISLOCK_ON_BACKEND_ERROR"
         )
 
-    def _redislock_sweeper(self, settings: Settings) -> Sweeper | None:
+    def _redislock_sweeper(self, settings: Settings) -> LineSweeper | None:
         """Starts sweeping the task lines of the environment's settings (their namespace, on
         their lock Redis), so that a lock whose holder died unseen goes to the next in line."""
         connection: Any = self.connection  # type: ignore[attr-defined]
@@ -88,7 +88,13 @@ class ReleasesDeadHorses:
             client,
             settings.line_handover_window,
         )
-        sweeper = Sweeper(client, settings.namespace, put_back, settings.line_sweep_interval)
+        sweeper = LineSweeper(
+            client,
+            settings.namespace,
+            put_back,
+            settings.line_sweep_interval,
+            settings.line_handover_window,
+        )
         sweeper.start()
         return sweeper
 

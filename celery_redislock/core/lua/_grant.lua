@@ -1,0 +1,108 @@
+-- _grant.lua (a part, not a script; see scripts.py): the lock handed on to those in line when
+-- leases are freed or the line moves.
+-- Defines: WAKE_MS, fits, grant, wake_one, tidy, hand_on.
+
+-- #include _line.lua
+
+-- How long a non-fair lock's wake-up signals live (a signal nobody pops must not linger).
+local WAKE_MS = 2000
+
+-- Whether a new lease of `mode` fits beside the live ones; limit 0 means unbounded. A second
+-- answer true: the lock has no lease at all.
+local function fits(mode, limit)
+  local n = lease_count()
+  if n == 0 then
+    return true, true
+  end
+  -- The count first: a full lock needs no look at the mode.
+  return (limit == 0 or n < limit) and redis.call('HGET', K.meta, 'm') == mode
+end
+
+-- Fair mode: hands free capacity to waiters strictly in arrival order. Returns a flat list of
+-- token, fence, expiry for each grant, so the caller can wake exactly those waiters. A lease
+-- handed to a waiter lasts no longer than its place in line would have: a waiter that died in
+-- line holds the lock for seconds, not a whole ttl; a live one claims the full ttl on waking.
+-- The waiter `skip` is the caller itself, alive by definition: it gets its full ttl, and no
+-- entry in the list. `skip_raw`: the caller's own entry record, when it wrote it in this call.
+local function grant(now, now_us, skip, keep_ms, skip_raw)
+  local out = {}
+  while true do
+    local head = redis.call('ZRANGE', K.queue, 0, 0)[1]
+    if not head then
+      break
+    end
+    local raw = head == skip and skip_raw or redis.call('HGET', K.meta, 'q:' .. head)
+    local q = raw and cjson.decode(raw)
+    -- A waiter whose owner holds a lease already (another call of the same owner was served
+    -- first) gets no second lease: it leaves the line and is woken with none (fence 0), to try
+    -- again and re-enter the owner's lease (or be refused, reentrant=False) as any call of an
+    -- owner holding one. Capacity is not its concern, so this comes first.
+    local mine = q and not q.p and q.o ~= '' and redis.call('HGET', K.meta, 'o:' .. q.o)
+    local fence, expiry = nil, nil -- what the waiter is told (nil: it is not woken)
+    if mine and redis.call('ZSCORE', K.leases, mine) then
+      q = nil
+      fence, expiry = 0, 0
+    end
+    local room, empty = true, nil
+    if q then
+      room, empty = fits(q.m, q.n)
+    end
+    if not room then
+      break
+    end
+    dequeue(head, raw)
+    if q then
+      -- A parked task's lease lasts until its hand-over is published (line_sent.lua extends
+      -- it until the task starts); unclaimed ('c:' empty) until then.
+      local ttl = head == skip and q.t or (q.p or math.min(q.t, q.e))
+      fence, expiry = new_lease(head, q.m, ttl, q.o, q.i, now, now_us, empty or false,
+        keep_ms, not q.p and q.t or nil)
+      if q.p then
+        if head == skip then
+          redis.call('HDEL', K.meta, 'p:' .. head)
+        else
+          redis.call('HSET', K.meta, 'c:' .. head, '')
+        end
+      end
+    end
+    if fence and head ~= skip then
+      append(out, {head, fence, expiry})
+    end
+  end
+  return out
+end
+
+-- Non-fair mode: one signal wakes the longest-blocked waiter, which then competes for the lock.
+local function wake_one()
+  redis.call('RPUSH', K.wake, '1')
+  redis.call('PEXPIRE', K.wake, WAKE_MS)
+end
+
+-- After a release: once nothing is held or queued, only the fence mark (and the tokens last
+-- released) is left, for `keep_ms` (Redis drops the emptied sorted sets by itself). With no
+-- line, no count of queued writers or parked tasks can be right but 0: a stale one would keep
+-- newcomers out of free capacity.
+local function tidy(keep_ms)
+  if redis.call('EXISTS', K.leases) == 0 then
+    redis.call('HDEL', K.meta, unpack(STATE_FIELDS))
+    redis.call('PEXPIRE', K.meta, keep_ms)
+  end
+end
+
+-- After leases were dropped: hands the lock on to waiters (fair: granted in order, appended to
+-- `out` as token, fence, expiry; else one wake-up if anything was freed), or, when nobody
+-- waits, lets the keys go once nothing is held. Returns `out`.
+local function hand_on(out, now, now_us, fair, freed, keep_ms)
+  if queue_exists() then
+    -- Parked tasks are served in arrival order whatever the lock's fairness: no wake-up
+    -- reaches them, and newcomers queue behind them.
+    if fair or parked_count() > 0 then
+      append(out, grant(now, now_us, '', keep_ms))
+    elseif freed then
+      wake_one()
+    end
+  else
+    tidy(keep_ms)
+  end
+  return out
+end

@@ -1,0 +1,540 @@
+"""One locked run: what a delivery of a task with ``lock=``, ``unique=`` or ``rate=`` takes
+before its body runs, and gives back after, for every framework.
+
+:meth:`LockedRun.take` takes what the options ask for (a rate slot, the lease or a place in the
+lock's task line, the give-up of the queued unique claim) and answers with an
+:mod:`~celery_redislock.core.run.outcome` value; :meth:`LockedRun.release` gives the lease back
+with the record that the job finished. Each outcome is logged (:mod:`celery_redislock.core.
+outcomes`), signalled, and its unique claim kept or ended here, once: an adapter only turns
+the answer into its framework's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Literal
+
+from ...errors import (
+    JobFinished,
+    LineFull,
+    LockBackendError,
+    LockConfigError,
+    LockNotAcquired,
+    LockNotOwned,
+)
+from .. import outcomes
+from ..backoff import conflict_delay, first_delivery_delay
+from ..claims import ClaimKind, claim, claim_holder_action, release_claim
+from ..heartbeat import Heartbeat
+from ..lease import Lease, RedisClient
+from ..line import Handover, line_token, park
+from ..line import Parked as Place
+from ..lock import Lock
+from ..options import LockOptions
+from ..rate import RateLimit
+from ..redlock import lock_factory
+from .delivery import Delivery, Framework, RunSettings, Signals, TaskSpec
+from .outcome import (
+    AwaitFirst,
+    Fail,
+    Finished,
+    Held,
+    Outcome,
+    Parked,
+    RetryAfter,
+    RunUnlocked,
+    Skip,
+)
+
+__all__ = ["LockedRun", "make_lock"]
+
+log = logging.getLogger(__name__)
+
+
+def make_lock(
+    settings: RunSettings,
+    client: RedisClient,
+    options: LockOptions,
+    name: str,
+    handover: Handover | None = None,
+) -> Lock:
+    """The lock ``name`` a task with the lock ``options`` takes (on the RedLock masters if the
+    settings name some); ``handover`` publishes the parked runs its release hands it to."""
+    return lock_factory(
+        settings.redlock_urls or client,
+        name,
+        ttl=options.ttl or settings.ttl,
+        mode=options.mode,
+        limit=options.limit,
+        namespace=settings.namespace,
+        fence_keep=settings.fence_keep,
+        handover=handover,
+        handover_window=settings.line_handover_window,
+    )
+
+
+class LockedRun:
+    """One delivery of a locked task, in the process that runs it.
+
+    ``max_conflict_retries``: the conflict retries allowed when the lock gives no
+    ``max_retries`` (``None``: no limit).
+
+    >>> run = LockedRun(spec, delivery, settings, client, signals, framework)  # doctest: +SKIP
+    >>> outcome = run.take()                                                  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        spec: TaskSpec,
+        delivery: Delivery,
+        settings: RunSettings,
+        client: RedisClient,
+        signals: Signals,
+        framework: Framework,
+        *,
+        handover: Handover | None = None,
+        max_conflict_retries: int | None = None,
+    ) -> None:
+        self.spec = spec
+        self.delivery = delivery
+        self.settings = settings
+        self.client = client
+        self.signals = signals
+        self.framework = framework
+        self.handover = handover
+        self.max_conflict_retries = max_conflict_retries
+        self.who = f"{framework.word} {spec.name}[{delivery.id}]"
+        self.lease: Lease | None = None
+        self.lock: Lock | None = None
+        self.taken = 0.0
+        self._finish = False  # a finished run is recorded as such when its lease goes
+        self._lock_name: str | None = None
+        self._claim_ended = False
+
+    # -- names -----------------------------------------------------------------------------------
+
+    @property
+    def lock_name(self) -> str:
+        """The name of the lock this call takes."""
+        if self._lock_name is None:
+            assert self.spec.lock is not None
+            d = self.delivery
+            self._lock_name = self.spec.name_of(self.spec.lock, d.args, d.kwargs)
+        return self._lock_name
+
+    def unique_name(self) -> str:
+        """The unique key of this call (the lock's name when both are keyed alike)."""
+        unique, options = self.spec.unique, self.spec.lock
+        assert unique is not None
+        if options is not None and (unique.keying.key, unique.keying.scope) == (
+            options.key,
+            options.scope,
+        ):
+            return self.lock_name
+        d = self.delivery
+        return self.spec.name_of(unique.keying, d.args, d.kwargs)
+
+    # -- taking ----------------------------------------------------------------------------------
+
+    def take(self) -> Outcome:
+        """Takes what the options ask for, in order: the rate slot, the lease (or a place in the
+        line), the give-up of the queued unique claim; returns how the delivery goes on."""
+        unlocked: BaseException | None = None
+        if self.spec.rate is not None:
+            instead = self._rate_slot()
+            if isinstance(instead, RunUnlocked):
+                unlocked = instead.error
+            elif instead is not None:
+                return instead
+        if self.spec.lock is not None:
+            instead = self._lease()
+            if isinstance(instead, RunUnlocked):
+                unlocked = instead.error
+            elif instead is not None:
+                return instead
+        unique = self.spec.unique
+        if unique is not None and unique.queued and self.delivery.queued:
+            superseded = self._start_claim()
+            if superseded is not None:
+                return superseded
+        return Held(self.lease) if unlocked is None else RunUnlocked(unlocked)
+
+    def _rate_slot(self) -> Outcome | None:
+        options, d, fw = self.spec.rate, self.delivery, self.framework
+        assert options is not None
+        name = self.spec.name_of(options.keying, d.args, d.kwargs)
+        try:
+            limit = RateLimit(
+                self.client, name, options.reserved, namespace=self.settings.namespace
+            )
+            slot = limit.reserve(
+                d.rate_request, max_delay=options.max_delay, max_late=options.slack
+            )
+        except LockBackendError as exc:
+            return self._backend_down(name, exc)
+        if not slot.granted:
+            self._conflict_signal(name, "rate", [])
+            return self._fail(
+                LockNotAcquired(
+                    f"{self.who}: rate limit {name!r} ({options.rate}) has no start free for "
+                    f"{slot.delay:.1f}s, past max_delay ({options.max_delay}s)",
+                    name=name,
+                )
+            )
+        # A run brought back for its slot came early on purpose: it waits the rest in place.
+        in_place = fw.rate_wait_in_place + (fw.rate_back_early if d.rate_came_back else 0.0)
+        if slot.delay <= in_place or not d.queued:
+            if slot.delay:
+                time.sleep(slot.delay)
+            return None
+        outcomes.rate_full(self.spec.name, d.id, name, options.rate, slot.delay)
+        self._conflict_signal(name, "rate", [])
+        back = slot.delay - fw.rate_back_early
+        if fw.whole_seconds:  # (the scheduler looks once a second: back 1 to 2 s early)
+            back = float(max(1, math.floor(back)))
+        self._keep_claim_coming_back(back)
+        return RetryAfter(back, "rate", f"rate limit {name!r} is full", d.conflicts)
+
+    def _lease(self) -> Outcome | None:
+        options, d = self.spec.lock, self.delivery
+        assert options is not None
+        action = options.on_conflict or self.settings.on_conflict
+        name = self.lock_name
+        info = {"task_id": d.id, "task": self.spec.name}
+        asked = time.monotonic()
+        try:
+            lock = self.lock = make_lock(self.settings, self.client, options, name, self.handover)
+            if d.line_ended:
+                return self._line_expired(lock)
+            got: Lease | Place
+            if d.queued and d.payload is not None and (action == "queue" or d.line_token):
+                # A run that waited in the line goes on through it, whatever its lock says now.
+                token = d.line_token or line_token()
+                got = park(
+                    lock,
+                    d.payload(lock, token),
+                    token=token,
+                    owner=d.id,
+                    info=info,
+                    job=d.finish_job,
+                    max_wait=options.max_wait,
+                    max_waiting=options.max_waiting,
+                )
+            else:
+                # owner = the task id, not re-entrant: a second delivery of a running task is
+                # a conflict.
+                got = lock.acquire(
+                    blocking=action == "wait",
+                    timeout=options.timeout if action == "wait" else None,
+                    owner=d.id,
+                    reentrant=False,
+                    info=info,
+                    job=d.finish_job,
+                )
+        except JobFinished:
+            outcomes.dropped(self.spec.name, d.id, name)
+            self._conflict_signal(name, "drop", [d.id])
+            return Finished(name, [d.id])
+        except LineFull as exc:
+            holders = self._holders(lock)
+            outcomes.line_full(self.spec.name, d.id, name, exc.parked)
+            self._conflict_signal(name, "full", holders)
+            return self._fail(exc, "full", name, holders)
+        except LockNotAcquired as exc:
+            if exc.owner_expires_in is not None:  # another delivery of this very task holds it
+                return self._await_first(lock, exc.owner_expires_in)
+            return self._conflict(lock, action)
+        except LockBackendError as exc:
+            return self._backend_down(name, exc)
+        if isinstance(got, Place):
+            holders = self._holders(lock)
+            outcomes.parked(self.spec.name, d.id, name, got.parked, holders)
+            self._conflict_signal(name, "queue", holders)
+            self._keep_claim(options.max_wait + self.settings.line_handover_window)
+            return Parked(got, name, holders, options.max_wait)
+        self._held(got, d.line_waited + time.monotonic() - asked)
+        return None
+
+    def _held(self, lease: Lease, waited: float) -> None:
+        options, d = self.spec.lock, self.delivery
+        assert options is not None
+        self.lease = lease
+        self._finish = d.finish_job is not None
+        self.taken = time.monotonic()
+        max_hold = options.max_hold if options.max_hold is not None else d.max_hold
+        Heartbeat.current().register(lease, on_lost=self._on_lost, max_hold=max_hold)
+        acquired = self.signals.acquired
+        if acquired.receivers:  # (no cost without receivers)
+            acquired.send(
+                sender=self.signals.sender,
+                task_id=d.id,
+                lock=lease.name,
+                lease=lease,
+                waited=waited,
+            )
+
+    def _on_lost(self, lost: Lease, error: BaseException | None) -> None:
+        outcomes.lease_lost(self.spec.name, self.delivery.id, lost.name, error)
+        lock_lost = self.signals.lost
+        if lock_lost.receivers:
+            lock_lost.send(
+                sender=self.signals.sender, task_id=self.delivery.id, lease=lost, error=error
+            )
+
+    # -- not running now ---------------------------------------------------------------------
+
+    def _conflict(self, lock: Lock, action: str) -> Outcome:
+        options, d = self.spec.lock, self.delivery
+        assert options is not None
+        holders = self._holders(lock)
+        held_by = outcomes.held_by(holders)
+        unique = self.spec.unique
+        if unique is not None and unique.queued and d.queued:
+            was = action
+            action = claim_holder_action(
+                self.client,
+                self.settings.namespace,
+                lock.name,
+                d.id,
+                action,
+                running_counts=unique.running_counts,
+            )
+            if action != was:
+                held_by += ", and this copy holds the unique claim"
+        why = f"lock {lock.name!r} is held by {held_by}"
+        self._conflict_signal(lock.name, action, holders)
+        if action == "skip":
+            outcomes.skipped(self.spec.name, d.id, lock.name, holders)
+            self.end_claim()
+            return Skip("skipped", lock.name, holders)
+        if action == "retry":
+            return self._retry(lock.name, why, "conflict")
+        waited = f" after waiting {options.timeout}s" if action == "wait" else ""
+        return self._fail(
+            LockNotAcquired(
+                f"{self.who}: {why}{waited}",
+                name=lock.name,
+                timeout=options.timeout if action == "wait" else None,
+            )
+        )
+
+    def _retry(self, name: str, why: str, cause: Literal["conflict", "backend"]) -> Outcome:
+        """Comes back later as the same job, within ``max_retries`` conflict retries."""
+        options, d, fw = self.spec.lock or LockOptions(), self.delivery, self.framework
+        conflicts = d.conflicts
+        if options.count_retries:
+            error = LockNotAcquired(f"{self.who}: {why}", name=name)
+            if not fw.own_retries:  # the framework's retry policy decides on the failure
+                return self._fail(error)
+            delay = self._seconds(conflict_delay(options.countdown, conflicts))
+            outcomes.retries(self.spec.name, d.id, delay, why)
+            return RetryAfter(delay, cause, why, conflicts, own=True, error=error)
+        limit = options.max_retries
+        if limit is None:
+            limit = self.max_conflict_retries
+        if limit is not None and conflicts >= limit:
+            return self._fail(
+                LockNotAcquired(
+                    f"{self.who}: gave up after {conflicts} conflict retries: {why}", name=name
+                )
+            )
+        if not d.queued:
+            return self._fail(LockNotAcquired(f"{self.who} (eager): {why}", name=name))
+        delay = self._seconds(conflict_delay(options.countdown, conflicts))
+        outcomes.retries(self.spec.name, d.id, delay, why)
+        if cause != "backend":  # (with Redis down, the claim could not be kept either)
+            self._keep_claim_coming_back(delay)
+        return RetryAfter(delay, cause, why, conflicts)
+
+    def _await_first(self, lock: Lock, expires_in: float) -> Outcome:
+        """Another delivery of this very task holds the lease (the acquire script said so, in
+        the same step that refused it): it still runs (a visibility timeout, a requeue), or its
+        worker died and the lease has yet to lapse. Which, nobody can tell yet, so this copy is
+        neither run beside it nor dropped: it looks again once that lease may have lapsed (or
+        sooner, as a live holder may finish any moment). Then it is dropped if the first
+        delivery finished, and run if it did not."""
+        d = self.delivery
+        if not d.queued:
+            return self._fail(
+                LockNotAcquired(
+                    f"{self.who} (eager): another delivery holds lock {lock.name!r}",
+                    name=lock.name,
+                )
+            )
+        delay = self._seconds(first_delivery_delay(lock.ttl, expires_in, d.waits))
+        outcomes.awaits_first(self.spec.name, d.id, lock.name, delay)
+        self._keep_claim_coming_back(delay)
+        self._conflict_signal(lock.name, "await", [d.id])
+        return AwaitFirst(delay, d.waits)
+
+    def _line_expired(self, lock: Lock) -> Outcome:
+        """Its wait in line passed ``max_wait``: it fails, not run."""
+        options, d = self.spec.lock, self.delivery
+        assert options is not None
+        outcomes.line_expired(self.spec.name, d.id, lock.name, options.max_wait)
+        holders = self._holders(lock)
+        self._conflict_signal(lock.name, "expired", holders)
+        error = LockNotAcquired(
+            f"{self.who}: waited in the task line of lock {lock.name!r} longer than max_wait "
+            f"({options.max_wait:g}s); not run",
+            name=lock.name,
+            timeout=options.max_wait,
+        )
+        return self._fail(error, "expired", lock.name, holders)
+
+    def _backend_down(self, name: str, exc: LockBackendError) -> Outcome:
+        policy = self.settings.on_backend_error
+        signal = self.signals.backend_error
+        if signal.receivers:
+            signal.send(
+                sender=self.signals.sender,
+                task_id=self.delivery.id,
+                lock=name,
+                error=exc,
+                policy=policy,
+            )
+        if policy == "run":
+            outcomes.runs_unlocked(self.spec.name, self.delivery.id, name, exc)
+            return RunUnlocked(exc)
+        if policy == "retry":
+            return self._retry(name, f"Redis for lock {name!r} failed: {exc}", "backend")
+        return self._fail(exc)
+
+    def _fail(
+        self, error: BaseException, mark: str | None = None, lock: str = "", holders: Any = ()
+    ) -> Fail:
+        self.end_claim()  # the job is over
+        return Fail(error, mark, lock, list(holders))
+
+    def _holders(self, lock: Lock) -> list[str]:
+        try:
+            return [str(h.info.get("task_id", h.token)) for h in lock.holders()]
+        except LockBackendError:
+            return []
+
+    def _conflict_signal(self, name: str, action: str, holders: list[str]) -> None:
+        signal = self.signals.conflict
+        if signal.receivers:
+            signal.send(
+                sender=self.signals.sender,
+                task_id=self.delivery.id,
+                lock=name,
+                action=action,
+                holders=holders,
+            )
+
+    def _seconds(self, delay: float) -> float:
+        return float(max(1, round(delay))) if self.framework.whole_seconds else delay
+
+    # -- the queued unique claim -----------------------------------------------------------------
+
+    def _start_claim(self) -> Outcome | None:
+        """Gives up the claim this job's publish made, now that it runs (with its lease held,
+        so a job unique until finished is never free in between: a producer sees it queued,
+        then running). A copy replaced meanwhile (its revoke may be on its way, or lost), or
+        that outlived its claim while a newer copy was queued, does not run: the newer does."""
+        d = self.delivery
+        name = self.unique_name()
+        try:
+            holder = release_claim(self.client, self.settings.namespace, name, d.id)
+        except LockBackendError as exc:
+            log.warning("unique key %r: could not release as task %s started: %s", name, d.id, exc)
+            return None
+        if holder is None or d.republished:
+            return None  # a retry runs even though a newer copy was queued after it started
+        self.release(finished=False)
+        outcomes.superseded(self.spec.name, d.id, holder, name)
+        self._conflict_signal(name, "superseded", [holder])
+        return Skip("superseded", name, [holder])
+
+    def end_claim(self) -> None:
+        """The job ends without running: its queued claim goes (never raises)."""
+        unique = self.spec.unique
+        if unique is None or not unique.queued or not self.delivery.queued or self._claim_ended:
+            return
+        self._claim_ended = True
+        try:
+            release_claim(
+                self.client, self.settings.namespace, self.unique_name(), self.delivery.id
+            )
+        except (LockBackendError, LockConfigError) as exc:
+            log.warning("%s: could not release its unique key: %s", self.who, exc)
+
+    def keep_claim_for_retry(self) -> None:
+        """A job unique until it finishes is about to be retried by its framework (after a
+        failure): it claims its key as queued before its lease goes, so that no copy slips in
+        between (the retry's publish then extends the claim)."""
+        unique = self.spec.unique
+        if unique is not None and unique.running_counts:
+            self._keep_claim(0.0)
+
+    def _keep_claim_coming_back(self, delay: float) -> None:
+        if not self.framework.republish_claims:
+            self._keep_claim(delay)
+
+    def _keep_claim(self, delay: float) -> None:
+        """The job will run later: it holds its unique key meanwhile, as if queued."""
+        unique = self.spec.unique
+        if unique is None or not unique.queued or not self.delivery.queued:
+            return
+        try:
+            claim(
+                self.client,
+                self.settings.namespace,
+                self.unique_name(),
+                task_id=self.delivery.id,
+                lifetime=delay + (unique.allowance or self.settings.queue_allowance),
+                kind=ClaimKind.REPUBLISH,
+                running_counts=unique.running_counts,
+            )
+        except (LockBackendError, LockConfigError) as exc:
+            log.warning("%s: could not keep its unique key: %s", self.who, exc)
+
+    # -- giving back -----------------------------------------------------------------------------
+
+    def release(self, finished: bool) -> None:
+        """Gives the lease back (if held); for a run that ended for good (``finished``) with a
+        finish record to make, records it in the same step, so a copy delivered again finds
+        either the lease or the record, never neither. Sends ``lock_released``. Never raises."""
+        d = self.delivery
+        record, self._finish = self._finish, False
+        job = d.finish_job if finished and record else None
+        keep = self.settings.completion_ttl if job is not None else None
+        lease, self.lease = self.lease, None
+        if lease is None:
+            if job is not None and self.lock is not None:
+                try:
+                    self.lock.finish_job(job, keep=self.settings.completion_ttl)
+                except LockBackendError as exc:
+                    log.warning(
+                        "%s: could not record that it finished (a redelivery of its message "
+                        "would run it again): %s",
+                        self.who,
+                        exc,
+                    )
+            return
+        Heartbeat.current().unregister(lease)
+        if lease.released:
+            return
+        try:
+            lease.release(finish_job=job, keep=keep)
+        except LockBackendError as exc:
+            log.warning(
+                "lock %r: release failed, the lease lapses within its ttl: %s", lease.name, exc
+            )
+        except LockNotOwned as exc:  # expired or removed (LockLost): nothing left to give back
+            log.warning("lock %r: lease was no longer held at release: %s", lease.name, exc)
+        except Exception:  # never mask how the task itself ended
+            log.exception("lock %r: release failed, the lease lapses within its ttl", lease.name)
+        else:
+            released = self.signals.released
+            if released.receivers:
+                released.send(
+                    sender=self.signals.sender,
+                    task_id=d.id,
+                    lock=lease.name,
+                    lease=lease,
+                    held=time.monotonic() - self.taken,
+                )

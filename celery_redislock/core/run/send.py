@@ -1,0 +1,167 @@
+"""The producer's side of ``unique=``, once for every framework: a unique call claims its key
+and is published, or is found to be a duplicate and is not. An adapter says how to publish,
+how to cancel a replaced copy and what a duplicate hands back (Celery: an ``AsyncResult``; RQ:
+the queued ``Job``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from ...errors import DuplicateTask, LockBackendError
+from ..claims import ClaimKind, publish_claimed
+from ..lease import RedisClient
+from ..unique_options import UniqueOptions
+from .delivery import SignalLike, TaskSpec
+
+__all__ = ["Duplicate", "SendSettings", "Sender", "Sent", "send_unique"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Past a year it is no claim but a mistake (countdown=1e300): it must not reach Redis as a
+# number it cannot take.
+MAX_CLAIM_S = 365 * 86400.0
+
+
+class SendSettings(Protocol):
+    """The settings a send reads."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def on_duplicate(self) -> str: ...
+    @property
+    def on_backend_error(self) -> str: ...
+    @property
+    def queue_allowance(self) -> float: ...
+    @property
+    def unique_publish_window(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Sender:
+    """Who sends, in a framework's words."""
+
+    word: str
+    """``"task"`` (Celery) or ``"job"`` (RQ)."""
+    verb: str
+    """``"published"`` or ``"enqueued"``."""
+    stage: str
+    """The ``stage`` of the ``lock_conflict`` signals sent here: ``"publish"``, ``"enqueue"``."""
+    conflict: SignalLike
+    sender: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Sent(Generic[T]):
+    """Published: what the framework's publish returned."""
+
+    result: T
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """Not published: the copy ``holder`` holds the key (``on_duplicate="existing"``)."""
+
+    holder: str
+
+
+def send_unique(
+    spec: TaskSpec,
+    unique: UniqueOptions,
+    call_id: str,
+    call: tuple[Sequence[Any], Mapping[str, Any]],
+    *,
+    delay: float,
+    expires_in: float | None,
+    republish: bool,
+    in_canvas: bool,
+    settings: SendSettings,
+    client: RedisClient,
+    by: Sender,
+    publish: Callable[[], T],
+    cancel: Callable[[str], None],
+) -> Sent[T] | Duplicate:
+    """Claims the key of a unique call and publishes it; or says which copy holds the key
+    (``Duplicate``), or raises :class:`DuplicateTask` (``on_duplicate="raise"``, or a member
+    of a group or chord, whose id is fixed). ``delay``: seconds until the call is due;
+    ``expires_in``: seconds after which it is dropped unrun (its claim must not outlive it).
+
+    >>> send_unique(spec, spec.unique, "id", ((42,), {}), delay=0, expires_in=None,
+    ...             republish=False, in_canvas=False, settings=settings, client=r,
+    ...             by=by, publish=send, cancel=revoke)   # doctest: +SKIP
+    Sent(result=<AsyncResult: id>)
+    """
+    life = min(delay + (unique.allowance or settings.queue_allowance), MAX_CLAIM_S)
+    if expires_in is not None:
+        life = min(life, expires_in)
+    if life <= 0:  # already expired: the worker drops it unrun, so it claims nothing
+        return Sent(publish())
+    name = spec.name_of(unique.keying, *call)
+    action = unique.on_duplicate or settings.on_duplicate
+    kind = (
+        ClaimKind.REPUBLISH
+        if republish
+        else ClaimKind.REPLACE
+        if action == "replace"
+        else ClaimKind.NEW
+    )
+    what = f"{by.word} {spec.name}[{call_id}]"
+    try:
+        found, result = publish_claimed(
+            client,
+            settings.namespace,
+            name,
+            task_id=call_id,
+            lifetime=life,
+            kind=kind,
+            running_counts=unique.running_counts,
+            window=settings.unique_publish_window,
+            publish=publish,
+            what=what,
+        )
+    except LockBackendError as exc:
+        if settings.on_backend_error != "run":
+            raise
+        # Published under this id: a claim the call may have written names this very call.
+        log.error("%s %s WITHOUT unique key %r: %s", what, by.verb, name, exc)
+        return Sent(publish())
+
+    def signal(action: str) -> None:
+        if by.conflict.receivers:
+            by.conflict.send(
+                sender=by.sender,
+                task_id=call_id,
+                lock=name,
+                action=action,
+                holders=[found.holder],
+                stage=by.stage,
+            )
+
+    if found.duplicate:
+        state = "running" if found.running else "queued"
+        raising = action == "raise" or in_canvas
+        log.info(
+            "%s not %s: %s is %s under unique key %r", what, by.verb, found.holder, state, name
+        )
+        signal("raise" if raising else "existing")
+        if raising:
+            canvas = " (inside a group or chord)" if in_canvas and action != "raise" else ""
+            raise DuplicateTask(
+                f"{by.word} {spec.name}: a copy ({found.holder}) is already {state} under "
+                f"unique key {name!r}{canvas}",
+                name=name,
+                task_id=found.holder,
+                expires_in=found.ms_left / 1000,
+                state=state,
+            )
+        return Duplicate(found.holder)
+    if found.replaced and found.holder:
+        log.info("%s replaces %s under unique key %r", what, found.holder, name)
+        signal("replace")
+        cancel(found.holder)
+    assert result is not None
+    return Sent(result)

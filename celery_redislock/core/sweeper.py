@@ -1,0 +1,79 @@
+"""The task lines' sweeper: a thread in a worker's main process that, every ``interval``
+seconds, hands a lock on when its holder died unseen (a whole worker killed: no ``finally``, no
+parent left to release), publishes hand-overs whose publisher died, and ends tasks past their
+``max_wait``. One for every framework: Celery's worker and RQ's ``LockWorker`` start it.
+
+A thread, because an RQ worker's main thread spends a job's whole run blocked in ``wait4`` on
+its horse, and a Celery worker's main thread is its event loop. It holds nothing a forked child
+needs: the Redis clients reset their pools after a fork."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..errors import LockBackendError
+from .handover import Handover
+from .lease import RedisClient
+from .line import sweep_lines
+from .reach import where
+from .repeated import RepeatedFailure
+
+__all__ = ["LineSweeper"]
+
+log = logging.getLogger(__name__)
+
+
+class LineSweeper:
+    """Sweeps the task lines of ``namespace`` on ``client`` every ``interval`` seconds,
+    handing locks on through ``handover``.
+
+    >>> sweeper = LineSweeper(client, "redislock", publish, 1.0, 10.0)   # doctest: +SKIP
+    >>> sweeper.start(); ...; sweeper.stop()                            # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        client: RedisClient,
+        namespace: str,
+        handover: Handover,
+        interval: float,
+        handover_window: float,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.handover = handover
+        self.interval = interval
+        self.handover_window = handover_window
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name="redislock-line-sweeper", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        # Each interval while Redis is down: logged once, then summed up.
+        failures = RepeatedFailure(log, f"task line sweep on {where(self.client)}")
+        while not self._stop.wait(self.interval):
+            try:
+                sweep_lines(
+                    self.client,
+                    self.namespace,
+                    self.handover,
+                    handover_window=self.handover_window,
+                )
+            except LockBackendError as exc:
+                failures.failed(exc)
+            except Exception:
+                log.exception("task lines: sweep failed (tried again)")
+            else:
+                failures.worked()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None

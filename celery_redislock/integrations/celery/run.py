@@ -1,0 +1,333 @@
+"""A locked task in the process that runs it: the facts of the delivery in (its request and
+headers), the core's :class:`~celery_redislock.core.run.LockedRun` takes what the options ask
+for in ``before_start`` (where Celery honours ``Ignore``, ``Retry`` and ``Reject``), and its
+outcome out as Celery's answer. The lease goes back as the body ends (an ``acks_late`` or line
+delivery: once its result is stored, with the record that it finished), at a retry, and at the
+process's shutdown. Also ``lock_for``, and how a parked task is published again."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from celery import Celery
+from celery.exceptions import Ignore, Reject, Retry
+from kombu.utils.json import dumps, loads
+
+from ...core.lease import Lease
+from ...core.line import Handed, Handover
+from ...core.lock import Lock
+from ...core.run import (
+    AwaitFirst,
+    Delivery,
+    Fail,
+    Framework,
+    Held,
+    LockedRun,
+    Outcome,
+    RetryAfter,
+    RunUnlocked,
+    Signals,
+    Skip,
+    TaskSpec,
+    make_lock,
+)
+from ...errors import LockConfigError
+from .kind import (
+    CONFLICTS_HEADER,
+    LINE_EXPIRED_HEADER,
+    LINE_HEADER,
+    LINE_SINCE_HEADER,
+    RATE_HEADER,
+    REDELIVERY_HEADER,
+    LockAware,
+    is_locked_task,
+)
+from .settings import client_for, settings_for
+from .signals import lock_acquired, lock_backend_error, lock_conflict, lock_lost, lock_released
+
+__all__ = [
+    "HELD",
+    "SKIPPED",
+    "current_run",
+    "end_claim",
+    "end_run",
+    "handover_for",
+    "lock_for",
+    "release_all_held",
+    "release_at_body_end",
+    "release_for_retry",
+    "start",
+]
+
+SKIPPED = "SKIPPED"
+"""The result state of a task run that was skipped because its lock was held."""
+
+_ATTR = "_redislock_run"  # on the request: this delivery's LockedRun
+_CELERY = Framework(
+    word="task",
+    republish_claims=True,  # a re-publish passes send_task, which claims the key again
+    own_retries=True,
+    whole_seconds=False,
+    rate_wait_in_place=0.05,  # cheaper than a message through the broker
+)
+
+
+def _spec(task: LockAware) -> TaskSpec:
+    return TaskSpec(
+        task.name, task.lock_options, task.unique_options, task.rate_options, task.call_signature
+    )
+
+
+def _signals(task: LockAware) -> Signals:
+    return Signals(lock_acquired, lock_released, lock_conflict, lock_lost, lock_backend_error, task)
+
+
+def lock_for(task: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Lock:
+    """The lock a call of ``task`` with these arguments takes (same key derivation as the run).
+    A task that declares no ``lock=`` (nor a ``unique=`` that implies one) raises
+    :class:`LockConfigError`.
+
+    >>> lock_for(sync_customer, (42,)).holders()   # doctest: +SKIP
+    """
+    if not is_locked_task(task) or task.lock_options is None:
+        raise LockConfigError(f"task {getattr(task, 'name', task)!r} has no lock option")
+    name = _spec(task).name_of(task.lock_options, args, kwargs or {})
+    settings = settings_for(task.app)
+    client = client_for(task.app, settings)
+    return make_lock(settings, client, task.lock_options, name, handover_for(task.app))
+
+
+_handovers: weakref.WeakKeyDictionary[Celery, Handover] = weakref.WeakKeyDictionary()
+
+
+def handover_for(app: Celery) -> Handover:
+    """Publishes a parked task of ``app`` again (one function per app)."""
+    found = _handovers.get(app)
+    if found is not None:
+        return found
+
+    def publish(handed: Handed) -> None:
+        signature = app.signature(loads(handed.payload))  # type: ignore[no-untyped-call]
+        if handed.expired:
+            headers = {**(signature.options.get("headers") or {}), LINE_EXPIRED_HEADER: True}
+            signature.apply_async(headers=headers)
+        else:
+            signature.apply_async()
+
+    _handovers[app] = publish
+    return publish
+
+
+def _payload(task: LockAware, token: str) -> str:
+    """The running request as a message to publish again (same id, retries, headers, route),
+    marked with the line token it will claim and when it first joined a line."""
+    request = task.request
+    headers = {LINE_SINCE_HEADER: time.time(), **(request.headers or {}), LINE_HEADER: token}
+    return str(dumps(dict(task.signature_from_request(request, headers=headers))))  # type: ignore[no-untyped-call]
+
+
+def _delivery(task: LockAware, task_id: str, args: Any, kwargs: Any) -> Delivery:
+    request = task.request
+    headers = request.headers or {}
+    eager = bool(request.is_eager)
+    retries = int(request.retries or 0)
+    conflicts = int(headers.get(CONFLICTS_HEADER, 0) or 0)
+    token = headers.get(LINE_HEADER) or None
+    # Only an acks_late message can be delivered again after it ran (its ack lost with its
+    # worker), so only such a job is recorded as finished; and one published from the task
+    # line, whose hand-over may be published twice (its publisher died before confirming it).
+    job = None
+    if token and not eager:
+        job = f"{task_id}.{retries}.{token}"
+    elif task.acks_late and not eager:
+        job = f"{task_id}.{retries}.{conflicts}"
+    since = headers.get(LINE_SINCE_HEADER)
+    waited = 0.0
+    if token and isinstance(since, int | float) and not isinstance(since, bool):
+        waited = max(0.0, time.time() - float(since))
+    limits = request.timelimit or (None, None)  # this call's own time_limit, if given
+    hard = limits[0] or task.time_limit or settings_for(task.app).task_time_limit
+    return Delivery(
+        task_id,
+        args or (),
+        kwargs or {},
+        queued=not eager,
+        finish_job=job,
+        conflicts=conflicts,
+        waits=int(headers.get(REDELIVERY_HEADER, 0) or 0),
+        republished=bool(retries) or CONFLICTS_HEADER in headers or REDELIVERY_HEADER in headers,
+        line_token=token,
+        line_ended=bool(token and headers.get(LINE_EXPIRED_HEADER)),
+        line_waited=waited,
+        payload=lambda _lock, fresh: _payload(task, fresh),
+        rate_request=f"{task_id}.{retries}",
+        max_hold=float(hard) if hard else None,
+    )
+
+
+def start(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:
+    """``before_start``: takes what the task's options ask for, or raises what Celery is to do
+    instead (``Ignore``, ``Retry``, ``Reject``, the error)."""
+    settings = settings_for(task.app)
+    if settings.disabled:
+        return  # the kill switch: no lock, no claim (logged as the worker starts)
+    run = LockedRun(
+        _spec(task),
+        _delivery(task, task_id, args, kwargs),
+        settings,
+        client_for(task.app, settings),
+        _signals(task),
+        _CELERY,
+        handover=handover_for(task.app) if task.lock_options is not None else None,
+    )
+    setattr(task.request, _ATTR, run)
+    outcome = run.take()
+    if isinstance(outcome, Held | RunUnlocked):
+        if run.lease is not None:
+            with HELD.guard:
+                HELD.runs.add(run)
+        return
+    _answer(task, run, outcome)
+
+
+def _answer(task: LockAware, run: LockedRun, outcome: Outcome) -> None:
+    """Raises Celery's answer to an outcome that does not run the task."""
+    request, d = task.request, run.delivery
+    if isinstance(outcome, Skip):
+        _store_skipped(task, d.id, outcome.lock, outcome.holders)
+    elif isinstance(outcome, Fail):
+        raise outcome.error
+    elif isinstance(outcome, RetryAfter) and outcome.own:
+        # Past the task's own max_retries, Celery raises ``exc``: a LockNotAcquired naming the lock.
+        raise task.retry(countdown=outcome.delay, exc=outcome.error)
+    elif isinstance(outcome, RetryAfter) and outcome.cause != "rate":
+        headers = {**(request.headers or {}), CONFLICTS_HEADER: outcome.conflicts + 1}
+        task.signature_from_request(request, countdown=outcome.delay, headers=headers).apply_async()
+        raise Retry(outcome.why, when=outcome.delay)
+    elif isinstance(outcome, RetryAfter | AwaitFirst):
+        # The same job (retries and conflict count unchanged), so its finish record applies.
+        if isinstance(outcome, AwaitFirst):
+            header: dict[str, Any] = {REDELIVERY_HEADER: outcome.waits + 1}
+        else:
+            header = {RATE_HEADER: d.rate_request}
+        headers = {**(request.headers or {}), **header}
+        try:
+            task.signature_from_request(
+                request, countdown=outcome.delay, headers=headers
+            ).apply_async()
+        except Exception as exc:
+            # Not re-published: this message must not be acknowledged as done (nobody would run
+            # the task). Back to the broker with it.
+            raise Reject(exc, requeue=True) from exc
+    # Ignore, not Retry: a RETRY state stored now could land after the first delivery's result.
+    raise Ignore()
+
+
+def _store_skipped(task: LockAware, task_id: str, name: str, holders: list[str]) -> None:
+    if task.ignore_result or task.request.is_eager:
+        return
+    # Without a result backend (NotImplementedError) the log line and the signal remain.
+    with contextlib.suppress(NotImplementedError):
+        task.backend.store_result(
+            task_id, {"lock": name, "holders": holders}, SKIPPED, request=task.request
+        )
+
+
+class _Held:
+    """The runs holding a lease in this process now, for release at process shutdown."""
+
+    def __init__(self) -> None:
+        self.runs: set[LockedRun] = set()
+        self.guard = threading.Lock()
+
+    def drain(self) -> list[LockedRun]:
+        with self.guard:
+            out, self.runs = list(self.runs), set()
+            return out
+
+
+HELD = _Held()
+
+
+def _reset_after_fork() -> None:
+    # The parent's leases are the parent's; a forked child holds none yet.
+    HELD.__init__()  # type: ignore[misc]
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def current_run(task: LockAware) -> LockedRun | None:
+    """The run of the task's current delivery (``None`` before or outside one)."""
+    run = getattr(task.request, _ATTR, None)
+    return run if isinstance(run, LockedRun) else None
+
+
+def held_lease(task: LockAware) -> Lease | None:
+    run = current_run(task)
+    return run.lease if run is not None else None
+
+
+def _release(run: LockedRun, finished: bool) -> None:
+    with HELD.guard:
+        HELD.runs.discard(run)
+    run.release(finished)
+
+
+def release_at_body_end(task: LockAware) -> None:
+    """As the body ends: gives the lease back at once, so that whoever waits on the result
+    finds the lock free; except for a delivery with a finish record to make, given back after
+    its result is stored, together with the record (:func:`end_run`)."""
+    run = current_run(task)
+    if run is not None and run.delivery.finish_job is None:
+        _release(run, False)
+
+
+def release_for_retry(task: LockAware) -> None:
+    """The task retries itself: the lease goes before the retry is published (the retried
+    run must not find it held by this very run), a job unique until it finishes claiming its
+    key as queued first, so that no copy slips in between."""
+    run = current_run(task)
+    if run is not None and run.lease is not None:
+        run.keep_claim_for_retry()
+        _release(run, False)
+
+
+def end_run(task: LockAware, task_id: str, args: Any, kwargs: Any, state: str | None) -> None:
+    """``task_postrun`` (the result is stored): gives the lease back if still held, with the
+    record that the job finished if it ended for good (a retry, whose message carries the job
+    on, or a requeued rejection is not an end); a job that failed gives up its queued claim.
+    Never raises."""
+    run = current_run(task)
+    setattr(task.request, _ATTR, None)
+    if run is not None:
+        _release(run, state in ("SUCCESS", "FAILURE", "IGNORED"))
+    if state in ("FAILURE", "REJECTED"):
+        # The job is over (it may have failed before it started): its queued claim goes.
+        if run is not None:
+            run.end_claim()
+        else:
+            end_claim(task, task_id, args, kwargs)
+
+
+def release_all_held() -> None:
+    """Releases every lease this process's tasks hold (worker process shutdown)."""
+    for run in HELD.drain():
+        run.release(False)
+
+
+def end_claim(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:
+    """Gives up the queued claim ``task_id`` may hold (revoked, or failed before it started);
+    never raises."""
+    if task.unique_options is None or not task.unique_options.queued:
+        return
+    settings = settings_for(task.app)
+    client = client_for(task.app, settings)
+    delivery = Delivery(task_id, args or (), kwargs or {})
+    LockedRun(_spec(task), delivery, settings, client, _signals(task), _CELERY).end_claim()

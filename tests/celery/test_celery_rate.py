@@ -1,0 +1,85 @@
+"""``rate=`` with real workers: a fleet-wide limit on a task's starts, by key, held whatever the
+number of workers (measured from the tasks' own records), reached without spinning (a task over
+the rate is published again once, for its reserved slot), and refused past ``max_delay``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+from celery import Celery
+from helpers import most_in_window, wait_for
+from workers import Worker
+
+from celery_redislock import LockConfigError, LockNotAcquired, install
+
+
+def _starts(lockapp: ModuleType, key: str) -> list[float]:
+    return sorted(float(x) for x in lockapp.r.lrange(key, 0, -1))
+
+
+def _deliveries(lockapp: ModuleType) -> list[int]:
+    return [int(v) for v in lockapp.r.hvals("deliveries")]
+
+
+def test_a_burst_keeps_the_rate_across_workers_and_each_task_is_published_at_most_twice(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    workers(name="w1", concurrency=3)
+    workers(name="w2", concurrency=3)
+    results = [lockapp.rated.delay(i) for i in range(16)]
+    wait_for(lambda: all(r.state == "SUCCESS" for r in results), "every task to run", 60)
+    starts = _starts(lockapp, "rated:starts")
+    assert len(starts) == 16
+    assert most_in_window(starts, 1.0) <= 5  # the promise: 5 a second, fleet-wide
+    # No spinning: a task over the rate goes back to the broker once, for its slot.
+    deliveries = _deliveries(lockapp)
+    assert len(deliveries) == 16 and max(deliveries) <= 2
+    assert deliveries.count(2) >= 16 - 5 - 5  # most waited for a later slot
+    # The rate is reached, not only respected: 16 starts at 5 a second need a bit over 2 s
+    # (slots 1.05 s apart); a generous bound for a loaded machine.
+    assert starts[-1] - starts[0] < 8
+
+
+def test_each_key_has_its_own_rate(lockapp: ModuleType, workers: Callable[..., Worker]) -> None:
+    workers(name="w1", concurrency=4)
+    results = [lockapp.rated_by_account.delay(acct, i) for i in range(6) for acct in "ab"]
+    wait_for(lambda: all(r.state == "SUCCESS" for r in results), "every task to run", 60)
+    a, b = _starts(lockapp, "rated:starts:a"), _starts(lockapp, "rated:starts:b")
+    assert len(a) == len(b) == 6
+    assert most_in_window(a, 1.0) <= 2 and most_in_window(b, 1.0) <= 2
+    # The two accounts ran side by side, not one after the other.
+    assert a[0] < b[-1] and b[0] < a[-1]
+
+
+def test_a_start_past_max_delay_fails_and_reserves_nothing(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    workers(name="w1", concurrency=2)
+    first = lockapp.rated_impatient.delay()
+    wait_for(lambda: first.state == "SUCCESS", "the first to run")
+    second = lockapp.rated_impatient.delay()
+    wait_for(lambda: second.state == "FAILURE", "the second to be refused")
+    assert isinstance(second.result, LockNotAcquired)
+    assert "max_delay" in str(second.result)
+    assert len(lockapp.r.lrange("rated:impatient", 0, -1)) == 1
+
+
+@pytest.mark.parametrize(
+    ("rate", "message"),
+    [
+        ("100", "must be '<limit>/<period>'"),
+        ({"key": "x"}, "rate option 'rate' is required"),
+        ({"rate": "1/s", "keys": "x"}, "unknown rate option(s) 'keys'"),
+        ({"rate": "1/s", "key": "{nope}"}, "template names argument(s) 'nope'"),
+        ({"rate": "1/s", "max_delay": -1}, "rate option 'max_delay'"),
+        (3, "rate must be a rate such as '100/m'"),
+    ],
+)
+def test_a_bad_rate_is_refused_when_the_task_is_declared(rate: object, message: str) -> None:
+    app = install(Celery("rate-options"))
+    with pytest.raises(LockConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+
+        @app.task(rate=rate)
+        def limited(account: str) -> None: ...

@@ -1,0 +1,113 @@
+"""A restricted Redis user: the commands the docs list are enough, and a user without one of
+them gets an error naming the command it lacks."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+from helpers import wait_for, wait_until_queued
+
+from celery_redislock import Lock, LockBackendError, LockNotAcquired, iter_locks, renew_leases
+from celery_redislock.core.line import Parked, park
+from celery_redislock.core.rate import RateLimit
+
+# The list in docs/topologies.md ("Redis permissions"), as one ACL rule set.
+DOCUMENTED_RULES = [
+    "~redislock:*",
+    "+evalsha",
+    "+script|load",
+    "+blpop",
+    "+scan",
+    "+hget",
+    "+hset",
+    "+ping",
+    # run inside the scripts
+    *[
+        "+time",
+        "+get",
+        "+set",
+        "+del",
+        "+exists",
+        "+pttl",
+        "+pexpire",
+        "+hdel",
+        "+hincrby",
+        "+rpush",
+        "+sadd",
+        "+sismember",
+    ],
+    *["+zadd", "+zcard", "+zrange", "+zrangebyscore", "+zrem", "+zremrangebyscore", "+zscore"],
+    *["+zcount", "+zrevrange", "+zremrangebyrank"],  # rate limits
+]
+
+
+def _user(client: redis.Redis, name: str, rules: list[str]) -> redis.Redis:
+    client.acl_setuser(name, enabled=True, passwords=["+pw"], reset_keys=True, reset_channels=True)
+    client.execute_command("ACL", "SETUSER", name, "-@all", *rules)
+    kwargs = client.connection_pool.connection_kwargs
+    return redis.Redis(host=kwargs["host"], port=kwargs["port"], username=name, password="pw")
+
+
+def test_the_listed_permissions_are_enough(client: redis.Redis) -> None:
+    restricted = _user(client, "locks", DOCUMENTED_RULES)
+    client.script_flush()  # the restricted user loads the scripts itself
+    lock = Lock(restricted, "acl", ttl=5, fair=True)
+    lease = lock.acquire()
+    renew_leases([lease])
+    assert [h.token for h in lock.holders()] == [lease.token]
+    assert list(iter_locks(restricted)) == ["acl"]
+    waiter = threading.Thread(target=lambda: lock.acquire(timeout=5).release())
+    waiter.start()
+    wait_until_queued(client, lock)  # the waiting commands run as the restricted user too
+    lease.release()
+    waiter.join(5)
+    assert not waiter.is_alive()
+    lock.finish_job("job-1", keep=5)
+    assert lock.release_where(pid="0") == []
+    plain = Lock(restricted, "acl-plain", ttl=5)
+    with plain.acquire(), pytest.raises(LockNotAcquired, match="held"):
+        plain.acquire(blocking=False)
+
+
+def test_the_listed_permissions_run_the_task_line(client: redis.Redis) -> None:
+    """Parking (taking a free lock with a claim, waiting in line, lapsing out of it) runs only
+    listed commands."""
+    restricted = _user(client, "liner", DOCUMENTED_RULES)
+    client.script_flush()
+    lock = Lock(restricted, "acl-line", ttl=5, limit=2)
+    leases = [park(lock, "first", owner="a"), park(lock, "second", owner="b")]  # beside a lease
+    assert not any(isinstance(lease, Parked) for lease in leases)
+    assert isinstance(park(lock, "third", owner="c", max_wait=1), Parked)
+
+    def purged() -> bool:
+        with pytest.raises(LockNotAcquired):
+            lock.acquire(blocking=False)  # purges the lapsed parked entry, as the restricted user
+        return client.zcard(lock.keys.all[2]) == 0
+
+    wait_for(purged, "the lapsed parked task out of line")
+    for lease in leases:
+        assert not isinstance(lease, Parked)
+        lease.release()
+
+
+def test_the_listed_permissions_run_a_rate_limit(client: redis.Redis) -> None:
+    restricted = _user(client, "rates", DOCUMENTED_RULES)
+    client.script_flush()
+    limit = RateLimit(restricted, "acl-rate", "2/s")
+    first, second, third = (limit.reserve(f"r{i}") for i in range(3))
+    assert first.granted and second.granted and third.granted
+    assert first.delay == 0 and second.delay == 0 and third.delay > 0.5
+    assert limit.reserve("r2").delay == pytest.approx(third.delay, abs=0.2)  # the same slot
+    refused = limit.reserve("r3", max_delay=0.1)
+    assert not refused.granted
+
+
+def test_a_missing_permission_is_named(client: redis.Redis) -> None:
+    without_zadd = _user(client, "nozadd", [r for r in DOCUMENTED_RULES if r != "+zadd"])
+    with pytest.raises(LockBackendError, match=r"lock 'acl'.*lacks the permission \+zadd"):
+        Lock(without_zadd, "acl", ttl=5).acquire(blocking=False)
+    without_keys = _user(client, "nokeys", [r for r in DOCUMENTED_RULES if not r.startswith("~")])
+    with pytest.raises(LockBackendError, match=r"lock 'acl'.*no permissions to access one of"):
+        Lock(without_keys, "acl", ttl=5).acquire(blocking=False)

@@ -1,0 +1,200 @@
+"""The admin API (celery_redislock.core.admin) on a real Redis: what it shows of holders and
+waiters, and that forced releases free exactly what they are asked to."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+from helpers import free_port, wait_for, wait_until_queued
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from celery_redislock import Lease, Lock, LockBackendError, LockConfigError, LockLost
+from celery_redislock.core import admin
+from celery_redislock.core.claims import ClaimKind, claim
+
+
+@pytest.fixture
+def waiter(client: redis.Redis) -> Iterator[tuple[Lock, list[Lease], threading.Thread]]:
+    """A thread blocked on the lock ``job`` (held by the test), in line when the test starts;
+    it records its lease when it gets one and releases it at the end."""
+    lock = Lock(client, "job", ttl=30)
+    got: list[Lease] = []
+    thread = threading.Thread(
+        target=lambda: got.append(lock.acquire(timeout=20, info={"task_id": "w-1"}))
+    )
+    yield lock, got, thread
+    thread.join(25)
+    for lease in got:
+        lease.release()
+
+
+def test_describe_lock_shows_holders_and_waiters(
+    client: redis.Redis, waiter: tuple[Lock, list[Lease], threading.Thread]
+) -> None:
+    lock, got, thread = waiter
+    lease = lock.acquire(info={"task_id": "t-1", "task": "proj.sync"})
+    thread.start()
+    wait_until_queued(client, lock)
+    state = admin.describe_lock(client, "job")
+    assert state.name == "job" and state.mode == "write"
+    (holder,) = state.holders
+    assert holder.token == lease.token and holder.fence == lease.fence
+    assert holder.info["task_id"] == "t-1" and holder.info["task"] == "proj.sync"
+    assert holder.info["pid"] == str(os.getpid()) and holder.info["host"]
+    held_for = state.held_for(holder)
+    assert held_for is not None and 0 <= held_for < 10
+    assert state.expires_in is not None and 20 < state.expires_in <= 30
+    (line,) = state.waiters
+    assert line.position == 1 and line.mode == "write" and line.info["task_id"] == "w-1"
+    assert line.info["pid"] == str(os.getpid())
+    assert line.expires_in is not None and 0 < line.expires_in <= 4
+    lease.release()
+    thread.join(10)
+    assert got
+
+
+def test_list_locks_filters_by_pattern_and_liveness(client: redis.Redis) -> None:
+    leases = [Lock(client, name, ttl=30).acquire() for name in ("a:1", "a:2", "b:1")]
+    Lock(client, "a:3", ttl=30, namespace="other").acquire()
+    lapsed = Lock(client, "a:4", ttl=0.1)
+    lapsed.acquire()
+    wait_for(lambda: not lapsed.holders(), "the lease lapsed")  # (its keys outlive it a while)
+    assert [s.name for s in admin.list_locks(client, "a:*")] == ["a:1", "a:2"]
+    assert [s.name for s in admin.list_locks(client)] == ["a:1", "a:2", "b:1"]
+    assert admin.list_locks(client, "zz*") == []
+    assert [s.name for s in admin.list_locks(client, namespace="other")] == ["a:3"]
+    for lease in leases:
+        lease.release()
+
+
+def test_force_release_by_task_id_frees_only_that_task(client: redis.Redis) -> None:
+    lock = Lock(client, "cap", ttl=30, limit=3)
+    stuck = lock.acquire(info={"task_id": "t-1"})
+    other = lock.acquire(info={"task_id": "t-2"})
+    dry = admin.force_release(client, "cap", task_id="t-1", dry_run=True)
+    assert dry.dry_run and [h.token for h in dry.holders] == [stuck.token]
+    assert {h.token for h in lock.holders()} == {stuck.token, other.token}
+    freed = admin.force_release(client, "cap", task_id="t-1")
+    assert not freed.dry_run and [h.token for h in freed.holders] == [stuck.token]
+    assert [h.token for h in lock.holders()] == [other.token]
+    with pytest.raises(LockLost):
+        stuck.renew()
+    assert admin.force_release(client, "cap", task_id="t-1").holders == []
+    other.release()
+
+
+def test_force_release_by_token_and_all(client: redis.Redis) -> None:
+    lock = Lock(client, "rw", ttl=30, mode="read")
+    first, second, third = (lock.acquire(info={"task_id": f"t-{i}"}) for i in range(3))
+    # Re-entered leases go whole.
+    again = lock.acquire(owner="o", info={"task_id": "t-3"})
+    lock.acquire(owner="o")
+    freed = admin.force_release(client, "rw", token=again.token)
+    assert [h.token for h in freed.holders] == [again.token] and freed.holders[0].count == 2
+    assert admin.force_release(client, "rw", token="not-a-token").holders == []
+    freed = admin.force_release(client, "rw", token=first.token)
+    assert [h.token for h in freed.holders] == [first.token]
+    freed = admin.force_release(client, "rw", everything=True, dry_run=True)
+    assert {h.token for h in freed.holders} == {second.token, third.token}
+    assert len(lock.holders()) == 2
+    freed = admin.force_release(client, "rw", everything=True)
+    assert {h.token for h in freed.holders} == {second.token, third.token}
+    assert lock.holders() == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"token": "x", "task_id": "y"}, {"everything": True, "task_id": "y"}, {"token": ""}],
+)
+def test_force_release_needs_exactly_one_selector(
+    client: redis.Redis, kwargs: dict[str, object]
+) -> None:
+    with pytest.raises(LockConfigError):
+        admin.force_release(client, "job", **kwargs)  # type: ignore[arg-type]
+
+
+def test_force_release_wakes_a_waiter(
+    client: redis.Redis, waiter: tuple[Lock, list[Lease], threading.Thread]
+) -> None:
+    lock, got, thread = waiter
+    lock.acquire(info={"task_id": "t-1"})
+    thread.start()
+    wait_until_queued(client, lock)
+    start = time.monotonic()
+    assert admin.force_release(client, "job", task_id="t-1").holders
+    thread.join(10)
+    # Woken by the release, not by the holder's 30 s lease lapsing.
+    assert got and time.monotonic() - start < 10
+    assert [h.info["task_id"] for h in lock.holders()] == ["w-1"]
+
+
+def _claim(client: redis.Redis, name: str, task_id: str) -> bool:
+    found = claim(
+        client,
+        "redislock",
+        name,
+        task_id=task_id,
+        lifetime=60,
+        kind=ClaimKind.NEW,
+        running_counts=False,
+    )
+    return not found.duplicate
+
+
+def test_claims_listed_and_freed_only_for_their_holder(client: redis.Redis) -> None:
+    assert _claim(client, "report:daily", "t-1") and _claim(client, "report:weekly", "t-2")
+    assert _claim(client, "other", "t-3")
+    listed = admin.list_claims(client, "report:*")
+    assert [(c.name, c.task_id) for c in listed] == [
+        ("report:daily", "t-1"),
+        ("report:weekly", "t-2"),
+    ]
+    assert all(c.expires_in is not None and 50 < c.expires_in <= 60 for c in listed)
+    assert admin.force_release_claim(client, "report:daily", task_id="t-9") is None
+    dry = admin.force_release_claim(client, "report:daily", dry_run=True)
+    assert dry is not None and dry.task_id == "t-1"
+    assert not _claim(client, "report:daily", "t-4")  # still claimed: a duplicate
+    freed = admin.force_release_claim(client, "report:daily", task_id="t-1")
+    assert freed is not None and freed.task_id == "t-1"
+    assert admin.force_release_claim(client, "report:daily") is None
+    assert _claim(client, "report:daily", "t-4")  # free again: the next call is published
+    assert [c.task_id for c in admin.list_claims(client, "report:*")] == ["t-4", "t-2"]
+
+
+def test_unreachable_redis_is_a_backend_error_naming_it() -> None:
+    # A closed port refuses at once; no client retries (redis-py's default backs off for
+    # seconds between ten of them): the error comes from the first attempt.
+    port = free_port()
+    client = redis.Redis(
+        host="127.0.0.1",
+        port=port,
+        socket_connect_timeout=1,
+        socket_timeout=1,
+        retry=Retry(NoBackoff(), 0),
+    )
+    refused = rf"Redis failed: Error \d+ connecting to 127\.0\.0\.1:{port}\. Connection refused"
+    calls: list[tuple[str | None, Callable[[], object]]] = [
+        (None, lambda: admin.list_locks(client)),
+        ("job", lambda: admin.describe_lock(client, "job")),
+        (None, lambda: admin.list_claims(client)),
+        ("job", lambda: admin.force_release(client, "job", everything=True)),
+        ("report", lambda: admin.force_release_claim(client, "report")),
+    ]
+    for name, call in calls:
+        with pytest.raises(LockBackendError, match=f"^lock {name!r}: {refused}") as caught:
+            call()
+        assert caught.value.name == name
+        assert isinstance(caught.value.__cause__, redis.ConnectionError)
+
+
+def test_bad_pattern_and_name_are_config_errors(client: redis.Redis) -> None:
+    with pytest.raises(LockConfigError, match="pattern"):
+        admin.list_locks(client, "")
+    with pytest.raises(LockConfigError, match="name"):
+        admin.describe_lock(client, "}x")

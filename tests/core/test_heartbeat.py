@@ -1,0 +1,301 @@
+"""Batched renewal and the per-process heartbeat thread."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+
+import pytest
+import redis
+from faultproxy import FaultProxy
+from helpers import wait_for
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from celery_redislock import (
+    Heartbeat,
+    Lease,
+    Lock,
+    LockBackendError,
+    LockLost,
+    LockNotAcquired,
+    renew_leases,
+)
+from celery_redislock.contrib.redis_server import RedisServer
+
+
+def _evalsha_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_renew_many_leases_in_one_call(client: redis.Redis) -> None:
+    leases = [Lock(client, f"job:{i}", ttl=5).acquire() for i in range(200)]
+    client.delete(leases[7].lock.keys.leases)  # removed behind its holder's back
+    renew_leases(leases[:1])  # the first call on a server also loads the script
+    before = _evalsha_calls(client)
+    report = renew_leases(leases, ttl=60)
+    assert _evalsha_calls(client) - before == 1
+    assert report.lost == [leases[7]] and leases[7].lost
+    assert len(report.renewed) == 199
+    assert 59 < Lock(client, "job:0", ttl=5).holders()[0].expires_in <= 60
+
+
+def test_renew_does_not_revive_an_expired_lease(client: redis.Redis) -> None:
+    lock = Lock(client, "short", ttl=0.1)
+    lease = lock.acquire()
+    wait_for(lambda: not lock.holders(), "the lease expired")
+    with pytest.raises(LockLost, match="lock 'short' was lost"):
+        lease.renew()
+    assert Lock(client, "short", ttl=1).holders() == []
+
+
+def test_renewed_lease_survives_three_ttls(client: redis.Redis) -> None:
+    lock = Lock(client, "kept", ttl=0.3)
+    lease = lock.acquire()
+    heartbeat = Heartbeat.current()
+    heartbeat.register(lease)
+    try:
+        end = time.monotonic() + 0.9
+        while time.monotonic() < end:
+            with pytest.raises(LockNotAcquired):
+                lock.acquire(blocking=False)
+            time.sleep(0.05)
+        assert [h.token for h in lock.holders()] == [lease.token]
+        lease.check()
+    finally:
+        heartbeat.unregister(lease)
+    lease.release()
+
+
+def test_deleted_lease_is_reported_lost_within_one_interval(client: redis.Redis) -> None:
+    """docs/failures.md: a lease deleted behind its holder's back is reported lost "at its next
+    renewal (<= ttl/3)"."""
+    ttl = 3.0  # renewed every 1 s: a renewal every ttl/2 would miss the bound below
+    lease = Lock(client, "stolen", ttl=ttl).acquire()
+    lost: list[tuple[Lease, BaseException | None]] = []
+    called = threading.Event()
+    registered = time.monotonic()
+    Heartbeat.current().register(lease, on_lost=lambda x, e: (lost.append((x, e)), called.set()))
+    client.delete(lease.lock.keys.leases)
+    # ttl/3 after registering, plus 0.3 s for a loaded machine.
+    assert called.wait(ttl / 3 + 0.3 - (time.monotonic() - registered)), "loss not reported"
+    assert lost == [(lease, None)]
+    with pytest.raises(LockLost):
+        lease.check()
+    assert lease not in Heartbeat.current().leases()
+
+
+def test_max_hold_stops_renewal(client: redis.Redis) -> None:
+    """docs/core.md: with ``max_hold``, "renewal stops after that many seconds and the lease then
+    lapses within its ttl"."""
+    ttl, max_hold = 0.6, 1.2
+    lock = Lock(client, "bounded", ttl=ttl)
+    lease = lock.acquire()
+    first_expiry = lease.expires_at_ms
+    registered = time.monotonic()
+    Heartbeat.current().register(lease, max_hold=max_hold)
+    # Lapses within ttl of the maximum hold (0.3 s margin for a loaded machine).
+    wait_for(lambda: not lock.locked(), "the lease lapsed", timeout=max_hold + ttl + 0.3)
+    assert time.monotonic() - registered > max_hold  # not before: renewed until then
+    # Its last renewal (the server time it was sent, ttl before its final expiry) came within
+    # one interval before the maximum hold (0.25 s margin), and none after it.
+    renewed_for = (lease.expires_at_ms - first_expiry) / 1000
+    assert max_hold - ttl / 3 - 0.25 <= renewed_for <= max_hold + 0.05
+    assert lease not in Heartbeat.current().leases()
+
+
+def test_child_process_gets_its_own_heartbeat(client: redis.Redis, redis_server: object) -> None:
+    url = redis_server.url  # type: ignore[attr-defined]
+    parent_lease = Lock(client, "parent", ttl=0.3).acquire()
+    parent_heartbeat = Heartbeat.current()
+    parent_heartbeat.register(parent_lease)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports through its exit code
+        code = 1
+        try:
+            mine = Heartbeat.current()
+            ok = mine is not parent_heartbeat and mine.leases() == []
+            child_client = redis.Redis.from_url(url)
+            lock = Lock(child_client, "child", ttl=0.3)
+            lease = lock.acquire()
+            mine.register(lease)
+            os.write(write_end, b"x")
+            time.sleep(1.0)
+            ok = ok and [h.token for h in lock.holders()] == [lease.token]
+            code = 0 if ok else 1
+        finally:
+            os._exit(code)
+    assert os.read(read_end, 1) == b"x"
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's heartbeat kept running across the fork.
+    assert [h.token for h in Lock(client, "parent", ttl=1).holders()] == [parent_lease.token]
+    parent_heartbeat.unregister(parent_lease)
+
+
+def test_loss_is_reported_on_time_while_redis_hangs(own_server: RedisServer) -> None:
+    """A renewal call stuck on a frozen Redis (5 s socket timeout) must not hold back the
+    notice: it comes within one renewal interval of the lease's lapse, and not before."""
+    ttl = 1.5
+    client = redis.Redis.from_url(own_server.url, socket_timeout=5)
+    lease = Lock(client, "frozen", ttl=ttl).acquire()
+    notices: list[tuple[float, float, BaseException | None]] = []
+    called = threading.Event()
+
+    def on_lost(lost: Lease, error: BaseException | None) -> None:
+        notices.append((time.monotonic(), lost.valid_until, error))
+        called.set()
+
+    heartbeat = Heartbeat.current()
+    heartbeat.register(lease, on_lost=on_lost)
+    own_server.pause()
+    try:
+        assert called.wait(ttl + 10), "loss not reported"
+        with pytest.raises(LockLost):
+            lease.check()
+    finally:
+        own_server.resume()
+        heartbeat.unregister(lease)
+    noticed_at, valid_until, error = notices[0]
+    late = noticed_at - valid_until
+    assert late >= 0, f"reported lost {-late:.3f} s before the lease could have lapsed"
+    # Within one interval (ttl/3), plus 0.25 s for a loaded machine.
+    assert late <= ttl / 3 + 0.25, f"reported lost {late:.3f} s after the lease lapsed"
+    assert isinstance(error, LockBackendError) and "frozen" in str(error)
+    assert lease not in heartbeat.leases()
+
+
+def test_a_short_freeze_is_not_reported(own_server: RedisServer) -> None:
+    ttl = 1.5
+    client = redis.Redis.from_url(own_server.url, socket_timeout=5)
+    lock = Lock(client, "thawed", ttl=ttl)
+    lease = lock.acquire()
+    lost = threading.Event()
+    heartbeat = Heartbeat.current()
+    heartbeat.register(lease, on_lost=lambda _lease, _e: lost.set())
+    try:
+        own_server.pause()
+        try:
+            time.sleep(0.6)  # the freeze: longer than a renewal interval, shorter than the ttl
+        finally:
+            own_server.resume()
+        resumed = time.monotonic()
+        wait_for(lambda: lease.valid_until > resumed + ttl, "a renewal sent after the freeze")
+        assert not lost.is_set() and not lease.lost
+        lease.check()
+        assert [h.token for h in lock.holders()] == [lease.token]
+    finally:
+        heartbeat.unregister(lease)
+    lease.release()
+
+
+@pytest.mark.faults
+def test_a_failed_renewal_is_retried_not_reported(
+    redis_server: RedisServer, client: redis.Redis
+) -> None:
+    """docs/failures.md, Redis unreachable: "the heartbeat retries and reports a lease lost once
+    it may have lapsed": a renewal that fails with a connection error, for less than the ttl,
+    is no loss."""
+    ttl = 1.5
+    with FaultProxy("127.0.0.1", redis_server.port) as proxy:
+        # No redis-py retries: the heartbeat itself sees the failure.
+        flaky = redis.Redis.from_url(proxy.url, retry=Retry(NoBackoff(), 0))
+        lock = Lock(flaky, "flaky", ttl=ttl)
+        lease = lock.acquire()
+        lease.renew()  # the renew script is loaded: one renewal is one EVALSHA
+        lost = threading.Event()
+        heartbeat = Heartbeat.current()
+        heartbeat.register(lease, on_lost=lambda _lease, _e: lost.set())
+        try:
+            proxy.reset_after(1, command="EVALSHA")  # the next renewal fails
+            wait_for(lambda: proxy.faults == 1, "a renewal failed", timeout=ttl)
+            failed = time.monotonic()
+            wait_for(lambda: lease.valid_until > failed + ttl, "a renewal after the failure")
+            assert not lost.is_set() and not lease.lost
+            lease.check()
+            assert lease in heartbeat.leases()
+            assert [h.token for h in Lock(client, "flaky", ttl=ttl).holders()] == [lease.token]
+        finally:
+            heartbeat.unregister(lease)
+            flaky.close()
+
+
+@pytest.mark.faults
+def test_a_late_answer_does_not_revive_a_lost_lease(
+    redis_server: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A renewal answered only after its lease was reported lost leaves it lost, and no second
+    call goes out for that lease meanwhile."""
+    with FaultProxy("127.0.0.1", redis_server.port) as proxy:
+        lease = Lock(redis.Redis.from_url(proxy.url), "late", ttl=1.5).acquire()
+        lease.renew()  # the renew script is loaded: one renewal is one EVALSHA
+        sent = proxy.seen("EVALSHA")
+        notices: list[BaseException | None] = []
+        heartbeat = Heartbeat.current()
+        heartbeat.register(lease, on_lost=lambda _lease, error: notices.append(error))
+        proxy.delay(replies=2.0)  # the answer comes after the lease lapsed (1.5 s)
+        wait_for(lambda: notices, "the lease was reported lost")
+        valid_until = lease.valid_until
+        wait_for(
+            lambda: any("renewed after it had been reported lost" in m for m in caplog.messages),
+            "the late answer came",
+        )
+        assert lease.lost and lease.valid_until == valid_until and lease not in heartbeat.leases()
+        with pytest.raises(LockLost):
+            lease.check()
+        assert len(notices) == 1 and isinstance(notices[0], LockBackendError)
+        assert proxy.seen("EVALSHA") == sent + 1
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_renewal_failing_for_ten_seconds_is_logged_once_summed_up_and_once_recovered(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24, item 5: a renewal retried every 0.5 s while Redis is unreachable logged each
+    try (20 lines in 10 s for one lease). Now: its first failure, a summary every 10 s, and
+    one line when it works again."""
+    ttl = 21.0  # first renewal after 7 s; 14 s of failures before it could lapse
+    with FaultProxy("127.0.0.1", redis_server.port) as proxy:
+        flaky = redis.Redis.from_url(proxy.url, retry=Retry(NoBackoff(), 0))
+        lease = Lock(flaky, "quiet", ttl=ttl).acquire()
+        lease.renew()  # the renew script is loaded: one renewal is one EVALSHA
+        heartbeat = Heartbeat.current()
+        heartbeat.register(lease)
+        try:
+            proxy.reset_after(None, command="EVALSHA")  # every renewal fails from now on
+
+            def said() -> list[str]:
+                return [
+                    r.getMessage()
+                    for r in caplog.records
+                    if r.name == "celery_redislock.core.heartbeat" and "renewal" in r.getMessage()
+                ]
+
+            wait_for(said, "the first renewal failure logged", timeout=ttl / 3 + 3)
+            failing_since = time.monotonic()
+            tries = proxy.faults
+            # What is measured is how little is said over 10.5 s of failures.
+            time.sleep(max(0.0, failing_since + 10.5 - time.monotonic()))
+            assert proxy.faults - tries >= 15, "renewal was retried every 0.5 s meanwhile"
+            assert len(said()) == 2, said()  # the first failure and one summary
+            proxy.heal()
+            wait_for(lambda: any("works again" in m for m in said()), "the recovery logged", 5)
+            where = f"redis://127.0.0.1:{proxy.port}/0"
+            first, summary, recovered = said()
+            assert first.startswith(f"lease renewal on {where} failed, retrying: ")
+            at = re.escape(where)
+            still = rf"lease renewal on {at} still failing for 1\ds \(\d+ attempts\): .*"
+            assert re.fullmatch(still, summary), summary
+            again = rf"lease renewal on {at} works again after 1\ds \(\d+ failed attempts\)"
+            assert re.fullmatch(again, recovered), recovered
+            assert not lease.lost and lease in heartbeat.leases()
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        finally:
+            heartbeat.unregister(lease)
+            flaky.close()

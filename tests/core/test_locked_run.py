@@ -1,0 +1,252 @@
+"""The core's locked run on its own, against a real Redis (no worker, no framework): one test per
+outcome of ``LockedRun.take``, with the log line's logger and the signal each one sends."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from celery_redislock.core.claims import ClaimKind, claim
+from celery_redislock.core.options import call_signature, parse_lock_option
+from celery_redislock.core.rate_options import parse_rate_option
+from celery_redislock.core.run import (
+    AwaitFirst,
+    Delivery,
+    Fail,
+    Finished,
+    Framework,
+    Held,
+    LockedRun,
+    Parked,
+    RetryAfter,
+    RunUnlocked,
+    Signals,
+    Skip,
+    TaskSpec,
+)
+from celery_redislock.core.signal import Signal
+from celery_redislock.core.unique_options import parse_unique_option
+from celery_redislock.errors import LineFull, LockBackendError, LockNotAcquired
+
+FRAMEWORK = Framework(
+    word="task",
+    republish_claims=False,
+    own_retries=False,
+    whole_seconds=False,
+    rate_wait_in_place=0.05,
+)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """Just the settings a run reads (the RunSettings protocol)."""
+
+    namespace: str = "redislock"
+    ttl: float = 15.0
+    on_conflict: str = "skip"
+    on_backend_error: str = "fail"
+    queue_allowance: float = 600.0
+    completion_ttl: float = 3600.0
+    fence_keep: float = 3600.0
+    line_handover_window: float = 5.0
+    redlock_urls: tuple[str, ...] | None = None
+
+
+def sync(customer_id: int) -> None:
+    """The task the runs below run."""
+
+
+SIGNATURE = call_signature(sync, bound=False)
+
+
+def _spec(lock: Any = None, unique: Any = None, rate: Any = None) -> TaskSpec:
+    options = parse_lock_option("sync", SIGNATURE, lock)
+    unique_options, options = parse_unique_option("sync", SIGNATURE, unique, options)
+    rate_options = parse_rate_option("sync", SIGNATURE, rate)
+    return TaskSpec("sync", options, unique_options, rate_options, SIGNATURE)
+
+
+@dataclass
+class Bus:
+    """The five signals of a run, and what they sent."""
+
+    signals: Signals
+    sent: list[tuple[str, dict[str, Any]]]
+
+
+@pytest.fixture
+def bus() -> Bus:
+    sent: list[tuple[str, dict[str, Any]]] = []
+    made = {name: Signal(name) for name in ("acquired", "released", "conflict", "lost", "backend")}
+    for name, signal in made.items():
+        signal.connect(lambda sender, _name=name, **kw: sent.append((_name, kw)))
+    signals = Signals(
+        made["acquired"], made["released"], made["conflict"], made["lost"], made["backend"], "sync"
+    )
+    return Bus(signals, sent)
+
+
+def _run(
+    client: Any,
+    spec: TaskSpec,
+    task_id: str,
+    bus: Bus,
+    settings: _Settings | None = None,
+    **facts: Any,
+) -> LockedRun:
+    delivery = Delivery(task_id, (42,), {}, **facts)
+    return LockedRun(
+        spec,
+        delivery,
+        settings or _Settings(),
+        client,
+        bus.signals,
+        FRAMEWORK,
+        max_conflict_retries=2,
+    )
+
+
+def test_held_then_released_with_the_finish_record_then_a_copy_is_dropped(
+    client: redis.Redis, bus: Bus
+) -> None:
+    spec = _spec(lock="sync:{customer_id}")
+    run = _run(client, spec, "a", bus, finish_job="a.0")
+    outcome = run.take()
+    assert isinstance(outcome, Held) and outcome.lease is not None
+    assert outcome.lease.name == "sync:42"
+    run.release(finished=True)
+    assert [name for name, _ in bus.sent] == ["acquired", "released"]
+    copy = _run(client, spec, "a", bus, finish_job="a.0").take()
+    assert copy == Finished("sync:42", ["a"])
+    assert bus.sent[-1] == (
+        "conflict",
+        {"task_id": "a", "lock": "sync:42", "action": "drop", "holders": ["a"]},
+    )
+
+
+def test_skip_names_the_holder(
+    client: redis.Redis, bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="celery_redislock")
+    spec = _spec(lock="sync:{customer_id}")
+    first = _run(client, spec, "a", bus)
+    assert isinstance(first.take(), Held)
+    try:
+        assert _run(client, spec, "b", bus).take() == Skip("skipped", "sync:42", ["a"])
+    finally:
+        first.release(finished=False)
+    line = [r for r in caplog.records if r.name == "celery_redislock.core.outcomes"][-1]
+    assert line.getMessage() == "task sync[b] skipped: lock 'sync:42' is held by a"
+    assert (
+        "conflict",
+        {"task_id": "b", "lock": "sync:42", "action": "skip", "holders": ["a"]},
+    ) in bus.sent
+
+
+def test_retry_backs_off_then_gives_up_past_max_retries(client: redis.Redis, bus: Bus) -> None:
+    spec = _spec(lock={"key": "sync:{customer_id}", "on_conflict": "retry", "countdown": 2})
+    first = _run(client, spec, "a", bus)
+    assert isinstance(first.take(), Held)
+    try:
+        again = _run(client, spec, "b", bus).take()
+        assert isinstance(again, RetryAfter) and again.cause == "conflict"
+        assert 1.0 <= again.delay <= 2.0 and again.conflicts == 0
+        given_up = _run(client, spec, "b", bus, conflicts=2).take()
+        assert isinstance(given_up, Fail) and isinstance(given_up.error, LockNotAcquired)
+        assert "gave up after 2 conflict retries: lock 'sync:42' is held by a" in str(
+            given_up.error
+        )
+    finally:
+        first.release(finished=False)
+
+
+def test_wait_fails_after_its_timeout(client: redis.Redis, bus: Bus) -> None:
+    spec = _spec(lock={"key": "sync:{customer_id}", "on_conflict": "wait", "timeout": 0.2})
+    first = _run(client, spec, "a", bus)
+    assert isinstance(first.take(), Held)
+    try:
+        outcome = _run(client, spec, "b", bus).take()
+    finally:
+        first.release(finished=False)
+    assert isinstance(outcome, Fail)
+    assert str(outcome.error).endswith("is held by a after waiting 0.2s")
+
+
+def test_a_second_delivery_of_the_same_task_awaits_the_first(client: redis.Redis, bus: Bus) -> None:
+    spec = _spec(lock="sync:{customer_id}")
+    first = _run(client, spec, "a", bus, finish_job="a.0")
+    assert isinstance(first.take(), Held)
+    try:
+        outcome = _run(client, spec, "a", bus, finish_job="a.0", waits=1).take()
+    finally:
+        first.release(finished=False)
+    assert isinstance(outcome, AwaitFirst) and outcome.waits == 1 and outcome.delay > 0
+
+
+def test_queue_parks_then_a_full_line_fails(client: redis.Redis, bus: Bus) -> None:
+    spec = _spec(lock={"key": "sync:{customer_id}", "on_conflict": "queue", "max_waiting": 1})
+    first = _run(client, spec, "a", bus)
+    assert isinstance(first.take(), Held)
+    try:
+        payload = lambda lock, token: f"entry {token}"  # noqa: E731
+        parked = _run(client, spec, "b", bus, payload=payload).take()
+        assert isinstance(parked, Parked) and parked.holders == ["a"]
+        assert parked.place.parked == 1
+        full = _run(client, spec, "c", bus, payload=payload).take()
+        assert isinstance(full, Fail) and isinstance(full.error, LineFull)
+        assert full.mark == "full"
+    finally:
+        first.release(finished=False)
+
+
+def test_a_wait_in_line_that_ended_fails_without_running(client: redis.Redis, bus: Bus) -> None:
+    spec = _spec(lock={"key": "sync:{customer_id}", "on_conflict": "queue", "max_wait": 1})
+    outcome = _run(client, spec, "a", bus, line_token=None, line_ended=True).take()
+    assert isinstance(outcome, Fail) and outcome.mark == "expired"
+    assert "longer than max_wait (1s)" in str(outcome.error)
+
+
+@pytest.mark.parametrize("policy", ["fail", "retry", "run"])
+def test_redis_down_follows_the_policy(policy: str, bus: Bus) -> None:
+    down = redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    spec = _spec(lock="sync:{customer_id}")
+    outcome = _run(down, spec, "a", bus, _Settings(on_backend_error=policy)).take()
+    if policy == "fail":
+        assert isinstance(outcome, Fail) and isinstance(outcome.error, LockBackendError)
+    elif policy == "retry":
+        assert isinstance(outcome, RetryAfter) and outcome.cause == "backend"
+    else:
+        assert isinstance(outcome, RunUnlocked)
+    assert [name for name, _ in bus.sent] == ["backend"]
+    assert bus.sent[0][1]["policy"] == policy
+
+
+def test_a_rate_slot_ahead_comes_back_for_it(client: redis.Redis, bus: Bus) -> None:
+    spec = _spec(rate={"rate": "1/m", "key": "sync:{customer_id}"})
+    assert _run(client, spec, "a", bus, rate_request="a.0").take() == Held(None)
+    later = _run(client, spec, "b", bus, rate_request="b.0").take()
+    assert isinstance(later, RetryAfter) and later.cause == "rate" and later.delay > 50
+
+
+def test_a_copy_replaced_under_its_unique_key_is_superseded(client: redis.Redis, bus: Bus) -> None:
+    spec = _spec(unique="until_started")
+    assert spec.unique is not None
+    run = _run(client, spec, "old", bus)
+    claim(
+        client,
+        "redislock",
+        run.unique_name(),
+        task_id="new",
+        lifetime=60,
+        kind=ClaimKind.NEW,
+        running_counts=False,
+    )
+    outcome = run.take()
+    assert isinstance(outcome, Skip) and outcome.kind == "superseded"
+    assert outcome.holders == ["new"] and run.lease is None

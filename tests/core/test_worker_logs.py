@@ -1,0 +1,178 @@
+"""What a worker's log says, under Celery and RQ alike: a run that does not run (skipped,
+retried) logs the same line in both (one logger, one level, the same words), and a worker
+names its lock Redis once as it starts, saying what tasks do while that Redis does not answer.
+
+Real workers, their logs read as an operator would: each is started with a log format that
+shows every line's level and logger.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+import redis
+import rqjobs
+from helpers import wait_for
+from rq import Queue
+from rqworkers import RQWorker
+from workers import Worker
+
+from celery_redislock import SKIPPED, Lock
+from celery_redislock.contrib.redis_server import RedisServer
+
+pytestmark = [pytest.mark.celery, pytest.mark.rq]
+
+FORMAT = "%(levelname)s %(name)s %(message)s"
+CELERY_ENV = {"LOCKAPP_LOG_FORMAT": FORMAT}
+RQ_ARGS = ("--log-format", FORMAT)
+HOLDER = {"task_id": "the-test"}
+
+
+def lines(log: str, pattern: str) -> list[re.Match[str]]:
+    """The log's lines that match ``pattern`` in full."""
+    return [m for line in log.splitlines() if (m := re.fullmatch(pattern, line.strip()))]
+
+
+def as_said(match: re.Match[str]) -> str:
+    """A line with the run's name, id and lock taken out: what is left must be equal."""
+    text = match.group(0)
+    for name in ("name", "id", "lock"):
+        text = text.replace(match.group(name), f"<{name}>", 1)
+    return re.sub(r"\d+\.\d+s", "<n>s", text)
+
+
+OUTCOME = r"(?P<level>[A-Z]+) (?P<logger>\S+) task (?P<name>\S+)\[(?P<id>[^\]]+)\] "
+SKIPPED_LINE = OUTCOME + r"skipped: lock '(?P<lock>[^']+)' is held by the-test"
+RETRY_LINE = OUTCOME + r"retries in \d+\.\ds: lock '(?P<lock>[^']+)' is held by the-test"
+
+
+def test_a_skip_and_a_conflict_retry_log_the_same_line_under_celery_and_rq(
+    lockapp: ModuleType,
+    workers: Callable[..., Worker],
+    celery_server: RedisServer,
+    rq_conn: redis.Redis,
+    rq_server: RedisServer,
+    rq_workers: Callable[..., RQWorker],
+) -> None:
+    celery = workers(env=CELERY_ENV)
+    rq = rq_workers(name="w0", args=RQ_ARGS)
+    queue = Queue("default", connection=rq_conn)
+    celery_lock = Lock(redis.Redis.from_url(celery_server.url), "hold:lg", ttl=30)
+    rq_skip_lock = Lock(redis.Redis.from_url(rq_server.url), "s:lg", ttl=30)
+    rq_retry_lock = Lock(redis.Redis.from_url(rq_server.url), "r:lg", ttl=30)
+
+    # Skipped: the lock is held by the test.
+    with (
+        celery_lock.acquire(owner="test", info=HOLDER),
+        rq_skip_lock.acquire(owner="test", info=HOLDER),
+    ):
+        task = lockapp.hold.delay("lg")
+        job = queue.enqueue(rqjobs.exclusive_skip, "lg")
+        wait_for(lambda: task.state == SKIPPED, "the Celery task skipped", 30)
+        wait_for(lambda: job.get_status(refresh=True) == "finished", "the RQ job ended", 30)
+    assert job.return_value() == SKIPPED
+    wait_for(lambda: lines(celery.log(), SKIPPED_LINE), "Celery logs the skip", 10)
+    wait_for(lambda: lines(rq.log(), SKIPPED_LINE), "RQ logs the skip", 10)
+    (in_celery,) = lines(celery.log(), SKIPPED_LINE)
+    (in_rq,) = lines(rq.log(), SKIPPED_LINE)
+    assert (in_celery["name"], in_celery["id"], in_celery["lock"]) == (
+        "lockapp.hold",
+        task.id,
+        "hold:lg",
+    )
+    assert (in_rq["name"], in_rq["id"], in_rq["lock"]) == ("rqjobs.exclusive_skip", job.id, "s:lg")
+    assert in_celery["level"] == in_rq["level"] == "INFO"
+    assert in_celery["logger"] == in_rq["logger"] == "celery_redislock.core.outcomes"
+    assert as_said(in_celery) == as_said(in_rq)
+
+    # Retried on the conflict: the same line again, each with its own delay.
+    with (
+        celery_lock.acquire(owner="test", info=HOLDER),
+        rq_retry_lock.acquire(owner="test", info=HOLDER),
+    ):
+        task = lockapp.duplicate.delay("lg")
+        job = queue.enqueue(rqjobs.exclusive_retry, "lg")
+        wait_for(lambda: lines(celery.log(), RETRY_LINE), "Celery logs the retry", 30)
+        wait_for(lambda: lines(rq.log(), RETRY_LINE), "RQ logs the retry", 30)
+    assert task.get(timeout=30) == "ran"
+    wait_for(lambda: job.get_status(refresh=True) == "finished", "the RQ job ran", 30)
+    in_celery, in_rq = lines(celery.log(), RETRY_LINE)[0], lines(rq.log(), RETRY_LINE)[0]
+    assert (in_celery["id"], in_rq["id"]) == (task.id, job.id)
+    assert in_celery["level"] == in_rq["level"] == "INFO"
+    assert in_celery["logger"] == in_rq["logger"] == "celery_redislock.core.outcomes"
+    assert as_said(in_celery) == as_said(in_rq)
+
+    # Both named their lock Redis once as they started, at INFO.
+    started = r"INFO celery_redislock\.core\.reach lock Redis (\S+) answers; .*"
+    assert [m[1] for m in lines(celery.log(), started)] == [celery_server.url]
+    assert [m[1] for m in lines(rq.log(), started)] == [rq_server.url]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def unanswered(port: int, policy: str) -> str:
+    """The one line a worker logs as it starts when its lock Redis does not answer."""
+    return (
+        rf"ERROR celery_redislock\.core\.reach lock Redis redis://:\*\*\*@127\.0\.0\.1:{port}/0 "
+        r"does not answer as the worker starts \(ConnectionError: .*\); the worker starts "
+        r"anyway, and until it answers, tasks with lock=, unique= or rate= options fail with "
+        rf"LockBackendError \({policy}='fail'\).*"
+    )
+
+
+SWEEP_FAILED = r"WARNING celery_redislock\.\S+ task line sweep on \S+ failed, retrying: .*"
+SWEEP_OLD = r".*task lines: sweep failed.*"
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_a_celery_worker_names_its_unreachable_lock_redis_once_and_is_not_noisy(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    port = _free_port()  # nothing listens there
+    worker = workers(env={**CELERY_ENV, "LOCKAPP_LOCK_URL": f"redis://:s3cret@127.0.0.1:{port}/0"})
+    log = worker.log()
+    assert len(lines(log, unanswered(port, "redislock_on_backend_error"))) == 1, log
+    assert "s3cret" not in log
+    assert "could not publish unique task specs" not in log  # said once, in that line
+
+    # Its line sweeper (lockapp has tasks that may park) fails each second: one line, not one
+    # a second. (Counted over a window: what is measured is that nothing more is said.)
+    def failed() -> bool:
+        log = worker.log()
+        return bool(lines(log, SWEEP_FAILED) or lines(log, SWEEP_OLD))
+
+    wait_for(failed, "the first sweep failure logged", 10)
+    time.sleep(4)
+    log = worker.log()
+    assert len(lines(log, SWEEP_FAILED)) == 1 and not lines(log, SWEEP_OLD), log
+
+
+@pytest.mark.faults
+def test_an_rq_lock_worker_names_its_unreachable_lock_redis_once(
+    rq_conn: redis.Redis, rq_workers: Callable[..., RQWorker]
+) -> None:
+    port = _free_port()
+    url = f"redis://:s3cret@127.0.0.1:{port}/0"
+    worker = rq_workers(name="w0", args=RQ_ARGS, env={"REDISLOCK_URL": url})
+    log = worker.log()
+    assert len(lines(log, unanswered(port, "REDISLOCK_ON_BACKEND_ERROR"))) == 1, log
+    assert "s3cret" not in log
+
+
+def test_the_lock_redis_is_named_without_its_password() -> None:
+    from celery_redislock.core.reach import where
+
+    assert where(redis.Redis.from_url("redis://ops:pw@h:1/2")) == "redis://ops:***@h:1/2"
+    assert where(redis.Redis.from_url("redis://:pw@h:1")) == "redis://:***@h:1/0"
+    assert where(redis.Redis.from_url("rediss://h:1/3")) == "rediss://h:1/3"
+    assert where(redis.Redis(unix_socket_path="/run/r.sock")) == "unix:///run/r.sock?db=0"

@@ -1,0 +1,116 @@
+"""RQ jobs under real ``rq worker`` processes: exclusion per key, caps, read/write, retries and
+the visible skip, for every worker class."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+import rqjobs
+from helpers import wait_for, wait_until_queued
+from rq import Queue
+from rqcheck import most_at_once_per_key, spans, started, wait_ended
+from rqworkers import HAS_SPAWN
+
+from celery_redislock import Lock
+from celery_redislock.errors import LockNotAcquired
+from celery_redislock.integrations.rq import SKIPPED, outcome_of
+
+WORKER_CLASSES = ["LockWorker", "SimpleWorker", "Worker"] + ["LockSpawnWorker"] * HAS_SPAWN
+
+
+@pytest.mark.parametrize("worker_class", WORKER_CLASSES)
+def test_one_per_key_under_load_and_every_job_runs(rq_conn, rq_workers, worker_class):
+    for n in range(3):
+        rq_workers(name=f"w{n}", worker_class=worker_class)
+    q = Queue("default", connection=rq_conn)
+    jobs = [q.enqueue(rqjobs.exclusive, f"k{i % 3}", 0.05) for i in range(15)]
+    assert wait_ended(jobs, timeout=90) == ["finished"] * 15
+    ran = spans(rq_conn, "exclusive")
+    assert sorted(r["job"] for r in ran) == sorted(j.id for j in jobs)
+    assert most_at_once_per_key(ran) == {"k0": 1, "k1": 1, "k2": 1}
+    assert [j.return_value() for j in jobs] == ["ran"] * 15
+
+
+def test_a_worker_pool_runs_them_too(rq_conn, rq_workers):
+    rq_workers(name="pool", pool=2)
+    q = Queue("default", connection=rq_conn)
+    jobs = [q.enqueue(rqjobs.exclusive_retry, f"p{i % 2}", 0.2) for i in range(6)]
+    assert wait_ended(jobs, timeout=90) == ["finished"] * 6
+    ran = spans(rq_conn, "exclusive_retry")
+    assert sorted(r["job"] for r in ran) == sorted(j.id for j in jobs)
+    assert most_at_once_per_key(ran) == {"p0": 1, "p1": 1}
+
+
+def test_cap_is_reached_and_never_exceeded(rq_conn, rq_workers):
+    for n in range(3):
+        rq_workers(name=f"w{n}")
+    q = Queue("default", connection=rq_conn)
+    jobs = [q.enqueue(rqjobs.capped, i, 0.4) for i in range(9)]
+    assert wait_ended(jobs, timeout=90) == ["finished"] * 9
+    # Three workers, a cap of two: the third job in hand always waits.
+    assert most_at_once_per_key(spans(rq_conn, "capped")) == {"cap": 2}
+
+
+def test_readers_overlap_and_no_writer_beside_them(rq_conn, rq_server, rq_workers):
+    for n in range(3):
+        rq_workers(name=f"w{n}")
+    q = Queue("default", connection=rq_conn)
+    readers = [q.enqueue(rqjobs.reader, "doc", hold=True) for _ in range(2)]
+    wait_for(lambda: len(started(rq_conn, "reader")) == 2, "both readers hold the lock at once")
+    writer = q.enqueue(rqjobs.writer, "doc", 0.2)
+    lock = Lock(redis.Redis.from_url(rq_server.url), "rw:doc", ttl=15)
+    wait_until_queued(rq_conn, lock)  # the writer waits in line behind the two readers
+    assert started(rq_conn, "writer") == []
+    assert sorted(h.mode for h in lock.holders()) == ["read", "read"]
+    rq_conn.set("stop:doc", 1)
+    assert wait_ended([*readers, writer]) == ["finished"] * 3
+    (w,) = spans(rq_conn, "writer")
+    assert all(r["end"] <= w["start"] for r in spans(rq_conn, "reader"))
+
+
+@pytest.mark.slow
+def test_conflict_retries_are_never_dropped(rq_conn, rq_workers):
+    for n in range(2):
+        rq_workers(name=f"w{n}")
+    q = Queue("default", connection=rq_conn)
+    jobs = [q.enqueue(rqjobs.exclusive_retry, "one", 0.3) for _ in range(4)]
+    assert wait_ended(jobs, timeout=120) == ["finished"] * 4
+    ran = spans(rq_conn, "exclusive_retry")
+    assert sorted(r["job"] for r in ran) == sorted(j.id for j in jobs)
+    assert most_at_once_per_key(ran) == {"one": 1}
+    for j in jobs:
+        j.refresh()
+    retried = [j for j in jobs if j.meta.get("redislock_conflicts")]
+    assert retried, "two workers on one key: some job must have met the lock held"
+
+
+def test_skip_is_a_visible_outcome(rq_conn, rq_server, rq_workers):
+    rq_workers(name="w0")
+    q = Queue("default", connection=rq_conn)
+    lock = Lock(redis.Redis.from_url(rq_server.url), "s:busy", ttl=30)
+    with lock.acquire(owner="test", info={"task_id": "the-test"}):
+        job = q.enqueue(rqjobs.exclusive_skip, "busy")
+        assert wait_ended([job]) == ["finished"]
+    job.refresh()
+    assert job.return_value() == SKIPPED
+    assert outcome_of(job) == {"outcome": "skipped", "lock": "s:busy", "holders": ["the-test"]}
+    assert spans(rq_conn, "exclusive_skip") == []
+
+
+def test_raise_fails_the_job_naming_the_lock(rq_conn, rq_server, rq_workers):
+    rq_workers(name="w0")
+    q = Queue("default", connection=rq_conn)
+    lock = Lock(redis.Redis.from_url(rq_server.url), "r:busy", ttl=30)
+    with lock.acquire(owner="test", info={"task_id": "the-test"}):
+        job = q.enqueue(rqjobs.exclusive_raise, "busy")
+        assert wait_ended([job]) == ["failed"]
+    assert "LockNotAcquired" in (job.latest_result().exc_string or "")
+    assert "'r:busy' is held by the-test" in job.latest_result().exc_string
+    assert spans(rq_conn, "exclusive_raise") == []
+
+
+def test_a_direct_call_takes_the_lock_too(rq_server, rq_conn, monkeypatch):
+    monkeypatch.setenv("REDISLOCK_URL", rq_server.url)
+    lock = Lock(redis.Redis.from_url(rq_server.url), "r:direct", ttl=30)
+    with lock.acquire(), pytest.raises(LockNotAcquired, match="r:direct"):
+        rqjobs.exclusive_raise("direct")
