@@ -91,7 +91,11 @@ def settle(adapter: Adapter, run_id: str, timeout: float = DEADLINE_S) -> str:
 
 
 def outcome_line(run_id: str, line: str, lock: str) -> re.Pattern[str]:
-    """``line`` (a row's ``log``: "LEVEL phrase") as the outcomes logger writes it for the run."""
+    """``line`` (a row's ``log``: "LEVEL phrase") as the outcomes logger writes it for the run;
+    a ``line`` starting with ``^`` is a whole line's regex ("{id}": the run's id)."""
+    if line.startswith("^"):
+        whole = line.replace("{lock}", re.escape(lock)).replace("{id}", re.escape(run_id))
+        return re.compile(whole, re.MULTILINE)
     level, phrase = line.split(" ", 1)
     return re.compile(
         rf"^{level} celery_redislock\.core\.outcomes task \S+"
