@@ -47,12 +47,15 @@ r = redis.Redis.from_url(URL)
 
 
 def body(run_id: str, key: str, seconds: float) -> str:
-    """The body of every call: notes that it ran and where, then holds as asked."""
+    """The body of every call: notes that it ran and where, then holds as asked (``seconds``
+    below 0: fails)."""
     with r.pipeline() as notes:
         notes.rpush(f"ran:{key}", run_id)
         notes.rpush(f"ran-at:{key}", repr(time.time()))
         notes.hset("pid", key, os.getpid())
         notes.execute()
+    if seconds < 0:  # a call that fails
+        raise RuntimeError("failed on purpose")
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not r.exists(f"stop:{key}"):
         time.sleep(0.01)

@@ -35,7 +35,8 @@ class ConfWorker(LockWorker):
 
 
 def body(key: str, seconds: float) -> str:
-    """The body of every call: notes that it ran and where, then holds as asked."""
+    """The body of every call: notes that it ran and where, then holds as asked (``seconds``
+    below 0: fails)."""
     job = get_current_job()
     assert job is not None
     r = job.connection
@@ -44,6 +45,8 @@ def body(key: str, seconds: float) -> str:
         notes.rpush(f"ran-at:{key}", repr(time.time()))
         notes.hset("pid", key, os.getpid())
         notes.execute()
+    if seconds < 0:  # a call that fails
+        raise RuntimeError("failed on purpose")
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not r.exists(f"stop:{key}"):
         time.sleep(0.01)

@@ -5,7 +5,7 @@
 Every call takes ``(key, seconds=0.0)``: its lock (or unique key, or rate key) is
 ``conf:<key>``, a test's own key, so that one worker per framework serves a whole module. The
 body notes that it ran (``ran:<key>``, with the run id) and its pid, then holds until
-``seconds`` passed or the test sets ``stop:<key>``.
+``seconds`` passed or the test sets ``stop:<key>`` (``seconds`` below 0: it fails).
 
 What an outcome is, in words common to both (the adapters map each framework's onto them):
 
@@ -456,6 +456,12 @@ SCENARIOS: list[Scenario] = [
         "until_and_while_running",
         "send_after_finished",
         Expect("ran", 2, actions(), same_id=False, first="ran", lease=HELD),
+    ),
+    Scenario(
+        "until_finished_frees_its_key_when_it_fails",
+        "until_finished",
+        "failed_then_sent_again",
+        Expect("ran", 2, same_id=False, first="failed", lease=HELD),
     ),
     # -- rate= -----------------------------------------------------------------------------------
     Scenario(

@@ -350,6 +350,17 @@ def send_after_finished(adapter: Adapter, row: Scenario, key: str) -> Expect:
     return observe(adapter, row, key, second, also=(sent,), same_id=second == first, first=ended)
 
 
+def failed_then_sent_again(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """A call whose body fails gives its lease and key back: the same call sent again runs."""
+    first = adapter.send(row.job, key, -1.0)
+    ended = settle(adapter, first)
+    assert not adapter.lock(lock_name(row, key)).locked()
+    sent = str(uuid.uuid4())
+    second = adapter.send(row.job, key, run_id=sent)
+    settle(adapter, second)
+    return observe(adapter, row, key, second, also=(sent,), same_id=second == first, first=ended)
+
+
 def rate_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
     first = adapter.send(row.job, key)
     settle(adapter, first)
@@ -461,6 +472,7 @@ PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
         duplicate_while_queued,
         duplicate_while_running,
         send_after_finished,
+        failed_then_sent_again,
         rate_full,
         copy_of_finished,
         copy_while_running,
