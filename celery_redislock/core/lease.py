@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from .lock import Lease, RenewReport, renew_leases
 from .protocol import Mode
-from .store import Holder, RedisClient, backend_error, backend_errors
-
-# The name the task line (core/line.py) imports.
-_backend_error = backend_error
+from .store import Holder, RedisClient, backend_errors
 
 __all__ = [
     "Holder",
