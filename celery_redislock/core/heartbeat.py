@@ -19,7 +19,7 @@ from ..errors import LockBackendError
 from .durations import MAX_HOLD, seconds
 from .lock import Lease
 from .repeated import RepeatedFailure
-from .store import Renewal, Store
+from .store import Renewals, Store
 
 __all__ = ["Heartbeat"]
 
@@ -46,7 +46,7 @@ class _Call:
 
     store: Store  # the first lease's: it renews the leases of every store with its key
     entries: list[_Entry]
-    results: list[Renewal] | None = None
+    results: Renewals | None = None
     error: BaseException | None = None
 
 
@@ -244,19 +244,21 @@ class Heartbeat:
             for i, e in enumerate(call.entries):
                 e.busy = False
                 if self._entries.get(e.lease.token) is not e:  # unregistered or reported lost
-                    if e.lease.lost and call.results is not None and call.results[i].expiry_ms > 0:
+                    if e.lease.lost and call.results is not None and call.results.expiries[i] > 0:
                         late.append(e)
                     continue
                 interval = e.lease.lock.ttl / 3
                 if call.results is None:  # Redis unreachable: retry soon, report it if it lapses
                     e.error, e.due = call.error, now + min(interval, 0.5)
-                elif call.results[i].expiry_ms < 0:  # too few masters of a quorum answered
+                elif call.results.expiries[i] < 0:  # too few masters of a quorum answered
                     e.error = LockBackendError(
-                        f"lock {e.lease.name!r}: {call.results[i].why}", name=e.lease.name
+                        f"lock {e.lease.name!r}: {call.results.why and call.results.why[i]}",
+                        name=e.lease.name,
                     )
                     e.due = now + min(interval, 0.5)
-                elif call.results[i].expiry_ms > 0:
-                    e.lease.expires_at_ms, e.lease.valid_until, _ = call.results[i]
+                elif call.results.expiries[i] > 0:
+                    e.lease.expires_at_ms = call.results.expiries[i]
+                    e.lease.valid_until = call.results.valid_until[i]
                     e.error, e.due = None, now + interval
                 else:
                     del self._entries[e.lease.token]

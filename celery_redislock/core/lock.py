@@ -127,9 +127,9 @@ class Lock:
         **more: Unpack[LockExtras],
     ) -> None:
         self.name = check_name(name)
-        unknown = more.keys() - LockExtras.__optional_keys__
-        if unknown:
-            raise TypeError(f"Lock() got an unexpected keyword argument {min(unknown)!r}")
+        if more and not more.keys() <= LockExtras.__optional_keys__:
+            unknown = min(more.keys() - LockExtras.__optional_keys__)
+            raise TypeError(f"Lock() got an unexpected keyword argument {unknown!r}")
         self.store = _store_of(client, more, self.name)
         self.client = self.store.client
         self.replicas: ReplicaPolicy | None = self.store.replicas
@@ -677,17 +677,20 @@ def renew_leases(leases: Iterable[Lease], *, ttl: float | None = None) -> RenewR
             group = by_store[key] = []
         group.append(lease)
     for group in by_store.values():
-        for lease, renewal in zip(group, group[0].lock.store.renew(group, ttl), strict=True):
-            if renewal.expiry_ms > 0:
-                lease.expires_at_ms = renewal.expiry_ms
-                lease.valid_until = renewal.valid_until
+        got = group[0].lock.store.renew(group, ttl)
+        for i, (lease, expiry, valid_until) in enumerate(
+            zip(group, got.expiries, got.valid_until, strict=True)
+        ):
+            if expiry > 0:
+                lease.expires_at_ms = expiry
+                lease.valid_until = valid_until
                 renewed.append(lease)
-            elif renewal.expiry_ms == 0:
+            elif expiry == 0:
                 lease.lost = True
                 lost.append(lease)
             else:
                 unknown.append(lease)
-                why = renewal.why or why
+                why = (got.why and got.why[i]) or why
     if unknown:
         names = {lease.name for lease in unknown}
         raise LockBackendError(f"renewal: {why}", name=names.pop() if len(names) == 1 else None)

@@ -40,7 +40,7 @@ from .redlock_masters import gather, on_each, quorum
 from .redlock_renew import drift, renew_on_masters
 from .replicas import ReplicaPolicy
 from .scripts import run
-from .store import Holder, LeaseView, LockView, Renewal
+from .store import Holder, LeaseView, LockView, Renewals
 
 __all__ = ["QuorumStore"]
 
@@ -313,8 +313,8 @@ class QuorumStore:
             )
         return sorted(out, key=lambda h: h.fence)
 
-    def renew(self, leases: Sequence[LeaseView], ttl: float | None) -> list[Renewal]:
-        return renew_on_masters(self.masters, leases, ttl)
+    def renew(self, leases: Sequence[LeaseView], ttl: float | None) -> Renewals:
+        return Renewals.of(renew_on_masters(self.masters, leases, ttl))
 
     # -- every master ------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from .protocol import (
 from .reach import where
 from .replicas import ReplicaPolicy, acknowledged, pipelined, refresh
 from .scripts import run
-from .store import Holder, LeaseView, LockView, RedisClient, Renewal, backend_errors
+from .store import Holder, LeaseView, LockView, RedisClient, Renewals, backend_errors
 
 __all__ = ["ServerStore"]
 
@@ -37,6 +37,8 @@ class ServerStore:
     """A lock's leases on one Redis ``client``; ``replicas``: the acknowledgement each acquire
     and renewal waits for (None: none)."""
 
+    # One per lock (a framework makes a lock per task call): slots make it cheap to make.
+    __slots__ = ("client", "key", "replicas")
     queues = True
 
     def __init__(self, client: RedisClient, replicas: ReplicaPolicy | None) -> None:
@@ -119,15 +121,14 @@ class ServerStore:
     def holders(self, lock: LockView) -> list[Holder]:
         return read_holders(self.client, lock.keys, lock.name).holders
 
-    def renew(self, leases: Sequence[LeaseView], ttl: float | None) -> list[Renewal]:
+    def renew(self, leases: Sequence[LeaseView], ttl: float | None) -> Renewals:
         sent = time.monotonic()
         group = list(leases)
         with backend_errors(group[0].lock.name if len(group) == 1 else None):
             expiries = _run(self.client, group, ttl)
-        return [
-            Renewal(expiry, sent + (ttl if ttl is not None else lease.lock.ttl), None)
-            for lease, expiry in zip(group, expiries, strict=True)
-        ]
+        if ttl is not None:
+            return Renewals(expiries, [sent + ttl] * len(group), None)
+        return Renewals(expiries, [sent + lease.lock.ttl for lease in group], None)
 
 
 def renew_calls(

@@ -31,6 +31,7 @@ __all__ = [
     "LockView",
     "RedisClient",
     "Renewal",
+    "Renewals",
     "Store",
     "backend_error",
     "backend_errors",
@@ -79,6 +80,25 @@ class Renewal(NamedTuple):
     """The lease's new validity end (``time.monotonic()``), if renewed."""
     why: str | None
     """Why it was not renewed."""
+
+
+class Renewals(NamedTuple):
+    """What one renewal call found, as lists in the order of its leases (no object per lease:
+    a call renews thousands, and each tuple made would feed the garbage collector)."""
+
+    expiries: list[int]
+    """Each lease's :attr:`Renewal.expiry_ms`."""
+    valid_until: list[float]
+    why: list[str | None] | None
+    """Why each was not renewed (None: nothing to say)."""
+
+    @classmethod
+    def of(cls, renewals: Sequence[Renewal]) -> Renewals:
+        return cls(
+            [r.expiry_ms for r in renewals],
+            [r.valid_until for r in renewals],
+            [r.why for r in renewals],
+        )
 
 
 class LockView(Protocol):
@@ -181,8 +201,7 @@ class Store(Protocol):
         """The live leases, oldest fence first (on a quorum, those a majority holds)."""
         ...
 
-    def renew(self, leases: Sequence[LeaseView], ttl: float | None) -> list[Renewal]:
+    def renew(self, leases: Sequence[LeaseView], ttl: float | None) -> Renewals:
         """Renews ``leases`` (of locks whose stores share this one's :attr:`key`) to ``ttl``
-        seconds (None: each lock's ttl); one :class:`Renewal` each, in order. Touches no lease,
-        so it may run on any thread."""
+        seconds (None: each lock's ttl). Touches no lease, so it may run on any thread."""
         ...
