@@ -145,7 +145,6 @@ class Store(Protocol):
     @property
     def client(self) -> RedisClient:
         """The one server's client (a quorum: its first master's), for the task line's calls."""
-        ...
 
     key: object
     """Leases whose stores have the same key renew in one batch."""
@@ -157,51 +156,39 @@ class Store(Protocol):
 
     def where(self) -> str:
         """Where the leases live, for log lines."""
-        ...
 
     def drift(self, ttl: float) -> float:
         """Seconds of ``ttl`` a lease is not counted on for (a quorum's clock drift)."""
-        ...
 
     def max_block(self) -> float | None:
         """The longest blocking call the client's socket timeout allows (None: no limit)."""
-        ...
 
     def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
         """``acquire.lua`` with ``args``; on a quorum, the majority's answer (a new token per
         try) with the fence agreed, what a failed try took given back."""
-        ...
 
     def abandon(self, lock: LockView, token: str) -> None:
         """After an acquire that failed with an error: drops the lease it may have made."""
-        ...
 
     def await_push(self, lock: LockView, key: str, seconds: float, tries: int) -> Any | None:
         """Waits up to ``seconds`` for a push on ``key`` (the popped item); a quorum has no
         pushes: it pauses for its ``tries``-th retry and returns None."""
-        ...
 
     def claim(self, lock: LockView, token: str) -> int:
         """Extends a lease handed to a fair waiter to the full ttl: its expiry (0: lapsed)."""
-        ...
 
     def release(self, lock: LockView, args: list[str]) -> ReleaseReply:
         """``release.lua``; on a quorum, released if a majority released it."""
-        ...
 
     def release_where(self, lock: LockView, args: list[str]) -> ReleaseWhereReply:
         """``release_where.lua``; on a quorum, the tokens released anywhere."""
-        ...
 
     def finish(self, lock: LockView, args: list[str]) -> None:
         """``finish.lua`` (on a quorum, recorded on a majority)."""
-        ...
 
     def holders(self, lock: LockView) -> list[Holder]:
         """The live leases, oldest fence first (on a quorum, those a majority holds)."""
-        ...
 
     def renew(self, leases: Sequence[LeaseView], ttl: float | None) -> Renewals:
         """Renews ``leases`` (of locks whose stores share this one's :attr:`key`) to ``ttl``
         seconds (None: each lock's ttl). Touches no lease, so it may run on any thread."""
-        ...
