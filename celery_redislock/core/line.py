@@ -109,7 +109,7 @@ def park(
         raise LockConfigError(
             f"max_waiting must be None or an integer >= 1, got {max_waiting!r}", name=lock.name
         )
-    if getattr(lock, "masters", None) is not None:
+    if not lock.store.queues:
         # The line lives in one lock's keys on one server: over independent masters (RedLock)
         # no single server could hand the lock over.
         raise LockConfigError(
