@@ -17,9 +17,9 @@ from .protocol import RenewReply
 from .redlock_masters import gather, on_each, quorum
 from .replicas import pipelined
 from .server_store import renew_calls
-from .store import LeaseView, Renewal
+from .store import LeaseView, Renewals
 
-__all__ = ["DRIFT_FACTOR", "DRIFT_FLOOR", "Renewal", "drift", "renew_on_masters"]
+__all__ = ["DRIFT_FACTOR", "DRIFT_FLOOR", "drift", "renew_on_masters"]
 
 DRIFT_FACTOR = 0.01
 """The masters' clocks may gain this fraction of a ttl on this process's clock."""
@@ -39,9 +39,12 @@ def drift(ttl: float) -> float:
 
 def renew_on_masters(
     masters: Sequence[redis.Redis], leases: Sequence[LeaseView], ttl: float | None = None
-) -> list[Renewal]:
-    """Renews ``leases`` (of RedLocks over ``masters``) on every master at once; one
-    :class:`Renewal` each, in order. Touches no lease, so it may run on any thread."""
+) -> Renewals:
+    """Renews ``leases`` (of RedLocks over ``masters``) on every master at once: for each, in
+    order, its expiry (> 0: renewed on a majority in time, the server time until which a
+    majority has it; 0: lost, as a majority no longer has it or the answer came after its
+    validity; -1: not known, too few masters answered), its validity's end, and why it was not
+    renewed. Touches no lease, so it may run on any thread."""
     need = quorum(len(masters))
     calls = renew_calls(leases, ttl)  # one per distinct ttl: usually one
     batch = [(keys, args) for _, keys, args in calls]
@@ -71,23 +74,27 @@ def renew_on_masters(
             errors.append(
                 f"{type(error).__name__}: {error}" if error is not None else "no answer in time"
             )
-    out = []
+    expiries_out: list[int] = []
+    valid_out: list[float] = []
+    whys: list[str | None] = []
     for i, lease in enumerate(leases):
         got = [expiries[i] for expiries in per_master if expiries is not None]
         renewed = sorted((e for e in got if e > 0), reverse=True)
         gone = sum(1 for e in got if e == 0)
         held_for = ttl if ttl is not None else lease.lock.ttl
+        expiry, valid_until, why = -1, lease.valid_until, None
         if answered >= lease.valid_until:
-            out.append(Renewal(0, lease.valid_until, "the renewal answered after its validity"))
+            expiry, why = 0, "the renewal answered after its validity"
         elif len(renewed) >= need:
-            out.append(Renewal(renewed[need - 1], sent + held_for - drift(held_for), None))
+            expiry, valid_until = renewed[need - 1], sent + held_for - drift(held_for)
         elif gone > len(masters) - need:
-            why = f"{gone} of {len(masters)} masters no longer hold it"
-            out.append(Renewal(0, lease.valid_until, why))
+            expiry, why = 0, f"{gone} of {len(masters)} masters no longer hold it"
         else:
             why = (
                 f"renewed on {len(renewed)} of {len(masters)} masters, a majority ({need}) is "
                 f"needed ({'; '.join(errors) or 'no answer'})"
             )
-            out.append(Renewal(-1, lease.valid_until, why))
-    return out
+        expiries_out.append(expiry)
+        valid_out.append(valid_until)
+        whys.append(why)
+    return Renewals(expiries_out, valid_out, whys)

@@ -314,7 +314,7 @@ class QuorumStore:
         return sorted(out, key=lambda h: h.fence)
 
     def renew(self, leases: Sequence[LeaseView], ttl: float | None) -> Renewals:
-        return Renewals.of(renew_on_masters(self.masters, leases, ttl))
+        return renew_on_masters(self.masters, leases, ttl)
 
     # -- every master ------------------------------------------------------------------------
 

@@ -30,7 +30,6 @@ __all__ = [
     "LeaseView",
     "LockView",
     "RedisClient",
-    "Renewal",
     "Renewals",
     "Store",
     "backend_error",
@@ -69,36 +68,18 @@ class Holder:
     expires_in: float
 
 
-class Renewal(NamedTuple):
-    """What one renewal found for one lease."""
-
-    expiry_ms: int
-    """> 0: renewed (the server time until which it is held; on a quorum, until which a majority
-    has it); 0: lost (gone, or a quorum's answer came after its validity); -1: not known this
-    time (too few masters answered): try again."""
-    valid_until: float
-    """The lease's new validity end (``time.monotonic()``), if renewed."""
-    why: str | None
-    """Why it was not renewed."""
-
-
 class Renewals(NamedTuple):
     """What one renewal call found, as lists in the order of its leases (no object per lease:
     a call renews thousands, and each tuple made would feed the garbage collector)."""
 
     expiries: list[int]
-    """Each lease's :attr:`Renewal.expiry_ms`."""
+    """> 0: renewed (the server time until which it is held; on a quorum, until which a
+    majority has it); 0: lost (gone, or a quorum's answer came after its validity); -1: not
+    known this time (too few masters answered): try again."""
     valid_until: list[float]
+    """Each lease's new validity end (``time.monotonic()``), if renewed."""
     why: list[str | None] | None
     """Why each was not renewed (None: nothing to say)."""
-
-    @classmethod
-    def of(cls, renewals: Sequence[Renewal]) -> Renewals:
-        return cls(
-            [r.expiry_ms for r in renewals],
-            [r.valid_until for r in renewals],
-            [r.why for r in renewals],
-        )
 
 
 class LockView(Protocol):
