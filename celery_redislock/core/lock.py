@@ -173,7 +173,6 @@ class Lock:
             key.encode() for key in self.keys.all
         ]  # KEYS of every lock script, encoded once (the hot path)
         self._entered = threading.local()
-        self._max_block = min(_WAIT_SLICE_S, self.store.max_block() or _WAIT_SLICE_S)
         # How long a lease is counted on after its acquire was sent.
         self._validity = self.ttl - self.store.drift(self.ttl)
 
@@ -300,7 +299,8 @@ class Lock:
                 args = request.encode()
                 continue
             until_expiry = reply.ms_left / 1000 + 0.001 if reply.ms_left > 0 else _WAIT_SLICE_S
-            block = max(_MIN_BLOCK_S, min(remaining, self._max_block, until_expiry))
+            longest = min(_WAIT_SLICE_S, self.store.max_block())
+            block = max(_MIN_BLOCK_S, min(remaining, longest, until_expiry))
             if self.fair:
                 lease = self._await_grant(block, request.token, owner)
                 if lease is not None:

@@ -75,8 +75,8 @@ class QuorumStore:
     def drift(self, ttl: float) -> float:
         return drift(ttl)
 
-    def max_block(self) -> float | None:
-        return None
+    def max_block(self) -> float:
+        return float("inf")
 
     # -- acquiring ---------------------------------------------------------------------------
 

@@ -52,13 +52,13 @@ class ServerStore:
     def drift(self, ttl: float) -> float:
         return 0.0
 
-    def max_block(self) -> float | None:
+    def max_block(self) -> float:
         if isinstance(self.client, redis.Redis):
             socket_timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout")
             if socket_timeout:
                 # A blocking pop must return before the client's own read timeout fires.
                 return float(socket_timeout) / 2
-        return None
+        return float("inf")
 
     def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
         if self.replicas is None:

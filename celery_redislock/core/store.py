@@ -141,8 +141,8 @@ class Store(Protocol):
     def drift(self, ttl: float) -> float:
         """Seconds of ``ttl`` a lease is not counted on for (a quorum's clock drift)."""
 
-    def max_block(self) -> float | None:
-        """The longest blocking call the client's socket timeout allows (None: no limit)."""
+    def max_block(self) -> float:
+        """The longest blocking call the client's socket timeout allows (inf: no limit)."""
 
     def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
         """``acquire.lua`` with ``args``; on a quorum, the majority's answer (a new token per
