@@ -178,6 +178,7 @@ class Lock:
 
     @property
     def _spec(self) -> str:
+        """:attr:`spec`, by the name the task line and the tests use."""
         return self.spec
 
     def __repr__(self) -> str:
