@@ -10,9 +10,9 @@ from typing import TypeVar
 
 from ..errors import LockBackendError
 from .keys import LockKeys
-from .lease import RedisClient, backend_errors
 from .protocol import ClaimArgs, ClaimKind, ClaimReply, ReleaseClaimArgs, ReleaseClaimReply
 from .scripts import run
+from .store import RedisClient, backend_errors
 
 __all__ = [
     "DEFAULT_PUBLISH_WINDOW",

@@ -7,15 +7,14 @@ import json
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import redis
 
+from .keys import LockKeys
 from .protocol import Grant
 from .scripts import run
-
-if TYPE_CHECKING:
-    from .lock import Lock
+from .store import RedisClient
 
 __all__ = [
     "DEFAULT_HANDOVER_WINDOW",
@@ -60,7 +59,24 @@ Handover = Callable[[Handed], None]
 """Publishes one parked task again (raises if it could not)."""
 
 
-def hand_over(lock: Lock, granted: Sequence[Grant], expired: Sequence[str] = ()) -> None:
+class Handing(Protocol):
+    """What a hand-over reads of the lock it hands on (a :class:`~.lock.Lock` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def client(self) -> RedisClient: ...
+    @property
+    def keys(self) -> LockKeys: ...
+    @property
+    def encoded_keys(self) -> list[bytes]: ...
+    @property
+    def handover(self) -> Handover | None: ...
+    @property
+    def handover_window(self) -> float: ...
+
+
+def hand_over(lock: Handing, granted: Sequence[Grant], expired: Sequence[str] = ()) -> None:
     """Publishes the parked tasks a script handed the lock to (``granted``, from its reply) or
     that expired, then confirms them. Never raises: what is not confirmed goes back in line when
     its short lease lapses.
@@ -109,7 +125,7 @@ def hand_over(lock: Lock, granted: Sequence[Grant], expired: Sequence[str] = ())
         log.warning("lock %r: could not confirm hand-overs %s: %s", lock.name, sent, exc)
 
 
-def _lapse(lock: Lock, granted: Sequence[Grant]) -> None:
+def _lapse(lock: Handing, granted: Sequence[Grant]) -> None:
     if not granted:
         return
     args = [str(v) for g in granted for v in (g.token, g.fence)]

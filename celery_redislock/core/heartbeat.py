@@ -1,7 +1,8 @@
 """The heartbeat: one thread per process keeps every lease it was given alive, renewing them in
 batches (its calls to Redis made on helper threads, so that a Redis that hangs delays no loss
-notice), and says at once when one is lost. A RedLock lease is renewed on all its masters at
-once and counts as renewed only when a majority renewed it within its validity."""
+notice), and says at once when one is lost. Each lease is renewed by its lock's store: a
+RedLock lease on all its masters at once, renewed only when a majority renewed it within its
+validity."""
 
 from __future__ import annotations
 
@@ -16,12 +17,9 @@ from dataclasses import dataclass, field
 
 from ..errors import LockBackendError
 from .durations import MAX_HOLD, seconds
-from .lease import Lease, RedisClient, _send
-from .lock import Lock
-from .reach import where
-from .redlock import RedLock
-from .redlock_renew import renew_on_masters
+from .lock import Lease
 from .repeated import RepeatedFailure
+from .store import Renewals, Store
 
 __all__ = ["Heartbeat"]
 
@@ -46,11 +44,9 @@ class _Call:
     for each lease its new expiry (server ms; 0: lost; -1: not known, try again) and the end of
     its validity."""
 
-    client: RedisClient
+    store: Store  # the first lease's: it renews the leases of every store with its key
     entries: list[_Entry]
-    redlock: bool = False  # renewed on a majority of the masters of its lock
-    key: object = None  # the Redis it goes to (_client_key)
-    results: list[tuple[int, float, str | None]] | None = None
+    results: Renewals | None = None
     error: BaseException | None = None
 
 
@@ -68,13 +64,6 @@ class _Helper:
     def _work(self) -> None:
         while (job := self.jobs.get()) is not None:
             job()
-
-
-def _client_key(lock: Lock) -> object:
-    """Which Redis a lease is renewed on: one call per key (a RedLock's: its masters)."""
-    if isinstance(lock, RedLock):
-        return tuple(map(id, lock.masters))
-    return id(lock.client)
 
 
 def _no_answer(lease: Lease) -> LockBackendError:
@@ -231,16 +220,17 @@ class Heartbeat:
                 self._start(call)
             for e, error in lost:
                 if error is not None:  # it lapsed while failing: the loss says the rest
-                    found = self._failures.get(_client_key(e.lease.lock))
+                    found = self._failures.get(e.lease.lock.store.key)
                     if found is not None:
                         found.forget()
                 self._report(e, error)
 
     def _failures_of(self, call: _Call) -> RepeatedFailure:
-        found = self._failures.get(call.key)
+        key = call.store.key
+        found = self._failures.get(key)
         if found is None:
-            place = "RedLock masters" if call.redlock else where(call.client)
-            found = self._failures[call.key] = RepeatedFailure(log, f"lease renewal on {place}")
+            place = call.store.where()
+            found = self._failures[key] = RepeatedFailure(log, f"lease renewal on {place}")
         return found
 
     def _apply(
@@ -254,19 +244,21 @@ class Heartbeat:
             for i, e in enumerate(call.entries):
                 e.busy = False
                 if self._entries.get(e.lease.token) is not e:  # unregistered or reported lost
-                    if e.lease.lost and call.results is not None and call.results[i][0] > 0:
+                    if e.lease.lost and call.results is not None and call.results.expiries[i] > 0:
                         late.append(e)
                     continue
                 interval = e.lease.lock.ttl / 3
                 if call.results is None:  # Redis unreachable: retry soon, report it if it lapses
                     e.error, e.due = call.error, now + min(interval, 0.5)
-                elif call.results[i][0] < 0:  # too few RedLock masters answered: the same
+                elif call.results.expiries[i] < 0:  # too few masters of a quorum answered
                     e.error = LockBackendError(
-                        f"lock {e.lease.name!r}: {call.results[i][2]}", name=e.lease.name
+                        f"lock {e.lease.name!r}: {call.results.why and call.results.why[i]}",
+                        name=e.lease.name,
                     )
                     e.due = now + min(interval, 0.5)
-                elif call.results[i][0] > 0:
-                    e.lease.expires_at_ms, e.lease.valid_until, _ = call.results[i]
+                elif call.results.expiries[i] > 0:
+                    e.lease.expires_at_ms = call.results.expiries[i]
+                    e.lease.valid_until = call.results.valid_until[i]
                     e.error, e.due = None, now + interval
                 else:
                     del self._entries[e.lease.token]
@@ -296,12 +288,10 @@ class Heartbeat:
         for e in due:
             if e.hold_until is None or now < e.hold_until:
                 e.busy = True
-                lock = e.lease.lock
-                key = _client_key(lock)  # one call for the locks over the same Redis
-                call = calls.get(key)
+                store = e.lease.lock.store
+                call = calls.get(store.key)  # one call for the locks over the same Redis
                 if call is None:
-                    redlock = isinstance(lock, RedLock)
-                    call = calls[key] = _Call(lock.client, [], redlock=redlock, key=key)
+                    call = calls[store.key] = _Call(store, [])
                 call.entries.append(e)
         return expired_hold, list(calls.values())
 
@@ -323,14 +313,7 @@ class Heartbeat:
     def _call(self, helper: _Helper, call: _Call) -> None:
         leases = [e.lease for e in call.entries]
         try:
-            if call.redlock:
-                call.results = list(renew_on_masters(leases))
-            else:
-                sent, expiries = _send(call.client, leases, None)
-                call.results = [
-                    (expiry, sent + lease.lock.ttl, None)
-                    for lease, expiry in zip(leases, expiries, strict=True)
-                ]
+            call.results = call.store.renew(leases, None)
         except Exception as exc:
             call.error = exc
         finally:

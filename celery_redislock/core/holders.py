@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .keys import LockKeys
-from .lease import Holder, RedisClient, backend_errors
 from .protocol import HoldersReply
 from .scripts import run
+from .store import Holder, RedisClient, backend_errors
 
 __all__ = ["LiveHolders", "read_holders"]
 

@@ -40,11 +40,11 @@ from .handover import (
     is_line_token,
     line_token,
 )
-from .lease import Lease, RedisClient, _backend_error, backend_errors
-from .lock import Lock, _info_json
+from .lock import Lease, Lock, _info_json
 from .protocol import AcquireArgs, AcquireReply, AcquireStatus, Grant, ParkArgs, SweepReply
 from .scripts import run
 from .signal import Signal
+from .store import RedisClient, backend_error, backend_errors
 
 __all__ = [
     "DEFAULT_HANDOVER_WINDOW",
@@ -109,7 +109,7 @@ def park(
         raise LockConfigError(
             f"max_waiting must be None or an integer >= 1, got {max_waiting!r}", name=lock.name
         )
-    if getattr(lock, "masters", None) is not None:
+    if not lock.store.queues:
         # The line lives in one lock's keys on one server: over independent masters (RedLock)
         # no single server could hand the lock over.
         raise LockConfigError(
@@ -140,7 +140,7 @@ def park(
         reply = lock._run_acquire(request.encode())
     except redis.RedisError as exc:
         lock._abandon(request.token)  # drops its lease or its place in line, if it made one
-        raise _backend_error(lock.name, exc) from exc
+        raise backend_error(lock.name, exc) from exc
     lock._notify(reply.granted)
     return _parked_or_held(lock, request, reply, sent)
 

@@ -1,19 +1,23 @@
-"""The lock: a set of leases in Redis, taken and given back by Lua scripts in one round trip.
+"""The lock and its leases: a set of leases in a store (one Redis server, or a quorum of
+masters), taken and given back by Lua scripts, each operation written once here.
 
-Over 300 lines: one class, whose methods each wrap one script (:mod:`.protocol` types the calls).
+Over 300 lines: the two classes that refer to each other (a lock makes leases; a lease gives
+itself back to its lock), and the batch renewal a lease's own renewal is one case of.
 """
 
 from __future__ import annotations
 
-import copy
+import functools
 import json
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TypedDict, Unpack
 
 import redis
 from redis.cluster import RedisCluster
@@ -22,23 +26,15 @@ from ..errors import (
     JobFinished,
     LockBackendError,
     LockConfigError,
+    LockLost,
     LockNotAcquired,
     LockNotOwned,
     LockUpgradeError,
+    RedisLockError,
 )
-from .durations import by_name, seconds
+from .durations import TIMEOUT, TTL, by_name, seconds, seconds_or_none
 from .handover import DEFAULT_HANDOVER_WINDOW, Handover, hand_over, is_line_token
-from .holders import read_holders
 from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
-from .lease import (
-    Holder,
-    Lease,
-    Mode,
-    RedisClient,
-    _backend_error,
-    _release_on_exit,
-    backend_errors,
-)
 from .protocol import (
     AcquireArgs,
     AcquireReply,
@@ -46,19 +42,18 @@ from .protocol import (
     FinishArgs,
     Grant,
     LockSpec,
+    Mode,
     NotifyArgs,
     ReleaseArgs,
-    ReleaseReply,
     ReleaseWhereArgs,
-    ReleaseWhereReply,
-    RenewArgs,
-    RenewReply,
     Wake,
 )
-from .replicas import ReplicaPolicy, acknowledged, check_policy, policy_of
+from .replicas import ReplicaPolicy, check_policy, policy_of
 from .scripts import run
+from .server_store import ServerStore
+from .store import Holder, RedisClient, Store, backend_error, backend_errors
 
-__all__ = ["DEFAULT_FENCE_KEEP", "Lock"]
+__all__ = ["DEFAULT_FENCE_KEEP", "Lease", "Lock", "LockExtras", "RenewReport", "renew_leases"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +72,23 @@ DEFAULT_FENCE_KEEP = 86400.0
 Redis server clock stepping back by less than this (an NTP step, a VM resume, a failover)."""
 
 
+class LockExtras(TypedDict, total=False):
+    """The keyword arguments of :class:`Lock` that most locks leave alone."""
+
+    namespace: str
+    """The prefix of the lock's keys (``"redislock"``)."""
+    fence_keep: float
+    """Seconds the fence mark outlives the lock's last use (:data:`DEFAULT_FENCE_KEEP`)."""
+    min_replicas: int | None
+    """Replicas that must acknowledge each acquire and renewal (None: the client's policy)."""
+    replica_timeout: float | None
+    """Seconds to wait for them (0.5 by default)."""
+    handover: Handover | None
+    """Publishes the parked tasks this lock's calls hand the lock to (:mod:`.line`)."""
+    handover_window: float
+    """Seconds a published hand-over waits for its task to claim it."""
+
+
 def _positive_seconds(value: object, what: str, name: str) -> float:
     """``value`` in seconds, in the range :mod:`celery_redislock.core.durations` gives ``what``."""
     return seconds(value, by_name(what), what, name=name)
@@ -89,9 +101,13 @@ class Lock:
     (``limit=None`` means 1: a mutex). ``mode="read"`` holders share with each other (at most
     ``limit`` when given) and are excluded by any writer; a queued writer is not starved by new
     readers. ``fair=True`` serves waiters strictly in arrival order, handing the lock over
-    directly on release. ``min_replicas=n`` makes each acquire and renewal wait (at most
-    ``replica_timeout`` seconds) until ``n`` replicas acknowledged it, and fail closed otherwise
-    (see :mod:`celery_redislock.core.replicas`).
+    directly on release. The rarer settings are :class:`LockExtras`: ``min_replicas=n`` makes
+    each acquire and renewal wait (at most ``replica_timeout`` seconds) until ``n`` replicas
+    acknowledged it, and fail closed otherwise (see :mod:`celery_redislock.core.replicas`).
+
+    ``client`` is a Redis client (plain, Sentinel-managed or a Cluster), or a
+    :class:`~celery_redislock.core.store.Store` (:class:`~.redlock.RedLock` passes a quorum of
+    masters).
 
     >>> lock = Lock(redis.Redis(), "nightly-report", ttl=30)   # doctest: +SKIP
     >>> with lock.acquire(timeout=5) as lease:                  # doctest: +SKIP
@@ -100,27 +116,22 @@ class Lock:
 
     def __init__(
         self,
-        client: RedisClient,
+        client: RedisClient | Store,
         name: str,
         *,
         ttl: float,
         mode: Mode = "write",
         limit: int | None = None,
         fair: bool = False,
-        namespace: str = DEFAULT_NAMESPACE,
-        fence_keep: float = DEFAULT_FENCE_KEEP,
-        min_replicas: int | None = None,
-        replica_timeout: float | None = None,
-        handover: Handover | None = None,
-        handover_window: float = DEFAULT_HANDOVER_WINDOW,
+        **more: Unpack[LockExtras],
     ) -> None:
         self.name = check_name(name)
-        if not isinstance(client, redis.Redis | RedisCluster):
-            raise LockConfigError(
-                f"client must be a redis.Redis or redis.cluster.RedisCluster, got "
-                f"{type(client).__name__}",
-                name=self.name,
-            )
+        if more and not more.keys() <= LockExtras.__optional_keys__:
+            unknown = min(more.keys() - LockExtras.__optional_keys__)
+            raise TypeError(f"Lock() got an unexpected keyword argument {unknown!r}")
+        self.store = _store_of(client, more, self.name)
+        self.client = self.store.client
+        self.replicas: ReplicaPolicy | None = self.store.replicas
         self.ttl = _positive_seconds(ttl, "ttl", self.name)
         if mode not in ("read", "write"):
             raise LockConfigError(f"mode must be 'read' or 'write', got {mode!r}", name=self.name)
@@ -132,33 +143,27 @@ class Lock:
             )
         if not isinstance(fair, bool):
             raise LockConfigError(f"fair must be True or False, got {fair!r}", name=self.name)
-        self.client = client
-        # After each acquire and renewal, this many replicas must acknowledge the lease (see
-        # core/replicas.py); None: the client's policy (require_replicas), else none.
-        self.replicas: ReplicaPolicy | None = (
-            policy_of(client)
-            if min_replicas is None
-            else check_policy(min_replicas, replica_timeout, name=self.name)
-        )
-        if self.replicas is not None and self.replicas.count == 0:
-            self.replicas = None
         self.mode: Mode = mode
         self.limit = limit
         self.fair = fair
         # Publishes parked tasks this lock's calls hand the lock to (core/line.py); None: their
         # short hand-overs lapse at once, for the next call on the lock or a sweeper to publish.
-        self.handover = handover
-        self.handover_window = _positive_seconds(handover_window, "handover_window", self.name)
-        self.namespace = check_namespace(namespace)
+        self.handover = more.get("handover")
+        self.handover_window = _positive_seconds(
+            more.get("handover_window", DEFAULT_HANDOVER_WINDOW), "handover_window", self.name
+        )
+        self.namespace = check_namespace(more.get("namespace", DEFAULT_NAMESPACE))
         self.keys = LockKeys.of(self.namespace, self.name)
-        self._ttl_ms = max(1, round(self.ttl * 1000))
-        # Readers are unbounded unless a limit is given; writers default to one at a time.
-        self.fence_keep = _positive_seconds(fence_keep, "fence_keep", self.name)
-        # Encoded once: every lock script takes it.
-        self._spec = LockSpec(
+        self.ttl_ms = max(1, round(self.ttl * 1000))
+        self.fence_keep = _positive_seconds(
+            more.get("fence_keep", DEFAULT_FENCE_KEEP), "fence_keep", self.name
+        )
+        # Encoded once: every lock script takes it. Readers are unbounded unless a limit is
+        # given; writers default to one at a time.
+        self.spec = LockSpec(
             mode=mode,
             limit=limit if limit is not None else (0 if mode == "read" else 1),
-            ttl_ms=self._ttl_ms,
+            ttl_ms=self.ttl_ms,
             fair=fair,
             entry_ms=_QUEUE_ENTRY_MS,
             keep_ms=max(1, round(self.fence_keep * 1000)),
@@ -167,26 +172,16 @@ class Lock:
             key.encode() for key in self.keys.all
         ]  # KEYS of every lock script, encoded once (the hot path)
         self._entered = threading.local()
-        self._max_block = _WAIT_SLICE_S
-        if isinstance(client, redis.Redis):
-            socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
-            if socket_timeout:
-                # A blocking pop must return before the client's own read timeout fires.
-                self._max_block = min(self._max_block, float(socket_timeout) / 2)
+        # How long a lease is counted on after its acquire was sent.
+        self._validity = self.ttl - self.store.drift(self.ttl)
+
+    @property
+    def _spec(self) -> str:
+        """:attr:`spec`, by the name the task line and the tests use."""
+        return self.spec
 
     def __repr__(self) -> str:
         return f"Lock({self.name!r}, mode={self.mode!r}, limit={self.limit}, ttl={self.ttl})"
-
-    def _renamed(self, name: str) -> Lock:
-        """This lock's twin under another name: the same client and settings, which were
-        checked when this one was made and are not checked again (a framework makes one lock
-        per call of a task, each with the task's settings)."""
-        twin = copy.copy(self)
-        twin.name = check_name(name)
-        twin.keys = LockKeys.of(self.namespace, twin.name)
-        twin.encoded_keys = [key.encode() for key in twin.keys.all]
-        twin._entered = threading.local()  # what this thread entered is per lock
-        return twin
 
     # -- acquiring ---------------------------------------------------------------------------
 
@@ -203,8 +198,9 @@ class Lock:
         """Takes a lease and returns it; raises :class:`LockNotAcquired` when it cannot.
 
         ``blocking=False`` tries once. Otherwise waits up to ``timeout`` seconds (``None``: for
-        as long as it takes), woken by a push when the lock is released. ``owner`` makes the
-        lease re-entrant: the same owner acquiring again gets the same lease back with its
+        as long as it takes), woken by a push when the lock is released (over a quorum of
+        masters, which push nothing, by tries at random pauses of up to 0.2 s). ``owner`` makes
+        the lease re-entrant: the same owner acquiring again gets the same lease back with its
         count raised, and must release as many times. ``info`` is stored with the lease (for
         :meth:`holders` and :meth:`release_where`); host and pid are always recorded.
         ``reentrant=False`` makes ``owner`` an identity that holds at most one lease at a time:
@@ -230,30 +226,31 @@ class Lock:
             )
         request = AcquireArgs(
             token=os.urandom(16).hex(),
-            spec=self._spec,
-            wait=blocking and timeout != 0,
+            spec=self.spec,
+            wait=blocking and timeout != 0 and self.store.queues,
             once=not reentrant,
             owner=owner,
             info=_info_json(info),
             job=job,
         )
         try:
-            return self._acquire(request, timeout)
+            return self._acquire(request, blocking, timeout)
         except LockBackendError:
             self._abandon(request.token)
             raise
 
-    def _acquire(self, request: AcquireArgs, timeout: float | None) -> Lease:
+    def _acquire(self, request: AcquireArgs, blocking: bool, timeout: float | None) -> Lease:
         owner, job = request.owner, request.job
         deadline = None if timeout is None else time.monotonic() + timeout
         args = request.encode()
+        tries = 0
         while True:
             sent = time.monotonic()
             try:
-                reply = self._run_acquire(args)
+                reply = self.store.acquire(self, args)
                 self._notify(reply.granted)
             except redis.RedisError as exc:
-                raise _backend_error(self.name, exc) from exc
+                raise backend_error(self.name, exc) from exc
             status = reply.status
             if status is AcquireStatus.JOB_FINISHED:
                 raise JobFinished(
@@ -274,7 +271,8 @@ class Lock:
             # The owner's own lease refuses it: waiting would wait on itself (or on another
             # copy of its job, which the caller must tell apart), so it is said at once.
             own = reply.ms_left / 1000 if status is AcquireStatus.OWNER_HOLDS else None
-            if not request.wait or own is not None:
+            remaining = float("inf") if deadline is None else deadline - time.monotonic()
+            if own is not None or not blocking or (remaining <= 0 and not request.wait):
                 raise LockNotAcquired(
                     f"lock {self.name!r} is held"
                     + (f" by owner {owner!r} already" if own is not None else "")
@@ -283,7 +281,6 @@ class Lock:
                     timeout=timeout,
                     owner_expires_in=own,
                 )
-            remaining = float("inf") if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 # One last try that also leaves the line, still passing on a wake-up it may
                 # not use.
@@ -291,46 +288,29 @@ class Lock:
                 args = request.encode()
                 continue
             until_expiry = reply.ms_left / 1000 + 0.001 if reply.ms_left > 0 else _WAIT_SLICE_S
-            block = max(_MIN_BLOCK_S, min(remaining, self._max_block, until_expiry))
-            if not self.fair:
-                woke = self._await_wake(block)
-                if woke != request.woke:
-                    request = request._replace(woke=woke)
-                    args = request.encode()
+            longest = min(_WAIT_SLICE_S, self.store.max_block())
+            block = max(_MIN_BLOCK_S, min(remaining, longest, until_expiry))
+            if self.fair:
+                lease = self._await_grant(block, request.token, owner)
+                if lease is not None:
+                    return lease
                 continue
-            lease = self._await_grant(block, request.token, owner)
-            if lease is not None:
-                return lease
+            # Non-fair: a wake-up that comes is passed on by the next try if it cannot use it.
+            woke = self.store.await_push(self, self.keys.all[4], block, tries) is not None
+            tries += 1
+            if woke != request.woke:
+                request = request._replace(woke=woke)
+                args = request.encode()
 
     def _run_acquire(self, args: list[str]) -> AcquireReply:
-        if self.replicas is None:
-            return AcquireReply.decode(run("acquire", self.client, self.encoded_keys, args))
-        raw, acks = acknowledged(
-            self.client,
-            "acquire",
-            self.encoded_keys,
-            args,
-            self.replicas,
-            slot_key=self.keys.leases,
-        )
-        reply = AcquireReply.decode(raw)
-        if reply.status is AcquireStatus.HELD and acks < self.replicas.count:
-            # Fails closed: acquire() drops a new lease (args[0] is its token) before the error
-            # reaches the caller; an owner's re-entry into its lease is undone here, one level.
-            if reply.token != args[0]:
-                undo = ReleaseArgs(
-                    token=reply.token, spec=self._spec, whole=False, request=os.urandom(8).hex()
-                )
-                run("release", self.client, self.encoded_keys, undo.encode())
-            self.replicas.check(acks, self.name, "acquire")
-        return reply
+        """``acquire.lua`` on the store (the task line's park calls it too)."""
+        return self.store.acquire(self, args)
 
     def _abandon(self, token: str) -> None:
         """After a failed call that may have run: drop the lease it may have made for ``token``
         (best effort; if Redis is still unreachable the lease lapses within its ttl)."""
         try:
-            abandon = ReleaseArgs(token=token, spec=self._spec, whole=True, request=token)
-            run("release", self.client, self.encoded_keys, abandon.encode())
+            self.store.abandon(self, token)
         except redis.RedisError as exc:
             log.warning(
                 "lock %r: could not drop the lease a failed acquire may have made (it lapses "
@@ -342,8 +322,6 @@ class Lock:
 
     def _check_acquire_args(self, blocking: bool, timeout: float | None, owner: str | None) -> None:
         if timeout is not None:
-            from .durations import TIMEOUT, seconds_or_none
-
             seconds_or_none(timeout, TIMEOUT, "timeout", name=self.name)  # no inf, NaN, > 1 day
             if not blocking:
                 raise LockConfigError("timeout makes no sense with blocking=False", name=self.name)
@@ -352,41 +330,20 @@ class Lock:
                 f"owner must be a non-empty string, got {owner!r}", name=self.name
             )
 
-    def _await_wake(self, seconds: float) -> bool:
-        """Non-fair: waits up to ``seconds`` for a wake-up; whether one came (the next try
-        passes it on if it cannot use it)."""
-        with backend_errors(self.name):
-            return bool(self.client.blpop([self.keys.all[4]], timeout=seconds))
-
     def _await_grant(self, seconds: float, token: str, owner: str | None) -> Lease | None:
         """Fair: waits up to ``seconds`` to be handed the lock; the lease if it was."""
-        with backend_errors(self.name):
-            popped = self.client.blpop([self.keys.waiter(token)], timeout=seconds)
-            if not popped:
-                return None
-            # Handed over with a short lease (as long as a place in line lasts): claim the full
-            # ttl. Too late (paused for seconds): the next try queues again.
-            sent = time.monotonic()
-            wake = Wake.decode(popped[1])
-            if wake.fence == 0:
-                # Woken with no lease: its owner holds one already (another call of the same
-                # owner was served first); the next try re-enters it, or is refused.
-                return None
-            renew = RenewArgs(ttl_ms=self._ttl_ms, tokens=[token]).encode()
-            if self.replicas is None:
-                raw = run("renew", self.client, self.encoded_keys[:2], renew)
-            else:
-                raw, acks = acknowledged(
-                    self.client,
-                    "renew",
-                    self.encoded_keys[:2],
-                    renew,
-                    self.replicas,
-                    slot_key=self.keys.leases,
-                )
-                self.replicas.check(acks, self.name, "acquire")
-            reply = RenewReply.decode(raw)
-        claimed = reply.expiries[0]
+        popped = self.store.await_push(self, self.keys.waiter(token), seconds, 0)
+        if popped is None:
+            return None
+        # Handed over with a short lease (as long as a place in line lasts): claim the full
+        # ttl. Too late (paused for seconds): the next try queues again.
+        sent = time.monotonic()
+        wake = Wake.decode(popped)
+        if wake.fence == 0:
+            # Woken with no lease: its owner holds one already (another call of the same
+            # owner was served first); the next try re-enters it, or is refused.
+            return None
+        claimed = self.store.claim(self, token)
         return self._lease(token, wake.fence, claimed, self.mode, owner, sent) if claimed else None
 
     def _lease(
@@ -399,7 +356,7 @@ class Lock:
             mode=mode,
             owner=owner,
             expires_at_ms=expiry_ms,
-            valid_until=sent + self.ttl,
+            valid_until=sent + self._validity,
         )
 
     def _notify(self, granted: Sequence[Grant]) -> None:
@@ -425,8 +382,9 @@ class Lock:
     def release(
         self, lease: Lease, *, finish_job: str | None = None, keep: float | None = None
     ) -> None:
-        """Releases ``lease`` (one re-entry level). Raises :class:`LockNotOwned` if not held.
-        ``finish_job``/``keep``: see :meth:`Lease.release`."""
+        """Releases ``lease`` (one re-entry level). Raises :class:`LockNotOwned` if not held
+        (over a quorum: unless a majority released it). ``finish_job``/``keep``: see
+        :meth:`Lease.release`."""
         if lease.lock is not self and lease.lock.keys != self.keys:
             raise LockNotOwned(
                 f"lease {lease.token} belongs to lock {lease.name!r} in namespace "
@@ -443,18 +401,16 @@ class Lock:
             )
         request = ReleaseArgs(
             token=lease.token,
-            spec=self._spec,
+            spec=self.spec,
             whole=False,
             request=os.urandom(8).hex(),
             finish=None if finish_job is None else self._finish_args(finish_job, keep),
         )
         try:
-            reply = ReleaseReply.decode(
-                run("release", self.client, self.encoded_keys, request.encode())
-            )
+            reply = self.store.release(self, request.encode())
             self._notify(reply.granted)
         except redis.RedisError as exc:
-            raise _backend_error(self.name, exc) from exc
+            raise backend_error(self.name, exc) from exc
         if not reply.released:
             lease.released = True
             raise LockNotOwned(
@@ -478,7 +434,7 @@ class Lock:
             )
         return self._release_where(
             ReleaseWhereArgs(
-                spec=self._spec,
+                spec=self.spec,
                 match=json.dumps({k: str(v) for k, v in match.items()}),
                 request=os.urandom(8).hex(),
             )
@@ -500,15 +456,13 @@ class Lock:
         if not tokens:
             return []
         request = ReleaseWhereArgs(
-            spec=self._spec, match="{}", request=os.urandom(8).hex(), tokens=tokens
+            spec=self.spec, match="{}", request=os.urandom(8).hex(), tokens=tokens
         )
         return self._release_where(request)
 
     def _release_where(self, request: ReleaseWhereArgs) -> list[str]:
         with backend_errors(self.name):
-            reply = ReleaseWhereReply.decode(
-                run("release_where", self.client, self.encoded_keys, request.encode())
-            )
+            reply = self.store.release_where(self, request.encode())
             self._notify(reply.granted)
         return list(reply.released)
 
@@ -521,7 +475,7 @@ class Lock:
         >>> lock.finish_job("task-id.0", keep=3600)   # doctest: +SKIP
         """
         with backend_errors(self.name):
-            run("finish", self.client, self.encoded_keys, self._finish_args(job, keep).encode())
+            self.store.finish(self, self._finish_args(job, keep).encode())
 
     def _finish_args(self, job: str, keep: float | None) -> FinishArgs:
         if not isinstance(job, str) or not job or " " in job:
@@ -534,8 +488,10 @@ class Lock:
     # -- inspecting --------------------------------------------------------------------------
 
     def holders(self) -> list[Holder]:
-        """The live leases of this lock's name, oldest fence first."""
-        return read_holders(self.client, self.keys, self.name).holders
+        """The live leases of this lock's name, oldest fence first (over a quorum: those a
+        majority holds, ``expires_in`` how long a majority still has each)."""
+        with backend_errors(self.name):
+            return self.store.holders(self)
 
     def locked(self) -> bool:
         """Whether any live lease exists on this lock's name."""
@@ -560,20 +516,190 @@ class Lock:
             _release_on_exit(lease, exc)
 
 
+def _store_of(client: RedisClient | Store, more: LockExtras, name: str) -> Store:
+    """The store a lock's ``client`` argument names: one server's (with the replica policy
+    ``min_replicas`` sets, else the client's), or the store given."""
+    min_replicas = more.get("min_replicas")
+    if isinstance(client, redis.Redis | RedisCluster):
+        # After each acquire and renewal, this many replicas must acknowledge the lease (see
+        # core/replicas.py); None: the client's policy (require_replicas), else none.
+        replicas = (
+            policy_of(client)
+            if min_replicas is None
+            else check_policy(min_replicas, more.get("replica_timeout"), name=name)
+        )
+        return ServerStore(client, replicas if replicas is not None and replicas.count else None)
+    if isinstance(client, Store):
+        if min_replicas:
+            raise LockConfigError("min_replicas applies to a Redis client, not a store", name=name)
+        return client
+    raise LockConfigError(
+        f"client must be a redis.Redis or redis.cluster.RedisCluster, got {type(client).__name__}",
+        name=name,
+    )
+
+
+# -- leases ------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Lease:
+    """A held lease. Release it (or leave a ``with`` block) to give the lock back.
+
+    ``fence`` grows strictly with every acquisition of the lock's name: pass it along with
+    writes so a store can refuse a write from a holder whose lease has since been lost.
+
+    >>> with lock.acquire() as lease:          # doctest: +SKIP
+    ...     store.write(data, fence=lease.fence)
+    """
+
+    lock: Lock
+    token: str
+    fence: int
+    mode: Mode
+    owner: str | None
+    expires_at_ms: int
+    """Server time (ms since the epoch) at which the lease lapses unless renewed."""
+    valid_until: float = field(repr=False)
+    """Local ``time.monotonic()`` by which the lease is certainly still held if not lost (over
+    a quorum: the end of its validity, ``ttl - elapsed - drift`` from its acquire or renewal)."""
+    lost: bool = field(default=False, repr=False)
+    released: bool = field(default=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.lock.name
+
+    def release(self, *, finish_job: str | None = None, keep: float | None = None) -> None:
+        """Gives the lease back (one level of it, if the owner re-entered). With ``finish_job``,
+        records that job as finished for ``keep`` seconds in the same step (see
+        :meth:`Lock.finish_job`), even if the lease had lapsed.
+
+        Raises :class:`LockNotOwned` if it was not held any more (expired, or released already).
+        """
+        self.lock.release(self, finish_job=finish_job, keep=keep)
+
+    def renew(self, ttl: float | None = None) -> None:
+        """Extends the lease to ``ttl`` seconds from now (default: the lock's ttl); a lease that
+        already runs longer is left as it is (renewal never shortens).
+
+        Raises :class:`LockLost` if the lease had already lapsed or was removed.
+        """
+        report = renew_leases([self], ttl=ttl)
+        if report.lost:
+            raise LockLost(
+                f"lease {self.token} of lock {self.name!r} was lost",
+                name=self.name,
+                token=self.token,
+            )
+
+    def check(self) -> None:
+        """Raises :class:`LockLost` if the lease is known lost or may have lapsed, and
+        :class:`LockNotOwned` if it was released."""
+        if self.released:
+            raise LockNotOwned(
+                f"lease {self.token} of lock {self.name!r} was released",
+                name=self.name,
+                token=self.token,
+            )
+        if self.lost or time.monotonic() >= self.valid_until:
+            raise LockLost(
+                f"lease {self.token} of lock {self.name!r} was lost",
+                name=self.name,
+                token=self.token,
+            )
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.released:
+            _release_on_exit(self, exc)
+
+
+def _release_on_exit(lease: Lease, exc: BaseException | None) -> None:
+    """Leaving a ``with`` block: a failed release raises on a clean exit, but never hides the
+    exception the body raised (it is logged instead, as redis-py's Lock does)."""
+    if exc is None:
+        lease.release()
+        return
+    try:
+        lease.release()
+    except RedisLockError as error:
+        log.warning("lock %r: release after the block raised %r failed: %s", lease.name, exc, error)
+
+
+@dataclass(frozen=True, slots=True)
+class RenewReport:
+    """What one :func:`renew_leases` call found: leases extended, and leases that were lost."""
+
+    renewed: list[Lease]
+    lost: list[Lease]
+
+
+def renew_leases(leases: Iterable[Lease], *, ttl: float | None = None) -> RenewReport:
+    """Extends every lease to ``ttl`` seconds from now (default: each lock's own ttl), never
+    shortening one.
+
+    One script call per Redis client (one per slot, pipelined per node, on Redis Cluster), so
+    renewing thousands of leases costs one round trip per node. A lease that had lapsed or was
+    removed is reported in ``lost`` and marked ``lease.lost``; it is never revived. Over a
+    quorum of masters, a lease is renewed if a majority renewed it within its validity;
+    :class:`LockBackendError` if too few masters answered for some (after applying the rest).
+    """
+    if ttl is not None:
+        ttl = seconds(ttl, TTL, "ttl")
+    renewed: list[Lease] = []
+    lost: list[Lease] = []
+    unknown: list[Lease] = []
+    why = ""
+    by_store: dict[object, list[Lease]] = {}
+    for lease in leases:
+        key = lease.lock.store.key
+        group = by_store.get(key)
+        if group is None:
+            group = by_store[key] = []
+        group.append(lease)
+    for group in by_store.values():
+        got = group[0].lock.store.renew(group, ttl)
+        for i, (lease, expiry, valid_until) in enumerate(
+            zip(group, got.expiries, got.valid_until, strict=True)
+        ):
+            if expiry > 0:
+                lease.expires_at_ms = expiry
+                lease.valid_until = valid_until
+                renewed.append(lease)
+            elif expiry == 0:
+                lease.lost = True
+                lost.append(lease)
+            else:
+                unknown.append(lease)
+                why = (got.why and got.why[i]) or why
+    if unknown:
+        names = {lease.name for lease in unknown}
+        raise LockBackendError(f"renewal: {why}", name=names.pop() if len(names) == 1 else None)
+    return RenewReport(renewed, lost)
+
+
+# -- the holder's record -----------------------------------------------------------------------
+
 _HOST = socket.gethostname()
 
 
-_default_info: tuple[int, str] = (0, "")
+@functools.lru_cache(maxsize=1)
+def _default_info(pid: int) -> str:
+    """The record of a lease acquired with no ``info``: host and pid (made once per process)."""
+    return json.dumps({"host": _HOST, "pid": str(pid)})
 
 
 def _info_json(info: Mapping[str, object] | None) -> str:
-    global _default_info
-    pid = os.getpid()
-    if not info and _default_info[0] == pid:
-        return _default_info[1]
-    record = {"host": _HOST, "pid": str(pid)}
-    if info:
-        record.update({str(k): str(v) for k, v in info.items()})
-        return json.dumps(record)
-    _default_info = (pid, json.dumps(record))
-    return _default_info[1]
+    if not info:
+        return _default_info(os.getpid())
+    record = {"host": _HOST, "pid": str(os.getpid())}
+    record.update({str(k): str(v) for k, v in info.items()})
+    return json.dumps(record)

@@ -20,7 +20,7 @@ from .durations import (
     seconds,
     seconds_or_none,
 )
-from .lease import Mode
+from .protocol import Mode
 
 __all__ = [
     "ConflictAction",

@@ -20,10 +20,10 @@ from ..errors import LockBackendError, LockConfigError
 from ._validate import non_empty_string
 from .durations import Duration, seconds_or_none
 from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
-from .lease import RedisClient
 from .protocol import text
 from .rate_spec import Rate, parse_rate
 from .scripts import explain_denial, run
+from .store import RedisClient
 
 __all__ = [
     "MAX_DELAY",

@@ -153,20 +153,6 @@ def check_masters(clients: object, *, name: str | None = None) -> tuple[redis.Re
     return tuple(clients)
 
 
-_made: dict[tuple[tuple[str, ...], float], tuple[redis.Redis, ...]] = {}
-_made_lock = threading.Lock()
-_made_pid = os.getpid()
-
-
-def _made_guard() -> threading.Lock:
-    """The cache's lock; a new one after a fork (another thread of the parent, e.g. one that
-    releases a dead child's lease, may have held it at that instant)."""
-    global _made_lock, _made_pid
-    if _made_pid != os.getpid():
-        _made_lock, _made_pid = threading.Lock(), os.getpid()
-    return _made_lock
-
-
 def master_clients(
     urls: object, *, socket_timeout: float = MASTER_SOCKET_TIMEOUT, what: str = "masters"
 ) -> tuple[redis.Redis, ...]:
@@ -177,10 +163,11 @@ def master_clients(
     again in one process (a lock made per task shares them); making them does not connect."""
     parsed = parse_master_urls(urls, what)
     key = (parsed, float(socket_timeout))  # (redis-py's pools reconnect after a fork)
-    with _made_guard():
-        found = _made.get(key)
+    here = _here
+    with here.lock:
+        found = here.made.get(key)
         if found is None:
-            found = _made[key] = tuple(
+            found = here.made[key] = tuple(
                 redis.Redis.from_url(
                     url,
                     socket_timeout=socket_timeout,
@@ -241,23 +228,29 @@ class _Pool:
         return future
 
 
-# One per process: after a fork the child makes its own (the parent's helpers do not exist there,
-# and its lock may have been held at the fork). Two threads racing to replace it is harmless: a
-# call handed to a pool that lost the race still runs.
-_pool = _Pool()
-_pool_pid = os.getpid()
+class _Process:
+    """What RedLock keeps per process: the master clients made from URLs (the locks a framework
+    makes per task share them), the lock guarding them, and the helper threads that call the
+    masters. A forked child starts with a new lock and no helper (the parent's threads do not
+    exist there, and one of them may have held the lock at the fork); redis-py's pools
+    reconnect by themselves."""
+
+    def __init__(self) -> None:
+        self.made: dict[tuple[tuple[str, ...], float], tuple[redis.Redis, ...]] = {}
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()
+        self.pool = _Pool()
 
 
-def _current_pool() -> _Pool:
-    global _pool, _pool_pid
-    if _pool_pid != os.getpid():
-        _pool, _pool_pid = _Pool(), os.getpid()
-    return _pool
+_here = _Process()
+os.register_at_fork(after_in_child=_here.after_fork)
 
 
 def on_each(masters: Sequence[redis.Redis], call: Callable[[redis.Redis], T]) -> list[Future[T]]:
     """Starts ``call(master)`` for every master at once; one future each, in order."""
-    pool = _current_pool()
+    pool = _here.pool
     return [pool.submit(functools.partial(call, master)) for master in masters]
 
 

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import LockBackendError
-from .lease import Lease, RenewReport, _calls
+import redis
+
 from .protocol import RenewReply
 from .redlock_masters import gather, on_each, quorum
 from .replicas import pipelined
+from .server_store import renew_calls
+from .store import LeaseView, Renewals
 
-if TYPE_CHECKING:
-    import redis
-
-__all__ = ["DRIFT_FACTOR", "DRIFT_FLOOR", "Renewal", "drift", "renew_on_masters", "renew_report"]
+__all__ = ["DRIFT_FACTOR", "DRIFT_FLOOR", "drift", "renew_on_masters"]
 
 DRIFT_FACTOR = 0.01
 """The masters' clocks may gain this fraction of a ttl on this process's clock."""
@@ -39,30 +37,16 @@ def drift(ttl: float) -> float:
     return ttl * DRIFT_FACTOR + DRIFT_FLOOR
 
 
-class Renewal(NamedTuple):
-    """What one renewal found for one lease."""
-
-    expiry_ms: int
-    """> 0: renewed on a majority in time (the server time until which a majority has it);
-    0: lost (a majority no longer has it, or the answer came after its validity);
-    -1: not known this time (too few masters answered): try again."""
-    valid_until: float
-    """The lease's new validity end (``time.monotonic()``), if renewed."""
-    why: str | None
-    """Why it was not renewed."""
-
-
-def masters_of(lease: Lease) -> tuple[redis.Redis, ...]:
-    masters: tuple[redis.Redis, ...] = lease.lock.masters  # type: ignore[attr-defined]
-    return masters
-
-
-def renew_on_masters(leases: Sequence[Lease], ttl: float | None = None) -> list[Renewal]:
-    """Renews ``leases`` (of RedLocks over the same masters) on every master at once; one
-    :class:`Renewal` each, in order. Touches no lease, so it may run on any thread."""
-    masters = masters_of(leases[0])
+def renew_on_masters(
+    masters: Sequence[redis.Redis], leases: Sequence[LeaseView], ttl: float | None = None
+) -> Renewals:
+    """Renews ``leases`` (of RedLocks over ``masters``) on every master at once: for each, in
+    order, its expiry (> 0: renewed on a majority in time, the server time until which a
+    majority has it; 0: lost, as a majority no longer has it or the answer came after its
+    validity; -1: not known, too few masters answered), its validity's end, and why it was not
+    renewed. Touches no lease, so it may run on any thread."""
     need = quorum(len(masters))
-    calls = _calls(list(leases), ttl)  # one per distinct ttl: usually one
+    calls = renew_calls(leases, ttl)  # one per distinct ttl: usually one
     batch = [(keys, args) for _, keys, args in calls]
     indexes = [which for which, _, _ in calls]
 
@@ -90,57 +74,27 @@ def renew_on_masters(leases: Sequence[Lease], ttl: float | None = None) -> list[
             errors.append(
                 f"{type(error).__name__}: {error}" if error is not None else "no answer in time"
             )
-    out = []
+    expiries_out: list[int] = []
+    valid_out: list[float] = []
+    whys: list[str | None] = []
     for i, lease in enumerate(leases):
         got = [expiries[i] for expiries in per_master if expiries is not None]
         renewed = sorted((e for e in got if e > 0), reverse=True)
         gone = sum(1 for e in got if e == 0)
         held_for = ttl if ttl is not None else lease.lock.ttl
+        expiry, valid_until, why = -1, lease.valid_until, None
         if answered >= lease.valid_until:
-            out.append(Renewal(0, lease.valid_until, "the renewal answered after its validity"))
+            expiry, why = 0, "the renewal answered after its validity"
         elif len(renewed) >= need:
-            out.append(Renewal(renewed[need - 1], sent + held_for - drift(held_for), None))
+            expiry, valid_until = renewed[need - 1], sent + held_for - drift(held_for)
         elif gone > len(masters) - need:
-            why = f"{gone} of {len(masters)} masters no longer hold it"
-            out.append(Renewal(0, lease.valid_until, why))
+            expiry, why = 0, f"{gone} of {len(masters)} masters no longer hold it"
         else:
             why = (
                 f"renewed on {len(renewed)} of {len(masters)} masters, a majority ({need}) is "
                 f"needed ({'; '.join(errors) or 'no answer'})"
             )
-            out.append(Renewal(-1, lease.valid_until, why))
-    return out
-
-
-def renew_report(leases: list[Lease], ttl: float | None) -> RenewReport:
-    """:func:`~celery_redislock.core.lease.renew_leases` for RedLock leases: renewed, lost, and
-    :class:`LockBackendError` if too few masters answered for some (after applying the rest)."""
-    renewed: list[Lease] = []
-    lost: list[Lease] = []
-    unknown: list[str] = []
-    groups: dict[tuple[int, ...], list[Lease]] = {}
-    for lease in leases:
-        groups.setdefault(tuple(map(id, masters_of(lease))), []).append(lease)
-    for group in groups.values():
-        for lease, renewal in zip(group, renew_on_masters(group, ttl), strict=True):
-            _apply(lease, renewal, renewed, lost, unknown)
-    if unknown:
-        names = {lease.name for lease in leases}
-        raise LockBackendError(
-            f"RedLock renewal: {unknown[0]}", name=names.pop() if len(names) == 1 else None
-        )
-    return RenewReport(renewed, lost)
-
-
-def _apply(
-    lease: Lease, renewal: Renewal, renewed: list[Lease], lost: list[Lease], unknown: list[Any]
-) -> None:
-    if renewal.expiry_ms > 0:
-        lease.expires_at_ms = renewal.expiry_ms
-        lease.valid_until = renewal.valid_until
-        renewed.append(lease)
-    elif renewal.expiry_ms == 0:
-        lease.lost = True
-        lost.append(lease)
-    else:
-        unknown.append(renewal.why)
+        expiries_out.append(expiry)
+        valid_out.append(valid_until)
+        whys.append(why)
+    return Renewals(expiries_out, valid_out, whys)

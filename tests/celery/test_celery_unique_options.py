@@ -15,7 +15,7 @@ from celery_redislock import DuplicateTask, LockBackendError, LockConfigError, i
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.keys import LockKeys, registry_key
 from celery_redislock.core.naming import canonical_hash
-from celery_redislock.integrations.celery.registry import Spec, publish_specs
+from celery_redislock.integrations.celery.registry import Spec, publish_specs, spec_of
 
 
 @pytest.fixture
@@ -214,7 +214,7 @@ def test_spec_round_trip_and_callable_keys(app: Celery, caplog: pytest.LogCaptur
     )
     def cb(n: int, scale: float = 1.5) -> None: ...
 
-    spec = Spec.of(cb)
+    spec = spec_of(cb)
     assert spec is not None
     back = Spec.from_json("uq.cb", spec.to_json())
     assert back is not None and not back.derivable

@@ -62,6 +62,15 @@ def test_client_must_be_a_redis_client() -> None:
     assert info.value.name == "job"
 
 
+def test_the_rarer_keywords_are_checked_by_name(client: redis.Redis) -> None:
+    """``namespace``, ``fence_keep``, ``handover``... are grouped (LockExtras), still keywords: a
+    misspelt one is refused as Python refuses an unknown keyword."""
+    lock = Lock(client, "job", ttl=1, namespace="other", fence_keep=60, handover_window=5)
+    assert (lock.namespace, lock.fence_keep, lock.handover_window) == ("other", 60, 5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'fence_kep'"):
+        Lock(client, "job", ttl=1, fence_kep=60)  # type: ignore[call-arg]
+
+
 def test_bad_acquire_arguments(client: redis.Redis) -> None:
     lock = Lock(client, "job", ttl=1)
     with pytest.raises(LockConfigError, match="timeout must be a number of seconds from 0 "):

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
-from ..lease import RedisClient, backend_errors
 from ..protocol import ReleaseClaimArgs, ReleaseClaimReply, text
 from ..scripts import run
+from ..store import RedisClient, backend_errors
 from .listing import check_pattern, glob_escape
 
 __all__ = ["ClaimState", "force_release_claim", "iter_claims", "list_claims"]

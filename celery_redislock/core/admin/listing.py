@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 from ...errors import LockConfigError
 from ..keys import DEFAULT_NAMESPACE, check_namespace, name_from_leases_key
-from ..lease import RedisClient, backend_errors
 from ..protocol import text
+from ..store import RedisClient, backend_errors
 from .reading import LockState, describe_lock
 
 __all__ = ["check_pattern", "glob_escape", "iter_locks", "list_locks"]

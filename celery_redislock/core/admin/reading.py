@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from ..handover import is_line_token
 from ..holders import read_holders
 from ..keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
-from ..lease import Holder, Mode, RedisClient, backend_errors
-from ..protocol import text
+from ..protocol import Mode, text
+from ..store import Holder, RedisClient, backend_errors
 
 __all__ = ["TEST_HOLDER", "LockState", "Waiter", "describe_holder", "describe_lock"]
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from ...errors import LockConfigError
 from ..handover import DEFAULT_HANDOVER_WINDOW, Handover
 from ..keys import DEFAULT_NAMESPACE, check_namespace
-from ..lease import Holder, RedisClient, backend_errors
 from ..lock import DEFAULT_FENCE_KEEP, Lock
+from ..store import Holder, RedisClient, backend_errors
 from .listing import glob_escape, iter_locks
 
 __all__ = ["Released", "force_release", "release_all"]

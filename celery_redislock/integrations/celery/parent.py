@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import weakref
 from typing import Any
 
@@ -13,6 +12,7 @@ from celery.worker import state as worker_state
 from celery.worker.request import Request
 
 from ...core.childwatch import ChildWatch
+from ...core.run.dead import release_dead
 from .run import lock_for
 from .settings import client_for
 
@@ -20,7 +20,6 @@ __all__ = ["LockRequest", "watched_tasks"]
 
 log = logging.getLogger(__name__)
 
-_HOST = socket.gethostname()
 _CHILD_DEATHS = (Terminated, TimeLimitExceeded, WorkerLostError, SystemExit, KeyboardInterrupt)
 
 
@@ -97,18 +96,10 @@ class LockRequest(Request):  # type: ignore[misc]
     def child_died(self, pid: int) -> None:
         """Releases the lease the dead child ``pid`` took for this task (matched by task id,
         host and pid: never a lease of another delivery or another process)."""
-        try:
-            lock = lock_for(self.task, self.args, self.kwargs)
-            released = lock.release_where(task_id=self.id, host=_HOST, pid=str(pid))
-        except Exception as exc:
-            log.warning(
-                "task %s[%s]: could not release the lease of dead child %d "
-                "(it lapses within its ttl): %s",
-                self.name,
-                self.id,
-                pid,
-                exc,
-            )
-            return
-        if released:
-            log.info("lock %r released: child %d running task %s died", lock.name, pid, self.id)
+        release_dead(
+            lambda: lock_for(self.task, self.args, self.kwargs),
+            f"task {self.name}[{self.id}]",
+            self.id,
+            pid,
+            "child",
+        )

@@ -31,7 +31,7 @@ from .kind import LockAware, is_locked_task
 from .line import start_sweeping, stop_sweeping, uses_line
 from .parent import LockRequest
 from .publish import wrap_send_task
-from .registry import Spec, publish_specs
+from .registry import publish_specs, spec_of
 from .revoke import release_revoked, wrap_revoke
 from .run import end_run, release_all_held
 from .settings import check_app
@@ -194,7 +194,7 @@ def _check_lock_redis(sender: Any = None, instance: Any = None, **_: Any) -> Non
         client = settings.client_for(app, conf)
     except Exception:  # no Redis for locks: check_worker_app refused or warned already
         return
-    unique = any(is_locked_task(t) and Spec.of(t) is not None for t in app.tasks.values())
+    unique = any(is_locked_task(t) and spec_of(t) is not None for t in app.tasks.values())
     also = (
         "; the unique tasks' options are not published for producers that send them by name "
         "(beat), which publish them unchecked until a worker starts with it answering"

@@ -4,25 +4,20 @@ worker writes as it starts (for beat and producers that send by name)."""
 
 from __future__ import annotations
 
-import inspect
-import json
 import logging
 import threading
 import time
 import weakref
-from dataclasses import dataclass
-from typing import Any
 
 from celery import Celery
 
 from ...core.keys import registry_key
-from ...core.options import LockOptions
-from ...core.unique_options import LIFECYCLES, ON_DUPLICATE, UniqueOptions
+from ...core.run.spec import Spec
 from ...errors import LockBackendError
 from .kind import LockAware, is_locked_task
 from .settings import Settings, client_for, settings_for
 
-__all__ = ["Spec", "publish_specs", "spec_for"]
+__all__ = ["Spec", "publish_specs", "spec_for", "spec_of"]
 
 log = logging.getLogger(__name__)
 
@@ -30,90 +25,13 @@ log = logging.getLogger(__name__)
 _REGISTRY_CACHE_S = 30.0
 
 
-@dataclass(frozen=True, slots=True)
-class Spec:
-    """What a producer needs to claim a unique task's key: its options and call signature."""
-
-    task: str
-    unique: UniqueOptions
-    signature: inspect.Signature | None
-    expires: float | None
-    """The task's own default ``expires`` (seconds), if any."""
-    derivable: bool = True
-    """False when the key is a callable this process does not have (a task it cannot import)."""
-
-    @classmethod
-    def of(cls, task: LockAware) -> Spec | None:
-        unique = task.unique_options
-        if unique is None or not unique.queued:
-            return None
-        expires = task.expires if isinstance(task.expires, int | float) else None
-        return cls(task.name, unique, task.call_signature, expires)
-
-    def to_json(self) -> str:
-        key = self.unique.keying.key
-        return json.dumps(
-            {
-                "lifecycle": self.unique.lifecycle,
-                "on_duplicate": self.unique.on_duplicate,
-                "allowance": self.unique.allowance,
-                "key": key if isinstance(key, str) or key is None else {"callable": True},
-                "scope": self.unique.keying.scope,
-                "params": _params(self.signature),
-                "expires": self.expires,
-            }
-        )
-
-    @classmethod
-    def from_json(cls, task: str, text: str | bytes) -> Spec | None:
-        raw = json.loads(text)
-        if raw.get("lifecycle") not in LIFECYCLES or raw.get("on_duplicate") not in (
-            None,
-            *ON_DUPLICATE,
-        ):
-            return None  # written by another version: do not guess
-        key = raw.get("key")
-        signature = _signature(raw.get("params"))
-        unique = UniqueOptions(
-            lifecycle=raw["lifecycle"],
-            keying=LockOptions(key=key if isinstance(key, str) else None, scope=raw["scope"]),
-            on_duplicate=raw.get("on_duplicate"),
-            allowance=raw.get("allowance"),
-        )
-        derivable = not isinstance(key, dict) and raw.get("params") is not None
-        return cls(task, unique, signature, raw.get("expires"), derivable)
-
-
-def _params(signature: inspect.Signature | None) -> list[list[Any]] | None:
-    """The signature as JSON, or None if a default cannot be written as JSON."""
-    if signature is None:
+def spec_of(task: LockAware) -> Spec | None:
+    """A unique task's spec (``None``: not unique while queued)."""
+    unique = task.unique_options
+    if unique is None or not unique.queued:
         return None
-    out: list[list[Any]] = []
-    for p in signature.parameters.values():
-        entry: list[Any] = [p.name, int(p.kind)]
-        if p.default is not inspect.Parameter.empty:
-            try:
-                json.dumps(p.default)
-            except TypeError:
-                return None
-            entry.append(p.default)
-        out.append(entry)
-    return out
-
-
-def _signature(params: list[list[Any]] | None) -> inspect.Signature | None:
-    if params is None:
-        return None
-    # The enum of parameter kinds (its name is private), to read a kind back from its number.
-    kind = type(inspect.Parameter("_", inspect.Parameter.POSITIONAL_ONLY).kind)
-    return inspect.Signature(
-        [
-            inspect.Parameter(
-                p[0], kind(p[1]), default=p[2] if len(p) > 2 else inspect.Parameter.empty
-            )
-            for p in params
-        ]
-    )
+    expires = task.expires if isinstance(task.expires, int | float) else None
+    return Spec(task.name, unique, task.call_signature, expires)
 
 
 # -- the registry: what the workers know of their unique tasks, for producers that cannot
@@ -125,7 +43,7 @@ def publish_specs(app: Celery) -> None:
     specs = {
         name: spec.to_json()
         for name, task in app.tasks.items()
-        if is_locked_task(task) and (spec := Spec.of(task)) is not None
+        if is_locked_task(task) and (spec := spec_of(task)) is not None
     }
     if not specs:
         return

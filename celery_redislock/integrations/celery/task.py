@@ -14,7 +14,7 @@ from ...core.unique_options import Lifecycle, UniqueOptionDict, parse_unique_opt
 from .kind import LockAware
 from .publish import wrap_send_task
 from .receivers import LOCK_REQUEST, check_request_class, connect_receivers
-from .registry import Spec
+from .registry import Spec, spec_of
 from .run import held_lease, release_at_body_end, release_for_retry, start
 
 __all__ = ["LockedTask"]
@@ -76,7 +76,7 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
         unique while queued)."""
         spec = type(self)._unique_spec
         if spec is None and self.unique_options is not None:
-            spec = type(self)._unique_spec = Spec.of(self)
+            spec = type(self)._unique_spec = spec_of(self)
         return spec
 
     @property

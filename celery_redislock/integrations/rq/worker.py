@@ -4,14 +4,14 @@ RQ's own ``wait4`` on the horse returns, instead of leaving it to lapse within `
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from typing import Any
 
 from ...core.childwatch import alive
 from ...core.reach import check_at_start
+from ...core.run.dead import release_dead
 from ...core.sweeper import LineSweeper
-from ...errors import LockBackendError, LockConfigError
+from ...errors import LockConfigError
 from ._compat import Job, SpawnWorker, Worker
 from .job import lock_for_job
 from .line import PutBack
@@ -22,7 +22,6 @@ __all__ = ["LockSpawnWorker", "LockWorker", "ReleasesDeadHorses"]
 
 log = logging.getLogger(__name__)
 
-_HOST = socket.gethostname()
 # A horse SIGKILLed from outside (OOM, kill -9) is reaped by RQ's wait4; a horse the parent is
 # killing during a cold shutdown may take a moment to die: never release before it has.
 _DEATH_WAIT_S = 5.0
@@ -134,25 +133,9 @@ def release_dead_horse(job: Job, pid: int) -> list[str]:
             )
             return []
         time.sleep(0.01)
-    try:
-        lock = lock_for_job(job)
-        if lock is None:
-            return []
-        released = lock.release_where(task_id=job.id, host=_HOST, pid=str(pid))
-    except (LockBackendError, LockConfigError) as exc:
-        log.warning(
-            "job %s: could not release the lease of dead horse %d (it lapses within its ttl): %s",
-            job.id,
-            pid,
-            exc,
-        )
-        return []
-    except Exception as exc:  # the job's function could not be imported here, ...
-        log.warning("job %s: no lease released for dead horse %d: %s", job.id, pid, exc)
-        return []
-    if released:
-        log.info("lock %r released: horse %d running job %s died", lock.name, pid, job.id)
-    return released
+    return release_dead(
+        lambda: lock_for_job(job), f"job {job.func_name}[{job.id}]", job.id, pid, "horse"
+    )
 
 
 class LockWorker(ReleasesDeadHorses, Worker):

@@ -1,0 +1,377 @@
+"""The quorum store (RedLock): a lock's leases on several independent Redis masters (3 or 5),
+held while a majority of them hold them.
+
+Each master runs the lock's own scripts (``acquire.lua``, ``release.lua``, ...) with the same
+ARGV, all masters at once, through clients with retries off and short timeouts, and the answers
+are counted. An acquire holds when a majority granted it within the validity
+``ttl - elapsed - drift`` (drift: 1% of ttl + 2 ms); otherwise what it took is released
+everywhere (a request still in flight is released when it settles). Each try has a token of its
+own: a try's late answer gives back that try's lease only. Fences: the highest fence the
+granting masters gave is raised on a majority before the acquire returns
+(``redlock_fence.lua``), so fences grow strictly from one acquisition to the next.
+
+Over 300 lines: the acquire's vote (counting, the fence agreement, giving back a partial win)
+and the merge of every other script's answers, one method each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import redis
+
+from ..errors import LockBackendError, LockConfigError
+from .protocol import (
+    AcquireReply,
+    AcquireStatus,
+    HoldersReply,
+    ReleaseArgs,
+    ReleaseReply,
+    ReleaseWhereReply,
+)
+from .redlock_masters import gather, on_each, quorum
+from .redlock_renew import drift, renew_on_masters
+from .replicas import ReplicaPolicy
+from .scripts import run
+from .store import Holder, LeaseView, LockView, Renewals
+
+__all__ = ["QuorumStore"]
+
+T = TypeVar("T")
+
+# A blocking acquire that met the lock held tries again after a random pause drawn from the
+# upper half of this, doubled per try up to the cap: contenders spread out, a free lock is
+# noticed within the cap.
+_RETRY_BASE_S = 0.01
+_RETRY_CAP_S = 0.2
+
+
+class QuorumStore:
+    """A lock's leases on ``masters`` (checked clients, see
+    :func:`~celery_redislock.core.redlock_masters.check_masters`), held on a majority.
+
+    Failures: a majority of masters unreachable, or a majority granted only after the validity
+    ran out, raise :class:`LockBackendError` (fail closed)."""
+
+    queues = False
+    replicas: ReplicaPolicy | None = None
+
+    def __init__(self, masters: tuple[redis.Redis, ...]) -> None:
+        self.masters = masters
+        self.quorum = quorum(len(masters))
+        self.client = masters[0]
+        self.key: object = tuple(map(id, masters))
+
+    def where(self) -> str:
+        return "RedLock masters"
+
+    def drift(self, ttl: float) -> float:
+        return drift(ttl)
+
+    def max_block(self) -> float:
+        return float("inf")
+
+    # -- acquiring ---------------------------------------------------------------------------
+
+    def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
+        # A new token for every try: a try's late answer gives back that try's lease only
+        # (were it shared, it could take a master's vote from the next try).
+        token = os.urandom(16).hex()
+        args = [token, *args[1:]]
+        started = time.monotonic()
+        valid_until = started + lock.ttl - drift(lock.ttl)
+        need, count = self.quorum, len(self.masters)
+
+        def acquire(master: redis.Redis) -> AcquireReply:
+            return AcquireReply.decode(run("acquire", master, lock.encoded_keys, args))
+
+        futures = on_each(self.masters, acquire)
+
+        def decided() -> bool:
+            done = [f for f in futures if f.done()]
+            held = Counter(r.token for r in _replies(done) if r.status is AcquireStatus.HELD)
+            best = max(held.values(), default=0)
+            return best >= need or best + count - len(done) < need
+
+        gather(futures, decided, valid_until)
+        replies = _replies(futures)
+        held = Counter(r.token for r in replies if r.status is AcquireStatus.HELD)
+        winner, votes = held.most_common(1)[0] if held else ("", 0)
+        statuses = Counter(r.status for r in replies)
+        agreed: AcquireReply | str | None = None
+        if votes >= need and not statuses[AcquireStatus.JOB_FINISHED]:
+            agreed = self._agree(lock, winner, futures, valid_until)
+        kept = winner if isinstance(agreed, AcquireReply) else None
+        undone = [
+            self._undo_when_settled(lock, master, future, token, kept)
+            for master, future in zip(self.masters, futures, strict=True)
+        ]
+        if isinstance(agreed, AcquireReply):
+            return agreed
+        # Failed: what it took is given back before the next try (or the error), except on a
+        # master still out, which gives it back when it answers.
+        gather([f for f in undone if f is not None], lambda: False, time.monotonic() + lock.ttl)
+        mode = replies[0].mode if replies else "write"
+        for status in (AcquireStatus.JOB_FINISHED, AcquireStatus.UPGRADE_REFUSED):
+            if statuses[status]:
+                return AcquireReply(status, "-", 0, 0, 0, 0, mode, ())
+        errors = sum(1 for f in futures if f.done() and f.exception() is not None)
+        # Requests still out are failures if the validity ran out; if the outcome was decided
+        # before they answered, they may yet say the lock is free or held: not counted.
+        late = count - len(replies) - errors if time.monotonic() >= valid_until else 0
+        if errors + late > count - need:
+            slow = f", {late} no answer within the validity" if late else ""
+            raise LockBackendError(
+                f"lock {lock.name!r}: {errors} of {count} RedLock masters failed{slow}; a "
+                f"majority ({need}) must grant the lease ({_errors(futures)})",
+                name=lock.name,
+            )
+        if statuses[AcquireStatus.OWNER_HOLDS]:
+            left = max(r.ms_left for r in replies if r.status is AcquireStatus.OWNER_HOLDS)
+            return AcquireReply(AcquireStatus.OWNER_HOLDS, "-", 0, 0, 0, left, mode, ())
+        if agreed is not None:  # granted by a majority, but not agreed on in time
+            raise LockBackendError(
+                f"lock {lock.name!r}: a majority of the RedLock masters granted the lease, but "
+                f"{agreed} (after {time.monotonic() - started:.3f}s, validity "
+                f"{lock.ttl - drift(lock.ttl):.3f}s)",
+                name=lock.name,
+            )
+        return AcquireReply(AcquireStatus.NOT_HELD, "-", 0, 0, 0, 0, mode, ())
+
+    def _agree(
+        self,
+        lock: LockView,
+        winner: str,
+        futures: list[Future[AcquireReply]],
+        valid_until: float,
+    ) -> AcquireReply | str:
+        """With a majority granted: raises the fence mark to the highest fence given on the
+        granting masters whose fence is lower; the lease's reply if a majority then has it in
+        time, else why not."""
+        granted = [
+            (master, future.result())
+            for master, future in zip(self.masters, futures, strict=True)
+            if future.done()
+            and future.exception() is None
+            and future.result().status is AcquireStatus.HELD
+            and future.result().token == winner
+        ]
+        fence = max(reply.fence for _, reply in granted)
+        agreed = sum(1 for _, reply in granted if reply.fence == fence)
+        behind = [master for master, reply in granted if reply.fence < fence]
+        raised: list[Future[int]] = []
+        if behind:
+            args = [winner, str(fence)]
+            raised = on_each(
+                behind, lambda master: int(run("redlock_fence", master, lock.encoded_keys, args))
+            )
+            gather(raised, lambda: False, valid_until)
+            agreed += sum(1 for f in raised if f.done() and not f.exception() and f.result())
+        if agreed < self.quorum:
+            return f"only {agreed} of them took its fence ({_errors(raised)})"
+        if time.monotonic() >= valid_until:
+            return "the validity ran out first: the masters answer too slowly"
+        expiries = sorted((reply.expires_at_ms for _, reply in granted), reverse=True)
+        first = granted[0][1]
+        return first._replace(
+            fence=fence,
+            expires_at_ms=expiries[self.quorum - 1],
+            entered=max(reply.entered for _, reply in granted),
+            granted=(),
+        )
+
+    def _undo_when_settled(
+        self,
+        lock: LockView,
+        master: redis.Redis,
+        future: Future[AcquireReply],
+        token: str,
+        kept: str | None,
+    ) -> Future[None] | None:
+        """Once ``future`` (an acquire on ``master``) has settled: gives back what it took
+        unless it is part of the lease ``kept`` (``None``: the attempt failed). Settled
+        already: the give-back, started (``None``: nothing to give back); else it is started
+        by the thread that settles it."""
+
+        def what(settled: Future[AcquireReply]) -> tuple[str, bool] | None:
+            """The lease to give back there, and whether whole (else one re-entry level)."""
+            if settled.exception() is not None:
+                # It may have made a lease for the token (its answer lost): drop that.
+                return None if kept == token else (token, True)
+            reply = settled.result()
+            if reply.status is not AcquireStatus.HELD or reply.token == kept:
+                return None
+            # A new lease of this call's token, or a re-entry of the owner's other lease there.
+            return reply.token, reply.token == token
+
+        def undo(settled: Future[AcquireReply]) -> None:
+            found = what(settled)
+            if found is not None:
+                _give_back(lock, master, found[0], whole=found[1])
+
+        if not future.done():
+            future.add_done_callback(undo)
+            return None
+        found = what(future)
+        if found is None:
+            return None
+        return on_each([master], lambda _: _give_back(lock, master, found[0], whole=found[1]))[0]
+
+    def abandon(self, lock: LockView, token: str) -> None:
+        """Nothing to do: a failed try gave back what it took (the token was its own)."""
+
+    def await_push(self, lock: LockView, key: str, seconds: float, tries: int) -> Any | None:
+        """No push crosses masters: pauses for the ``tries``-th retry (at most ``seconds``)."""
+        pause = min(_RETRY_CAP_S, _RETRY_BASE_S * 2**tries)
+        time.sleep(min(seconds, random.uniform(pause / 2, pause)))
+        return None
+
+    def claim(self, lock: LockView, token: str) -> int:
+        raise LockConfigError("fair=True is not available in RedLock mode", name=lock.name)
+
+    # -- releasing, finishing, reading ---------------------------------------------------------
+
+    def release(self, lock: LockView, args: list[str]) -> ReleaseReply:
+        """Released if a majority released it; :class:`LockBackendError` if too few masters
+        answered to tell (what was not released lapses within the ttl)."""
+        replies = self._on_all(
+            lock,
+            lambda master: ReleaseReply.decode(run("release", master, lock.encoded_keys, args)),
+        )
+        released = [r for r in replies if isinstance(r, ReleaseReply) and r.released]
+        answered = sum(1 for r in replies if isinstance(r, ReleaseReply))
+        if len(released) >= self.quorum:
+            return ReleaseReply(True, max(r.left for r in released), ())
+        if answered >= self.quorum:
+            return ReleaseReply(False, 0, ())
+        raise self._too_few(lock, replies, "release")
+
+    def release_where(self, lock: LockView, args: list[str]) -> ReleaseWhereReply:
+        """The tokens released on any master (if a majority answered)."""
+        replies = self._majority(
+            lock,
+            lambda master: ReleaseWhereReply.decode(
+                run("release_where", master, lock.encoded_keys, args)
+            ),
+            "release_where",
+        )
+        return ReleaseWhereReply(
+            tuple(dict.fromkeys(token for reply in replies for token in reply.released)), ()
+        )
+
+    def finish(self, lock: LockView, args: list[str]) -> None:
+        """Recorded on a majority (an acquire on any majority then sees it)."""
+        self._majority(
+            lock, lambda master: run("finish", master, lock.encoded_keys, args), "finish"
+        )
+
+    def holders(self, lock: LockView) -> list[Holder]:
+        """The leases a majority of the masters hold, oldest fence first; ``expires_in`` is
+        how long a majority still has each (by the masters' clocks)."""
+        keys = lock.encoded_keys[:2]
+        replies = self._majority(
+            lock, lambda master: HoldersReply.decode(run("holders", master, keys, [])), "holders"
+        )
+        seen: dict[str, list[Holder]] = {}
+        for reply in replies:
+            for live in reply.leases:
+                seen.setdefault(live.token, []).append(
+                    Holder(
+                        token=live.token,
+                        mode=live.mode,
+                        fence=live.fence,
+                        owner=live.owner,
+                        info=live.info,
+                        count=live.entered,
+                        expires_in=(live.expires_at_ms - reply.now_ms) / 1000,
+                    )
+                )
+        out = []
+        for copies in seen.values():
+            if len(copies) < self.quorum:
+                continue  # a stray lease on a minority holds nothing
+            left = sorted((h.expires_in for h in copies), reverse=True)[self.quorum - 1]
+            first = copies[0]
+            out.append(
+                Holder(
+                    token=first.token,
+                    mode=first.mode,
+                    # What a majority agreed on (a master that answered late may have more).
+                    fence=sorted((h.fence for h in copies), reverse=True)[self.quorum - 1],
+                    owner=first.owner,
+                    info=first.info,
+                    count=max(h.count for h in copies),
+                    expires_in=left,
+                )
+            )
+        return sorted(out, key=lambda h: h.fence)
+
+    def renew(self, leases: Sequence[LeaseView], ttl: float | None) -> Renewals:
+        return renew_on_masters(self.masters, leases, ttl)
+
+    # -- every master ------------------------------------------------------------------------
+
+    def _on_all(self, lock: LockView, call: Callable[[redis.Redis], T]) -> list[T | BaseException]:
+        """``call`` on every master at once; each one's answer or error. Waits at most a ttl
+        (after that, whatever the call would change has lapsed anyway)."""
+        futures = on_each(self.masters, call)
+        gather(futures, lambda: False, time.monotonic() + lock.ttl)
+        out: list[T | BaseException] = []
+        for future in futures:
+            if not future.done():
+                out.append(TimeoutError("no answer within the ttl"))
+            elif (error := future.exception()) is not None:
+                out.append(error)
+            else:
+                out.append(future.result())
+        return out
+
+    def _majority(self, lock: LockView, call: Callable[[redis.Redis], T], what: str) -> list[T]:
+        """The answers of the masters that answered, if a majority did; else
+        :class:`LockBackendError`."""
+        replies = self._on_all(lock, call)
+        good = [r for r in replies if not isinstance(r, BaseException)]
+        if len(good) < self.quorum:
+            raise self._too_few(lock, replies, what)
+        return good
+
+    def _too_few(self, lock: LockView, replies: Sequence[object], what: str) -> LockBackendError:
+        errors = [_describe(r) for r in replies if isinstance(r, BaseException)]
+        return LockBackendError(
+            f"lock {lock.name!r}: {what} answered by {len(replies) - len(errors)} of "
+            f"{len(self.masters)} RedLock masters, a majority ({self.quorum}) is needed "
+            f"({'; '.join(errors)})",
+            name=lock.name,
+        )
+
+
+def _give_back(lock: LockView, master: redis.Redis, token: str, *, whole: bool) -> None:
+    request = token if whole else os.urandom(8).hex()
+    args = ReleaseArgs(token=token, spec=lock.spec, whole=whole, request=request).encode()
+    with contextlib.suppress(redis.RedisError):  # unreachable: it lapses within its ttl
+        run("release", master, lock.encoded_keys, args)
+
+
+def _replies(futures: Sequence[Future[AcquireReply]]) -> list[AcquireReply]:
+    return [f.result() for f in futures if f.done() and f.exception() is None]
+
+
+def _errors(futures: Sequence[Future[Any]]) -> str:
+    out = []
+    for future in futures:
+        if not future.done():
+            out.append("no answer yet")
+        elif (error := future.exception()) is not None:
+            out.append(_describe(error))
+    return "; ".join(out)
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"

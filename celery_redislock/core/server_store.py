@@ -1,0 +1,234 @@
+"""The one-server store: a lock's scripts run on one Redis client (plain, Sentinel-managed, or a
+Cluster), in one round trip each; with a replica policy (:mod:`.replicas`), acquires and
+renewals then wait for the replicas' acknowledgement. Renewal batches many leases into one
+script call per client (one per slot, pipelined per node, on a Cluster).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import MovedError
+
+from .holders import read_holders
+from .protocol import (
+    AcquireReply,
+    AcquireStatus,
+    ReleaseArgs,
+    ReleaseReply,
+    ReleaseWhereReply,
+    RenewArgs,
+    RenewReply,
+)
+from .reach import where
+from .replicas import ReplicaPolicy, acknowledged, pipelined, refresh
+from .scripts import run
+from .store import Holder, LeaseView, LockView, RedisClient, Renewals, backend_errors
+
+__all__ = ["ServerStore"]
+
+
+class ServerStore:
+    """A lock's leases on one Redis ``client``; ``replicas``: the acknowledgement each acquire
+    and renewal waits for (None: none)."""
+
+    # One per lock (a framework makes a lock per task call): slots make it cheap to make.
+    __slots__ = ("client", "key", "replicas")
+    queues = True
+
+    def __init__(self, client: RedisClient, replicas: ReplicaPolicy | None) -> None:
+        self.client = client
+        self.replicas = replicas
+        self.key: object = id(client)
+
+    def where(self) -> str:
+        return where(self.client)
+
+    def drift(self, ttl: float) -> float:
+        return 0.0
+
+    def max_block(self) -> float:
+        if isinstance(self.client, redis.Redis):
+            socket_timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout")
+            if socket_timeout:
+                # A blocking pop must return before the client's own read timeout fires.
+                return float(socket_timeout) / 2
+        return float("inf")
+
+    def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
+        if self.replicas is None:
+            return AcquireReply.decode(run("acquire", self.client, lock.encoded_keys, args))
+        raw, acks = acknowledged(
+            self.client,
+            "acquire",
+            lock.encoded_keys,
+            args,
+            self.replicas,
+            slot_key=lock.keys.leases,
+        )
+        reply = AcquireReply.decode(raw)
+        if reply.status is AcquireStatus.HELD and acks < self.replicas.count:
+            # Fails closed: the lock drops a new lease (args[0] is its token) before the error
+            # reaches the caller; an owner's re-entry into its lease is undone here, one level.
+            if reply.token != args[0]:
+                undo = ReleaseArgs(
+                    token=reply.token, spec=lock.spec, whole=False, request=os.urandom(8).hex()
+                )
+                run("release", self.client, lock.encoded_keys, undo.encode())
+            self.replicas.check(acks, lock.name, "acquire")
+        return reply
+
+    def abandon(self, lock: LockView, token: str) -> None:
+        abandon = ReleaseArgs(token=token, spec=lock.spec, whole=True, request=token)
+        run("release", self.client, lock.encoded_keys, abandon.encode())
+
+    def await_push(self, lock: LockView, key: str, seconds: float, tries: int) -> Any | None:
+        with backend_errors(lock.name):
+            popped = self.client.blpop([key], timeout=seconds)
+        return popped[1] if popped else None
+
+    def claim(self, lock: LockView, token: str) -> int:
+        renew = RenewArgs(ttl_ms=lock.ttl_ms, tokens=[token]).encode()
+        with backend_errors(lock.name):
+            if self.replicas is None:
+                raw = run("renew", self.client, lock.encoded_keys[:2], renew)
+            else:
+                raw, acks = acknowledged(
+                    self.client,
+                    "renew",
+                    lock.encoded_keys[:2],
+                    renew,
+                    self.replicas,
+                    slot_key=lock.keys.leases,
+                )
+                self.replicas.check(acks, lock.name, "acquire")
+        return RenewReply.decode(raw).expiries[0]
+
+    def release(self, lock: LockView, args: list[str]) -> ReleaseReply:
+        return ReleaseReply.decode(run("release", self.client, lock.encoded_keys, args))
+
+    def release_where(self, lock: LockView, args: list[str]) -> ReleaseWhereReply:
+        return ReleaseWhereReply.decode(run("release_where", self.client, lock.encoded_keys, args))
+
+    def finish(self, lock: LockView, args: list[str]) -> None:
+        run("finish", self.client, lock.encoded_keys, args)
+
+    def holders(self, lock: LockView) -> list[Holder]:
+        return read_holders(self.client, lock.keys, lock.name).holders
+
+    def renew(self, leases: Sequence[LeaseView], ttl: float | None) -> Renewals:
+        sent = time.monotonic()
+        group = list(leases)
+        with backend_errors(group[0].lock.name if len(group) == 1 else None):
+            expiries = _run(self.client, group, ttl)
+        if ttl is not None:
+            return Renewals(expiries, [sent + ttl] * len(group), None)
+        return Renewals(expiries, [sent + lease.lock.ttl for lease in group], None)
+
+
+def renew_calls(
+    group: Sequence[LeaseView], ttl: float | None
+) -> list[tuple[list[int], list[bytes], list[str]]]:
+    """Script calls renewing ``group``: one per distinct ttl (index list, keys, args)."""
+    # One pass, building each call's keys and tokens as it goes: thousands of leases a call.
+    fixed = None if ttl is None else max(1, round(ttl * 1000))
+    by_ttl: dict[int, tuple[list[int], list[bytes], list[str]]] = {}
+    for i, lease in enumerate(group):
+        lock = lease.lock
+        ms = lock.ttl_ms if fixed is None else fixed
+        entry = by_ttl.get(ms)
+        if entry is None:
+            entry = by_ttl[ms] = ([], [], [])
+        entry[0].append(i)
+        entry[1].extend(lock.encoded_keys[:2])
+        entry[2].append(lease.token)
+    return [
+        (indexes, keys, RenewArgs(ttl_ms=ms, tokens=tokens).encode())
+        for ms, (indexes, keys, tokens) in by_ttl.items()
+    ]
+
+
+def _strictest(group: Sequence[LeaseView]) -> ReplicaPolicy | None:
+    """The replica acknowledgement the batch needs: the most replicas any of its locks asks
+    for, waited for as long as the longest of their timeouts."""
+    policies = [lease.lock.replicas for lease in group if lease.lock.replicas is not None]
+    if not policies:
+        return None
+    return ReplicaPolicy(max(p.count for p in policies), max(p.timeout for p in policies))
+
+
+def _run(client: RedisClient, group: list[LeaseView], ttl: float | None) -> list[int]:
+    policy = _strictest(group)
+    if isinstance(client, RedisCluster):
+        try:
+            return _run_cluster(client, group, ttl, policy)
+        except MovedError:
+            # A failover moved slots: ask the cluster where they are now, and try once more
+            # (renewal is safe to run twice).
+            refresh(client)
+            return _run_cluster(client, group, ttl, policy)
+        except (redis.ConnectionError, redis.TimeoutError):
+            refresh(client)  # a node is gone: the next try goes where its slots went
+            raise
+    out = [0] * len(group)
+    calls = renew_calls(group, ttl)
+    if policy is not None:
+        replies = _pipelined(client, [(keys, args) for _, keys, args in calls], group, policy)
+    else:
+        replies = [run("renew", client, keys, args) for _, keys, args in calls]
+    for (indexes, _, _), raw in zip(calls, replies, strict=True):
+        for i, expiry in zip(indexes, RenewReply.decode(raw).expiries, strict=True):
+            out[i] = expiry
+    return out
+
+
+def _run_cluster(
+    client: RedisCluster, group: list[LeaseView], ttl: float | None, policy: ReplicaPolicy | None
+) -> list[int]:
+    out = [0] * len(group)
+    # A script may touch one slot only: one call per slot, pipelined to each node in one go.
+    by_node: dict[str, tuple[redis.Redis, dict[int, list[int]]]] = {}
+    for i, lease in enumerate(group):
+        key = lease.lock.keys.leases
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        entry = by_node.setdefault(node.name, (client.get_redis_connection(node), {}))
+        entry[1].setdefault(client.keyslot(key), []).append(i)  # type: ignore[no-untyped-call]
+    for node_client, by_slot in by_node.values():
+        calls = []
+        for indexes in by_slot.values():
+            for sub, keys, args in renew_calls([group[i] for i in indexes], ttl):
+                calls.append(([indexes[j] for j in sub], keys, args))
+        replies = _pipelined(
+            node_client,
+            [(keys, args) for _, keys, args in calls],
+            [group[i] for indexes, _, _ in calls for i in indexes],
+            policy,
+            client,
+        )
+        for (indexes, _, _), raw in zip(calls, replies, strict=True):
+            for i, expiry in zip(indexes, RenewReply.decode(raw).expiries, strict=True):
+                out[i] = expiry
+    return out
+
+
+def _pipelined(
+    client: redis.Redis,
+    calls: list[tuple[list[bytes], list[str]]],
+    group: list[LeaseView],
+    policy: ReplicaPolicy | None,
+    cluster: RedisCluster | None = None,
+) -> list[Any]:
+    """The renew calls on one node's connection, in one round trip (an ASK answer sends its
+    calls on to the node named). With ``policy``, WAIT follows on the same connection, and fewer
+    acknowledgements than asked raise :class:`LockBackendError`: the renewal is not counted
+    (its leases are at risk: the heartbeat tries again, and reports them lost if they lapse)."""
+    replies, acks = pipelined(client, "renew", calls, policy, cluster=cluster)
+    if policy is not None:
+        names = {lease.lock.name for lease in group}
+        policy.check(acks or 0, names.pop() if len(names) == 1 else None, "renewal")
+    return replies
