@@ -40,14 +40,9 @@ class RedisLockError(Exception):
     exception one way or the other, and falls back to a base class it can rebuild otherwise.
     """
 
-    def __init__(self, message: str, *, name: str | None = None, **details: Any) -> None:
+    def __init__(self, message: str, *, name: str | None = None) -> None:
         super().__init__(message)
         self.name = name
-        # The attributes a class declares (with their defaults, for a rebuild from the message).
-        for key, value in details.items():
-            if not hasattr(type(self), key):
-                raise TypeError(f"{type(self).__name__}() got an unexpected keyword {key!r}")
-            setattr(self, key, value)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self.args, dict(self.__dict__)))
@@ -73,21 +68,34 @@ class LockNotAcquired(RedisLockError):
     ``owner`` holds a live lease already (``reentrant=False``): that lease's time left.
     """
 
-    timeout: float | None = None
-    owner_expires_in: float | None = None
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        owner_expires_in: float | None = None,
+    ) -> None:
+        super().__init__(message, name=name)
+        self.timeout = timeout
+        self.owner_expires_in = owner_expires_in
 
 
 class LineFull(LockNotAcquired):
     """A task could not park in the lock's task line: it holds ``max_waiting`` parked tasks
     already (``parked``: how many)."""
 
-    parked: int = 0
+    def __init__(self, message: str, *, name: str | None = None, parked: int = 0) -> None:
+        super().__init__(message, name=name)
+        self.parked = parked
 
 
 class LockNotOwned(RedisLockError):
     """The lease is not held by this token (released, expired, or never held)."""
 
-    token: str | None = None
+    def __init__(self, message: str, *, name: str | None = None, token: str | None = None) -> None:
+        super().__init__(message, name=name)
+        self.token = token
 
 
 class LockLost(LockNotOwned):
@@ -106,7 +114,9 @@ class JobFinished(RedisLockError):
     """``acquire(job=...)`` was refused: that job was recorded as finished under this lock
     (:meth:`Lock.finish_job`), so another delivery of it must not run again."""
 
-    job: str | None = None
+    def __init__(self, message: str, *, name: str | None = None, job: str | None = None) -> None:
+        super().__init__(message, name=name)
+        self.job = job
 
 
 class DuplicateTask(RedisLockError):
@@ -116,6 +126,16 @@ class DuplicateTask(RedisLockError):
     running copy: until its lease lapses unless renewed), ``state`` ``"queued"`` or ``"running"``.
     """
 
-    task_id: str | None = None
-    expires_in: float | None = None
-    state: str | None = None
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str | None = None,
+        task_id: str | None = None,
+        expires_in: float | None = None,
+        state: str | None = None,
+    ) -> None:
+        super().__init__(message, name=name)
+        self.task_id = task_id
+        self.expires_in = expires_in
+        self.state = state
