@@ -4,13 +4,12 @@ checked once, when the task is defined (Celery tasks and RQ jobs alike)."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from ..errors import LockConfigError
 from .durations import seconds_or_none
-from .options import KeyFunction, LockOptions, Scope, known_options, parse_key, parse_scope
+from .options import KeyFunction, LockOptions, Scope, known_options, option_what, parse_keying
 from .rate import MAX_DELAY, Rate, parse_rate
 
 __all__ = ["RateOptionDict", "RateOptions", "parse_rate_option"]
@@ -72,28 +71,17 @@ def parse_rate_option(
         return None
     if isinstance(value, str | Rate):
         value = {"rate": value}
-    if not isinstance(value, Mapping):
-        raise LockConfigError(
-            f"task {task!r}: rate must be a rate such as '100/m' or a dict of options "
-            f"({', '.join(_ALLOWED)}), got {type(value).__name__}"
-        )
-    opts: dict[str, Any] = known_options(task, "rate", value, _ALLOWED)
+    opts: dict[str, Any] = known_options(task, "rate", value, _ALLOWED, "a rate such as '100/m'")
     if "rate" not in opts:
         raise LockConfigError(
             f"task {task!r}: rate option 'rate' is required (e.g. '100/m'), got only "
             f"{', '.join(map(repr, opts)) or 'nothing'}"
         )
-    what = f"task {task!r}: rate option 'rate':"
-    rate = parse_rate(opts["rate"], what=what)
+    rate = parse_rate(opts["rate"], what=option_what(task, "rate", "rate"))
     # By default one limit for the whole task: its name, as a template without fields.
-    key = opts.get("key") or task.replace("{", "{{").replace("}", "}}")
-    key, fields = parse_key(task, signature, key, what="rate")
-    scope = parse_scope(task, opts.get("scope", "global"), what="rate")
+    opts["key"] = opts.get("key") or task.replace("{", "{{").replace("}", "}}")
+    keying = parse_keying(task, signature, opts, "rate")
     max_delay = seconds_or_none(
-        opts.get("max_delay"), MAX_DELAY, f"task {task!r}: rate option 'max_delay':"
+        opts.get("max_delay"), MAX_DELAY, option_what(task, "max_delay", "rate")
     )
-    return RateOptions(
-        rate=rate,
-        keying=LockOptions(key=key, scope=scope, fields=fields),
-        max_delay=max_delay,
-    )
+    return RateOptions(rate, keying, max_delay)

@@ -4,21 +4,20 @@ checked once, when the task is defined; the claim it implies lives in :mod:`.cla
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypedDict
 
 from ..errors import LockConfigError
+from ._validate import one_of
 from .durations import ALLOWANCE, seconds_or_none
 from .options import (
     ConflictAction,
     KeyFunction,
     LockOptions,
     Scope,
-    check_choice,
     known_options,
-    parse_key,
-    parse_scope,
+    option_what,
+    parse_keying,
 )
 
 __all__ = [
@@ -84,10 +83,6 @@ class UniqueOptions:
         return self.lifecycle == "until_finished"
 
 
-def _error(task: str, option: str, message: str) -> LockConfigError:
-    return LockConfigError(f"task {task!r}: unique option {option!r}: {message}")
-
-
 def parse_unique_option(
     task: str,
     signature: inspect.Signature | None,
@@ -109,28 +104,19 @@ def parse_unique_option(
         return None, lock
     if isinstance(value, str):
         value = {"lifecycle": value}
-    if not isinstance(value, Mapping):
-        raise LockConfigError(
-            f"task {task!r}: unique must be a lifecycle ({', '.join(LIFECYCLES)}) or a dict of "
-            f"options ({', '.join(_ALLOWED)}), got {type(value).__name__}"
-        )
-    opts = known_options(task, "unique", value, _ALLOWED)
-    lifecycle = check_choice(
-        task, "lifecycle", opts.get("lifecycle", "until_finished"), LIFECYCLES, "unique"
-    )
+    shape = f"a lifecycle ({', '.join(LIFECYCLES)})"
+    opts = known_options(task, "unique", value, _ALLOWED, shape)
+
+    def what(option: str) -> str:
+        return option_what(task, option, "unique")
+
+    lifecycle = one_of(opts.get("lifecycle", "until_finished"), LIFECYCLES, what("lifecycle"))
     on_duplicate = opts.get("on_duplicate")
     if on_duplicate is not None:
-        on_duplicate = check_choice(task, "on_duplicate", on_duplicate, ON_DUPLICATE, "unique")
-    allowance = seconds_or_none(
-        opts.get("allowance"), ALLOWANCE, f"task {task!r}: unique option 'allowance':"
-    )
+        on_duplicate = one_of(on_duplicate, ON_DUPLICATE, what("on_duplicate"))
+    allowance = seconds_or_none(opts.get("allowance"), ALLOWANCE, what("allowance"))
     keying = _keying(task, signature, opts, lock, lifecycle)
-    unique = UniqueOptions(
-        lifecycle=lifecycle,
-        keying=keying,
-        on_duplicate=on_duplicate,
-        allowance=allowance,
-    )
+    unique = UniqueOptions(lifecycle, keying, on_duplicate, allowance)
     if lifecycle in _RUNS_LOCKED and lock is None:
         # The run lock is implied, on the same key. A copy queued while another runs
         # (until_and_while_running) waits its turn by default instead of being skipped.
@@ -148,14 +134,13 @@ def _keying(
     lock: LockOptions | None,
     lifecycle: str,
 ) -> LockOptions:
-    own = {k: opts[k] for k in ("key", "scope") if k in opts}
+    own: dict[str, Any] = {k: opts[k] for k in ("key", "scope") if k in opts}
     if lock is not None and lifecycle in _RUNS_LOCKED:
         if own:
-            raise _error(
-                task,
-                next(iter(own)),
-                f"lifecycle {lifecycle!r} holds the task's lock= while it runs, so the key comes "
-                "from lock=; set key and scope there",
+            raise LockConfigError(
+                f"{option_what(task, next(iter(own)), 'unique')} lifecycle {lifecycle!r} holds "
+                "the task's lock= while it runs, so the key comes from lock=; set key and scope "
+                "there"
             )
         if lock.mode != "write" or (lock.limit or 1) > 1:
             raise LockConfigError(
@@ -165,6 +150,4 @@ def _keying(
         return lock
     if not own and lock is not None:
         return LockOptions(key=lock.key, scope=lock.scope, fields=lock.fields)
-    key, fields = parse_key(task, signature, own.get("key"), "unique")
-    scope = parse_scope(task, own.get("scope", "global"), "unique")
-    return LockOptions(key=key, scope=scope, fields=fields)
+    return parse_keying(task, signature, own, "unique")
