@@ -1,13 +1,9 @@
 """The package's settings: ONE schema and the frozen :class:`Settings` both integrations use.
 
-Each field is written once: its default (in :class:`Settings`), what it accepts, its environment
-name (``REDISLOCK_TTL``) and its Celery name (``redislock_ttl``), in :data:`FIELDS`. Values come
-from one of two sources, checked by the same code and refused naming the value as its source
-spells it:
-
-- a mapping of Celery names (:meth:`Settings.from_mapping`; Celery's ``app.conf``, whose
-  namespace prefix its own ``get`` applies);
-- the environment (:meth:`Settings.from_env`) or keyword arguments (``Settings(ttl=30)``).
+Each field is written once: its default in :class:`Settings`; what it accepts, its environment
+name (``REDISLOCK_TTL``) and Celery name (``redislock_ttl``) in :data:`FIELDS`. Every source
+(Celery's ``app.conf``, the environment, keyword arguments) is checked by the same code, and a
+bad value is refused as its source spells it.
 
 >>> Settings.from_env({"REDISLOCK_TTL": "30"}) == Settings.from_mapping({"redislock_ttl": 30}.get)
 True
@@ -141,9 +137,8 @@ class Settings:
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         for field in FIELDS.values():
-            raw = None if field.env is None else env.get(field.env)
-            if raw is not None and field.env is not None and field.text is not None:
-                values[field.name] = field.text(raw, ENV(field.name))
+            if field.env is not None and field.text is not None and field.env in env:
+                values[field.name] = field.text(env[field.env], ENV(field.name))
         return cls.from_values(values, ENV)
 
     def client_key(self) -> tuple[object, ...]:
@@ -207,10 +202,6 @@ def _factory(value: object, what: str) -> object:
     return value
 
 
-def _sentinels(value: object, what: str) -> object:
-    return None if value is None else tuple(parse_sentinels(value, what))
-
-
 def _options(value: object, what: str) -> object:
     items: Any = value.items() if isinstance(value, Mapping) else value
     try:
@@ -222,10 +213,6 @@ def _options(value: object, what: str) -> object:
             f"{what} must be a dict of redis-py connection options, got {value!r}"
         )
     return pairs
-
-
-def _retries(value: object, what: str) -> object:
-    return int_at_least(value, 1, what)
 
 
 def _as_is(value: object, what: str) -> object:
@@ -297,8 +284,8 @@ FIELDS: dict[str, Field] = {
         Field("line_handover_window", _seconds(ALLOWANCE), _number_text),
         Field("line_sweep_interval", _seconds(SWEEP_INTERVAL), _number_text),
         # RQ's: Celery counts conflict retries against the task's own max_retries.
-        Field("max_conflict_retries", _retries, _int_text, conf=None),
-        Field("sentinels", _sentinels),
+        Field("max_conflict_retries", lambda v, what: int_at_least(v, 1, what), _int_text, None),
+        Field("sentinels", lambda v, what: None if v is None else tuple(parse_sentinels(v, what))),
         Field("sentinel_master", _as_is),  # checked with sentinels (_together)
         Field("redlock_urls", lambda v, what: None if v is None else parse_master_urls(v, what)),
         Field("min_replicas", _as_is, _int_text),  # checked with replica_timeout (_together)
@@ -362,11 +349,11 @@ def _together(values: dict[str, object], naming: Naming) -> None:
 
 def read_mapping(get: Callable[[str], object]) -> dict[str, object]:
     """The fields ``get`` (by Celery name) has a value for; ``None`` is not set."""
-    found = {}
-    for field in FIELDS.values():
-        if field.celery is not None and (value := get(field.celery)) is not None:
-            found[field.name] = value
-    return found
+    return {
+        field.name: value
+        for field in FIELDS.values()
+        if field.celery is not None and (value := get(field.celery)) is not None
+    }
 
 
 def disabled_by_env(environ: Mapping[str, str] | None = None) -> bool:
