@@ -2,12 +2,8 @@
 gives its ARGV) and one typed reply (``decode()`` reads the raw answer) per script, as each
 script's header in ``lua/`` describes them. Nothing here talks to Redis.
 
-Over 300 lines: it holds the contract of every script, one short section each.
-
-The types are NamedTuples, not frozen dataclasses: the lock's hot path builds two requests and
-decodes two replies per acquire and release, and a frozen dataclass costs twice as much to make.
-Build them by keyword. Replies come as bytes, or as str from a client made with
-``decode_responses=True``: every decoder takes either.
+NamedTuples, not frozen dataclasses (half the cost to make, on the lock's hot path); build them
+by keyword. Replies come as bytes, or as str (``decode_responses=True``): decoders take either.
 """
 
 from __future__ import annotations
@@ -96,8 +92,6 @@ class Grant(NamedTuple):
     @classmethod
     def decode_all(cls, items: Sequence[Any]) -> tuple[Grant, ...]:
         """The grants in a reply's tail: token, fence, expiry for each."""
-        if not items:
-            return ()
         it = iter(items)
         return tuple(
             cls(token=text(t), fence=int(f), expires_at_ms=int(e))
@@ -165,7 +159,7 @@ class AcquireArgs(NamedTuple):
     """Park in the task line rather than fail or wait."""
 
     def encode(self) -> list[str]:
-        flags = "01"[self.wait] + "01"[self.woke] + "01"[self.once]  # e.g. '100'
+        flags = _bit(self.wait) + _bit(self.woke) + _bit(self.once)  # e.g. '100'
         args = [self.token, self.spec, flags, self.owner or "", self.info, self.job or ""]
         if self.park is not None:
             args[2] += "1"
@@ -365,8 +359,7 @@ class LiveLease(NamedTuple):
     expires_at_ms: int
     mode: Mode
     entered: int
-    """The lease's re-entry count: how many times its owner holds it (PARKED, LINE_FULL: the
-    parked entries in line)."""
+    """How many times its owner holds it."""
     fence: int
     owner: str | None
     info: dict[str, str]
