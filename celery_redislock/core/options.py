@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import string
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypedDict
 
 from ..errors import LockConfigError
@@ -112,7 +112,7 @@ def _error(task: str, option: str, message: str, what: str = "lock") -> LockConf
 def template_fields(task: str, template: str, what: str = "lock") -> tuple[str, ...]:
     """The argument names a key template refers to (``{a}``, ``{a.b}``, ``{a[0]}``); ``what``
     names the option in errors. Refuses what would make names that are not canonical (see
-    :mod:`.keyname`): conversions (``{a!r}``) and fields nested in a format spec."""
+    :mod:`.naming`): conversions (``{a!r}``) and fields nested in a format spec."""
 
     def refused(message: str) -> LockConfigError:
         return _error(task, "key", message, what)
@@ -169,10 +169,7 @@ def parse_lock_option(
     def what(option: str) -> str:
         return option_what(task, option)
 
-    key, fields = parse_key(task, signature, opts.get("key"))
-    mode = one_of(opts.get("mode", "write"), MODES, what("mode"), listed="'read' or 'write'")
-    limit = int_at_least(opts.get("limit"), 1, what("limit"), or_none=True)
-    scope = one_of(opts.get("scope", "global"), SCOPES, what("scope"))
+    keying = parse_keying(task, signature, opts, "lock")
     on_conflict = opts.get("on_conflict")
     if on_conflict is not None:
         on_conflict = one_of(on_conflict, CONFLICT_ACTIONS, what("on_conflict"))
@@ -184,23 +181,19 @@ def parse_lock_option(
             f"applies to on_conflict='queue' only (the task line), but on_conflict is "
             f"{on_conflict!r}",
         )
-    max_retries = int_at_least(opts.get("max_retries"), 0, what("max_retries"), or_none=True)
-    count_retries = true_or_false(opts.get("count_retries", False), what("count_retries"))
-    return LockOptions(
-        key=key,
-        mode=mode,
-        limit=limit,
-        scope=scope,
+    return replace(
+        keying,
+        mode=one_of(opts.get("mode", "write"), MODES, what("mode"), listed="'read' or 'write'"),
+        limit=int_at_least(opts.get("limit"), 1, what("limit"), or_none=True),
         ttl=seconds_or_none(opts.get("ttl"), TTL, what("ttl")),
         on_conflict=on_conflict,
         countdown=seconds(opts.get("countdown", DEFAULT_COUNTDOWN), COUNTDOWN, what("countdown")),
-        max_retries=max_retries,
-        count_retries=count_retries,
+        max_retries=int_at_least(opts.get("max_retries"), 0, what("max_retries"), or_none=True),
+        count_retries=true_or_false(opts.get("count_retries", False), what("count_retries")),
         timeout=seconds(opts.get("timeout", DEFAULT_WAIT_TIMEOUT), TIMEOUT, what("timeout")),
         max_hold=seconds_or_none(opts.get("max_hold"), MAX_HOLD, what("max_hold")),
         max_wait=seconds(opts.get("max_wait", DEFAULT_MAX_WAIT), MAX_WAIT, what("max_wait")),
         max_waiting=int_at_least(opts.get("max_waiting"), 1, what("max_waiting"), or_none=True),
-        fields=fields,
     )
 
 
