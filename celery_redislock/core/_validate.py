@@ -1,10 +1,8 @@
 """The checks of the values the package is given (arguments, task options, settings), each
-written once, so one kind of value is refused in the same words wherever it is given.
-
-Every check raises :class:`~celery_redislock.LockConfigError` reading
-``"{what} must be {allowed}, got {value!r}"``: ``what`` opens the message (``"limit"``,
-``"setting redislock_on_conflict"``, ``"task 'x': lock option 'limit':"``) and ``name`` is the
-lock name the error carries, if there is one.
+written once, so one kind of value is refused in the same words wherever it is given:
+``"{what} must be {allowed}, got {value!r}"`` (:class:`~celery_redislock.LockConfigError`),
+``what`` opening it (``"setting redislock_ttl"``, ``"task 'x': lock option 'limit':"``) and
+``name`` the lock name the error carries, if any.
 """
 
 from __future__ import annotations
