@@ -50,16 +50,6 @@ FORMS = (
 )
 
 
-def _limit_error(what: str, limit: object, value: object, name: str | None) -> LockConfigError:
-    return LockConfigError(
-        f"{what}: the limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}"
-        f"{_in(limit, value)}: the window keeps one entry per start, so its memory and cost grow "
-        f"with the limit; give a large quota over a shorter period ('1000/36s' rather than "
-        f"'100000/h')",
-        name=name,
-    )
-
-
 def _in(part: object, value: object) -> str:
     return f" in {value!r}" if value is not part else ""
 
@@ -94,7 +84,13 @@ class Rate:
 
 def _check(limit: object, per: object, what: str, value: object, name: str | None) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-        raise _limit_error(what, limit, value, name)
+        raise LockConfigError(
+            f"{what}: the limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}"
+            f"{_in(limit, value)}: the window keeps one entry per start, so its memory and cost "
+            f"grow with the limit; give a large quota over a shorter period ('1000/36s' rather "
+            f"than '100000/h')",
+            name=name,
+        )
     seconds = finite_real(per)
     if seconds is None or not MIN_PER <= seconds <= MAX_PER:
         raise LockConfigError(
@@ -124,17 +120,12 @@ def parse_rate(value: object, *, what: str = "rate", name: str | None = None) ->
     """  # noqa: E501
     if isinstance(value, Rate):
         return value
-    if not isinstance(value, str):
+    found = _FORM.fullmatch(value.strip().lower()) if isinstance(value, str) else None
+    count, number, unit, unit_alone = found.groups() if found else ("", "", "", "")
+    scale = _UNITS.get(unit_alone or unit or "s")  # no unit: seconds
+    if found is None or scale is None:
         raise refuse(what, FORMS, value, name=name)
-    found = _FORM.fullmatch(value.strip().lower())
-    if found is None:
-        raise refuse(what, FORMS, value, name=name)
-    count, number, unit, unit_alone = found.groups()
-    unit = unit_alone or unit
-    if unit and unit not in _UNITS:
-        raise refuse(what, FORMS, value, name=name)
-    per = (float(number) if number else 1.0) * (_UNITS[unit] if unit else 1.0)
-    limit = int(count)
+    limit, per = int(count), (float(number) if number else 1.0) * scale
     _check(limit, per, what, value, name)
     return Rate(limit, per)
 
