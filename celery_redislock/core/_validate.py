@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
 from typing import TypeVar
 
 from ..errors import LockConfigError
@@ -83,16 +82,12 @@ def true_or_false(value: object, what: str, *, name: str | None = None) -> bool:
 
 
 def non_empty_string(
-    value: object,
-    what: str,
-    *,
-    name: str | None = None,
-    without: Iterable[str] = (),
-    described: str = "",
+    value: object, what: str, *, name: str | None = None, without: str = ""
 ) -> str:
-    """``value`` if it is a non-empty ``str`` holding none of the characters ``without``
-    (worded ``described`` in the error: ``"'{' or '}'"``)."""
+    """``value`` if it is a non-empty ``str`` holding none of the characters ``without``."""
     if not isinstance(value, str) or not value or any(c in value for c in without):
-        allowed = f"a non-empty string without {described}" if described else "a non-empty string"
+        allowed = "a non-empty string"
+        if without:
+            allowed += f" without {' or '.join(map(repr, without))}"
         raise refuse(what, allowed, value, name=name)
     return value

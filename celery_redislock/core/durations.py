@@ -45,9 +45,7 @@ class Duration:
     def check(self, value: object) -> float | None:
         """``value`` as a float if it lies in the range, else ``None``."""
         seconds = finite_real(value)
-        if seconds is None or not self.low <= seconds <= self.high:
-            return None
-        return seconds
+        return seconds if seconds is not None and self.low <= seconds <= self.high else None
 
 
 # The heartbeat renews every ttl/3: under 0.1 s (33 ms) one scheduling hiccup loses a live
@@ -99,8 +97,7 @@ def seconds(value: object, duration: Duration, what: str, *, name: str | None = 
     ...
     celery_redislock.errors.LockConfigError: ttl must be a number of seconds from 0.1 to 604800 (7 days), got inf
     """  # noqa: E501
-    checked = duration.check(value)
-    if checked is None:
+    if (checked := duration.check(value)) is None:
         raise refuse(what, duration.allowed(), value, name=name)
     return checked
 
@@ -111,7 +108,6 @@ def seconds_or_none(
     """As :func:`seconds`, but ``None`` is allowed (and returned)."""
     if value is None:
         return None
-    checked = duration.check(value)
-    if checked is None:
+    if (checked := duration.check(value)) is None:
         raise refuse(what, f"{duration.allowed()} or None", value, name=name)
     return checked

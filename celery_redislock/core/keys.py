@@ -21,7 +21,7 @@ def check_name(name: object, *, what: str = "name") -> str:
 
 
 def check_namespace(namespace: object) -> str:
-    return non_empty_string(namespace, "namespace", without="{}", described="'{' or '}'")
+    return non_empty_string(namespace, "namespace", without="{}")
 
 
 @dataclass(frozen=True, slots=True)

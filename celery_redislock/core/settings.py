@@ -102,7 +102,6 @@ class Settings:
     replica_timeout: float | None = None
     disabled: bool = False
     """The kill switch: no task takes a lock or claims a unique key; logged at ERROR."""
-    # Celery's only (see FIELDS): a callable is no environment value, nor is a dict of options.
     client_factory: Callable[[], RedisClient] | None = None
     sentinel_options: tuple[tuple[str, Any], ...] = ()
     task_time_limit: float | None = None
