@@ -175,11 +175,9 @@ def parse_lock_option(
         on_conflict = one_of(on_conflict, CONFLICT_ACTIONS, what("on_conflict"))
     line_only = [k for k in ("max_wait", "max_waiting") if k in opts]
     if line_only and on_conflict not in (None, "queue"):
-        raise _error(
-            task,
-            line_only[0],
-            f"applies to on_conflict='queue' only (the task line), but on_conflict is "
-            f"{on_conflict!r}",
+        raise LockConfigError(
+            f"{what(line_only[0])} applies to on_conflict='queue' only (the task line), but "
+            f"on_conflict is {on_conflict!r}"
         )
     return replace(
         keying,
@@ -227,12 +225,8 @@ def parse_key(
         check_fields(task, signature, fields, what)
         return key, fields
     if key is not None and not callable(key):
-        raise _error(
-            task,
-            "key",
-            f"must be a template string, a callable or None, got {type(key).__name__}",
-            what,
-        )
+        got = type(key).__name__
+        raise _error(task, "key", f"must be a template string, a callable or None, got {got}", what)
     return key, ()
 
 
@@ -268,10 +262,8 @@ def check_fields(
         return  # any name may arrive through **kwargs
     missing = [f for f in fields if f not in params]
     if missing:
-        raise _error(
-            task,
-            "key",
-            f"template names argument(s) {', '.join(map(repr, missing))} that the task does not "
-            f"take; its arguments are: {', '.join(params) or '(none)'}",
-            what,
+        raise LockConfigError(
+            f"{option_what(task, 'key', what)} template names argument(s) "
+            f"{', '.join(map(repr, missing))} that the task does not take; its arguments are: "
+            f"{', '.join(params) or '(none)'}"
         )

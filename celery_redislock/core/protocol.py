@@ -100,8 +100,7 @@ class Grant(NamedTuple):
 
 
 class Wake(NamedTuple):
-    """The payload a granted waiter pops from its wake list: ``'fence:expiry'``; ``'0:0'``
-    wakes a waiter with no lease (its owner holds one already: it tries again)."""
+    """The payload a granted waiter pops from its wake list: ``'fence:expiry'`` (see Grant)."""
 
     fence: int
     expires_at_ms: int
@@ -113,6 +112,12 @@ class Wake(NamedTuple):
     def decode(cls, raw: Any) -> Wake:
         fence, expiry = text(raw).split(":")
         return cls(fence=int(fence), expires_at_ms=int(expiry))
+
+
+def _tokens_and_grants(parts: Sequence[Any]) -> tuple[tuple[str, ...], tuple[Grant, ...]]:
+    """A reply's tail of a count, that many tokens, then grants."""
+    count = int(parts[0])
+    return tuple(text(t) for t in parts[1 : 1 + count]), Grant.decode_all(parts[1 + count :])
 
 
 # -- acquire.lua -------------------------------------------------------------------------------
@@ -277,13 +282,8 @@ class SweepReply(NamedTuple):
     @classmethod
     def decode(cls, raw: Any) -> SweepReply:
         parts = raw.split()
-        count = int(parts[2])
-        return cls(
-            parked=int(parts[0]),
-            leases=int(parts[1]),
-            expired=tuple(text(t) for t in parts[3 : 3 + count]),
-            granted=Grant.decode_all(parts[3 + count :]),
-        )
+        expired, granted = _tokens_and_grants(parts[2:])
+        return cls(parked=int(parts[0]), leases=int(parts[1]), expired=expired, granted=granted)
 
 
 # -- release_where.lua -------------------------------------------------------------------------
@@ -309,11 +309,7 @@ class ReleaseWhereReply(NamedTuple):
 
     @classmethod
     def decode(cls, raw: Sequence[Any]) -> ReleaseWhereReply:
-        count = int(raw[0])
-        return cls(
-            released=tuple(text(t) for t in raw[1 : 1 + count]),
-            granted=Grant.decode_all(raw[1 + count :]),
-        )
+        return cls(*_tokens_and_grants(raw))
 
 
 # -- renew.lua, notify.lua ---------------------------------------------------------------------
