@@ -36,9 +36,7 @@ def finite_real(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def int_at_least(
-    value: object, low: int, what: str, *, name: str | None = None, or_none: bool = False
-) -> int | None:
+def int_at_least(value: object, low: int, what: str, *, or_none: bool = False) -> int | None:
     """``value`` if it is an ``int`` (not a ``bool``) of at least ``low``; ``None`` passes when
     ``or_none``.
 
@@ -50,18 +48,11 @@ def int_at_least(
     if value is None and or_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise refuse(what, f"an integer >= {low}{' or None' if or_none else ''}", value, name=name)
+        raise refuse(what, f"an integer >= {low}{' or None' if or_none else ''}", value)
     return value
 
 
-def one_of(
-    value: object,
-    allowed: tuple[T, ...],
-    what: str,
-    *,
-    name: str | None = None,
-    listed: str | None = None,
-) -> T:
+def one_of(value: object, allowed: tuple[T, ...], what: str, *, listed: str | None = None) -> T:
     """The choice of ``allowed`` that ``value`` is; ``listed`` words them in the error (by
     default ``one of 'a', 'b'``).
 
@@ -71,13 +62,13 @@ def one_of(
     for choice in allowed:
         if value == choice:
             return choice
-    raise refuse(what, listed or f"one of {', '.join(map(repr, allowed))}", value, name=name)
+    raise refuse(what, listed or f"one of {', '.join(map(repr, allowed))}", value)
 
 
-def true_or_false(value: object, what: str, *, name: str | None = None) -> bool:
+def true_or_false(value: object, what: str) -> bool:
     """``value`` if it is a ``bool`` (``1`` is refused: it is not a flag's spelling)."""
     if not isinstance(value, bool):
-        raise refuse(what, "True or False", value, name=name)
+        raise refuse(what, "True or False", value)
     return value
 
 
