@@ -6,7 +6,7 @@ import inspect
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, get_args
 
 from ..errors import LockConfigError
 from ._validate import int_at_least, one_of, true_or_false
@@ -41,9 +41,9 @@ ConflictAction = Literal["skip", "retry", "wait", "raise", "queue"]
 Scope = Literal["global", "host"]
 KeyFunction = Callable[..., object]
 
-CONFLICT_ACTIONS: tuple[ConflictAction, ...] = ("skip", "retry", "wait", "raise", "queue")
-SCOPES: tuple[Scope, ...] = ("global", "host")
-MODES: tuple[Mode, ...] = ("read", "write")
+CONFLICT_ACTIONS: tuple[ConflictAction, ...] = get_args(ConflictAction)
+SCOPES: tuple[Scope, ...] = get_args(Scope)
+MODES: tuple[Mode, ...] = get_args(Mode)
 DEFAULT_COUNTDOWN = 2.0
 DEFAULT_WAIT_TIMEOUT = 10.0
 DEFAULT_MAX_WAIT = 3600.0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ..errors import LockConfigError
 from ._validate import int_at_least, one_of, true_or_false
@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 BackendPolicy = Literal["fail", "retry", "run"]
-BACKEND_POLICIES: tuple[BackendPolicy, ...] = ("fail", "retry", "run")
+BACKEND_POLICIES: tuple[BackendPolicy, ...] = get_args(BackendPolicy)
 # Below 50 ms the sweeps cost more than the lapses they catch; past a minute a dead holder's
 # line waits too long.
 SWEEP_INTERVAL = Duration(0.05, 60.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, get_args
 
 from ..errors import LockConfigError
 from ._validate import one_of
@@ -33,13 +33,8 @@ __all__ = [
 Lifecycle = Literal["until_started", "until_finished", "while_running", "until_and_while_running"]
 OnDuplicate = Literal["existing", "raise", "replace"]
 
-LIFECYCLES: tuple[Lifecycle, ...] = (
-    "until_started",
-    "until_finished",
-    "while_running",
-    "until_and_while_running",
-)
-ON_DUPLICATE: tuple[OnDuplicate, ...] = ("existing", "raise", "replace")
+LIFECYCLES: tuple[Lifecycle, ...] = get_args(Lifecycle)
+ON_DUPLICATE: tuple[OnDuplicate, ...] = get_args(OnDuplicate)
 _RUNS_LOCKED = ("until_finished", "while_running", "until_and_while_running")
 
 
