@@ -222,27 +222,19 @@ def _parsed(convert: Callable[[str], object], words: str) -> Callable[[str, str]
     def parse(raw: str, what: str) -> object:
         try:
             return convert(raw)
-        except ValueError:
+        except (ValueError, KeyError):
             raise LockConfigError(f"{what} must be {words}, got {raw!r}") from None
 
     return parse
-
-
-_number_text = _parsed(float, "a number of seconds")
-_int_text = _parsed(int, "an integer")
 
 
 _FLAGS = {
     **dict.fromkeys(("", "0", "false", "no"), False),
     **dict.fromkeys(("1", "true", "yes"), True),
 }
-
-
-def _flag_text(raw: str, what: str) -> object:
-    flag = _FLAGS.get(raw.strip().lower())
-    if flag is None:
-        raise LockConfigError(f"{what} must be 1/true/yes or 0/false/no, got {raw!r}")
-    return flag
+_number_text = _parsed(float, "a number of seconds")
+_int_text = _parsed(int, "an integer")
+_flag_text = _parsed(lambda raw: _FLAGS[raw.strip().lower()], "1/true/yes or 0/false/no")
 
 
 @dataclass(frozen=True, slots=True)
