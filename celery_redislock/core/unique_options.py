@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypedDict, get_args
+from typing import Literal, TypedDict, get_args
 
 from ..errors import LockConfigError
 from ._validate import one_of
 from .durations import ALLOWANCE, seconds_or_none
 from .options import (
-    ConflictAction,
     KeyFunction,
     LockOptions,
     Scope,
@@ -110,39 +109,27 @@ def parse_unique_option(
     if on_duplicate is not None:
         on_duplicate = one_of(on_duplicate, ON_DUPLICATE, what("on_duplicate"))
     allowance = seconds_or_none(opts.get("allowance"), ALLOWANCE, what("allowance"))
-    keying = _keying(task, signature, opts, lock, lifecycle)
-    unique = UniqueOptions(lifecycle, keying, on_duplicate, allowance)
-    if lifecycle in _RUNS_LOCKED and lock is None:
-        # The run lock is implied, on the same key. A copy queued while another runs
-        # (until_and_while_running) waits its turn by default instead of being skipped.
-        on_conflict: ConflictAction | None = (
-            "retry" if lifecycle == "until_and_while_running" else None
-        )
-        lock = replace(keying, on_conflict=on_conflict)
-    return unique, lock
-
-
-def _keying(
-    task: str,
-    signature: inspect.Signature | None,
-    opts: dict[str, Any],
-    lock: LockOptions | None,
-    lifecycle: str,
-) -> LockOptions:
-    own: dict[str, Any] = {k: opts[k] for k in ("key", "scope") if k in opts}
+    # The key: lock='s for a lifecycle that runs under it, else the option's own or lock='s.
+    own = [k for k in ("key", "scope") if k in opts]
     if lock is not None and lifecycle in _RUNS_LOCKED:
         if own:
             raise LockConfigError(
-                f"{option_what(task, next(iter(own)), 'unique')} lifecycle {lifecycle!r} holds "
-                "the task's lock= while it runs, so the key comes from lock=; set key and scope "
-                "there"
+                f"{what(own[0])} lifecycle {lifecycle!r} holds the task's lock= while it runs, "
+                "so the key comes from lock=; set key and scope there"
             )
         if lock.mode != "write" or (lock.limit or 1) > 1:
             raise LockConfigError(
                 f"task {task!r}: unique lifecycle {lifecycle!r} needs an exclusive lock= "
                 f"(mode 'write', no limit), got mode {lock.mode!r}, limit {lock.limit!r}"
             )
-        return lock
-    if not own and lock is not None:
-        return LockOptions(key=lock.key, scope=lock.scope, fields=lock.fields)
-    return parse_keying(task, signature, own, "unique")
+        keying = lock
+    elif lock is not None and not own:
+        keying = LockOptions(key=lock.key, scope=lock.scope, fields=lock.fields)
+    else:
+        keying = parse_keying(task, signature, opts, "unique")
+    if lifecycle in _RUNS_LOCKED and lock is None:
+        # The run lock is implied, on the same key. A copy queued while another runs
+        # (until_and_while_running) waits its turn by default instead of being skipped.
+        retry = lifecycle == "until_and_while_running"
+        lock = replace(keying, on_conflict="retry" if retry else None)
+    return UniqueOptions(lifecycle, keying, on_duplicate, allowance), lock
