@@ -185,13 +185,6 @@ def _url(value: object, what: str) -> object:
     return value
 
 
-def _namespace(value: object, what: str) -> object:
-    try:
-        return check_namespace(value)
-    except LockConfigError as exc:
-        raise LockConfigError(f"{what}: {exc}") from exc
-
-
 def _factory(value: object, what: str) -> object:
     if value is not None and not callable(value):
         raise LockConfigError(
@@ -263,7 +256,7 @@ FIELDS: dict[str, Field] = {
     f.name: f
     for f in (
         Field("url", _url),
-        Field("namespace", _namespace),
+        Field("namespace", lambda v, what: check_namespace(v, f"{what}: namespace")),
         Field("ttl", _seconds(TTL), _number_text),
         Field("on_conflict", _choice(CONFLICT_ACTIONS)),
         Field("on_duplicate", _choice(ON_DUPLICATE)),
