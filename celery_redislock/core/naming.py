@@ -226,8 +226,8 @@ def lock_name(
             named = _named(bound) if bound is not None else dict(kwargs)
             name = _formatter.vformat(key, (), named)
         elif key is not None:
-            call_args = (bound.args, bound.kwargs) if bound is not None else (args, kwargs)
-            name = _from_function(task, key, call_args[0], call_args[1])
+            call = (bound.args, bound.kwargs) if bound is not None else (args, kwargs)
+            name = _from_function(task, key, *call)
         else:
             named = _named(bound) if bound is not None else {"args": list(args), **kwargs}
             name = f"{task}:{canonical_hash(named)}"

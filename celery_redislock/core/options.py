@@ -245,10 +245,7 @@ def call_signature(fun: Callable[..., Any], bound: bool) -> inspect.Signature | 
         sig = inspect.signature(fun)
     except (TypeError, ValueError):
         return None  # no signature to check against (e.g. a C function)
-    if bound:
-        params = list(sig.parameters.values())[1:]
-        sig = sig.replace(parameters=params)
-    return sig
+    return sig.replace(parameters=list(sig.parameters.values())[1:]) if bound else sig
 
 
 def check_fields(
