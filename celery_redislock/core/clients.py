@@ -1,9 +1,7 @@
 """Redis clients made from settings, the same for every framework integration: a URL, or a list
 of Sentinels and a service name (the client then follows the master through failovers), or a
-factory, with a replica acknowledgement policy attached; and the one cache of them.
-
->>> client = sentinel_client("s1:26379,s2:26379", "locks", min_replicas=1)  # doctest: +SKIP
->>> Lock(client, "report", ttl=30)                                         # doctest: +SKIP
+factory, with a replica acknowledgement policy attached; and the one cache of them (an example:
+docs/topologies.md).
 """
 
 from __future__ import annotations

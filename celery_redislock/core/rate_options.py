@@ -58,7 +58,6 @@ def _in(part: object, value: object) -> str:
 class Rate:
     """At most ``limit`` starts in any ``per`` seconds.
 
-    >>> from celery_redislock.core.rate import Rate
     >>> Rate(100, 60)
     Rate(limit=100, per=60.0)
     >>> str(Rate(5, 2)), Rate(5, 2).per_ms
@@ -108,7 +107,6 @@ def parse_rate(value: object, *, what: str = "rate", name: str | None = None) ->
     ``"task 'x': lock option 'rate':"``), the value and the forms allowed; ``name`` is the lock
     name the error carries.
 
-    >>> from celery_redislock.core.rate import parse_rate
     >>> parse_rate("100/m")
     Rate(limit=100, per=60.0)
     >>> parse_rate("5/2s"), parse_rate("100/60")
@@ -133,7 +131,6 @@ def parse_rate(value: object, *, what: str = "rate", name: str | None = None) ->
 class RateOptionDict(TypedDict, total=False):
     """The dict form of a task's ``rate=`` option (``rate`` is required).
 
-    >>> from celery_redislock.core.rate_options import RateOptionDict
     >>> opts: RateOptionDict = {"rate": "100/m", "key": "partner:{account}"}
     """
 
@@ -178,7 +175,6 @@ def parse_rate_option(
     ``rate`` and optionally ``key`` (a template over the call's arguments, or a callable),
     ``scope`` and ``max_delay``. Raises :class:`LockConfigError` naming the task and option.
 
-    >>> from celery_redislock.core.rate_options import parse_rate_option
     >>> parse_rate_option("api", None, "100/m").rate
     Rate(limit=100, per=60.0)
     """
