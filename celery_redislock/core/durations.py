@@ -86,12 +86,8 @@ def _number(value: float) -> str:
 
 
 def seconds(value: object, duration: Duration, what: str, *, name: str | None = None) -> float:
-    """``value`` in seconds, checked against ``duration``; ``what`` opens the error message
-    (``"ttl"``, ``"setting redislock_ttl"``, ``"task 'x': lock option 'ttl':"``) and ``name``
-    is the lock name the error carries.
+    """``value`` in seconds, checked against ``duration`` (``what``, ``name``: :mod:`._validate`).
 
-    >>> seconds(30, TTL, "ttl")
-    30.0
     >>> seconds(float("inf"), TTL, "ttl")
     Traceback (most recent call last):
     ...
