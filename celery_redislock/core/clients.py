@@ -1,9 +1,7 @@
 """Redis clients made from settings, the same for every framework integration: a URL, or a list
 of Sentinels and a service name (the client then follows the master through failovers), or a
-factory, with a replica acknowledgement policy attached; and the one cache of them.
-
->>> client = sentinel_client("s1:26379,s2:26379", "locks", min_replicas=1)  # doctest: +SKIP
->>> Lock(client, "report", ttl=30)                                         # doctest: +SKIP
+factory, with a replica acknowledgement policy attached; and the one cache of them (an example:
+docs/topologies.md).
 """
 
 from __future__ import annotations
@@ -45,23 +43,15 @@ _BACKOFF_CAP = 0.25
 def parse_sentinels(value: object, what: str = "sentinels") -> list[tuple[str, int]]:
     """Sentinel addresses from ``"h1:26379,h2:26379"``, or a list of ``"host:port"`` strings or
     ``(host, port)`` pairs; :class:`LockConfigError` naming ``what`` otherwise."""
-    items: list[object]
+    items: list[object] = []
     if isinstance(value, str):
         items = [part.strip() for part in value.split(",") if part.strip()]
     elif isinstance(value, list | tuple):
         items = list(value)
-    else:
-        items = []
     found: list[tuple[str, int]] = []
     for item in items:
-        host: object
-        port: object
-        if isinstance(item, str) and ":" in item:
-            host, _, port = item.rpartition(":")
-        elif isinstance(item, list | tuple) and len(item) == 2:
-            host, port = item
-        else:
-            host, port = None, None
+        pair = item.rpartition(":")[::2] if isinstance(item, str) else item  # "h1": no host
+        host, port = pair if isinstance(pair, list | tuple) and len(pair) == 2 else ("", 0)
         try:
             number = int(port) if isinstance(port, int | str) and not isinstance(port, bool) else 0
         except ValueError:
@@ -111,10 +101,7 @@ def sentinel_client(
     kwargs.update(options or {})
     sentinel_kwargs = kwargs.pop("sentinel_kwargs", None)
     if sentinel_kwargs is None:
-        sentinel_kwargs = {
-            "socket_timeout": kwargs["socket_timeout"],
-            "socket_connect_timeout": kwargs["socket_connect_timeout"],
-        }
+        sentinel_kwargs = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout")}
     try:
         group = Sentinel(addresses, sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call]
         client: redis.Redis = group.master_for(service)  # type: ignore[no-untyped-call]

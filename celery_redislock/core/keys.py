@@ -20,8 +20,8 @@ def check_name(name: object, *, what: str = "name") -> str:
     return name
 
 
-def check_namespace(namespace: object) -> str:
-    return non_empty_string(namespace, "namespace", without="{}", described="'{' or '}'")
+def check_namespace(namespace: object, what: str = "namespace") -> str:
+    return non_empty_string(namespace, what, without="{}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from ._validate import non_empty_string
 from .durations import Duration, seconds_or_none
 from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
 from .protocol import text
-from .rate_spec import Rate, parse_rate
+from .rate_options import MAX_DELAY, Rate, parse_rate
 from .scripts import explain_denial, run
 from .store import RedisClient
 
@@ -36,8 +36,6 @@ __all__ = [
     "rate_key",
 ]
 
-MAX_DELAY = Duration(0.0, 30 * 86400.0)
-"""The range of ``max_delay``: 0 (start now or not at all) to 30 days."""
 MAX_LATE = Duration(0.0, 86400.0)
 """The range of ``max_late``: 0 to a day."""
 
