@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 from redis.exceptions import RedisClusterException
 
-from ...core.clients import CLIENTS
+from ...core.client_cache import CLIENTS
 from ...core.lease import RedisClient
 from ...core.settings import (
     BACKEND_POLICIES,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ...core.clients import CLIENTS
+from ...core.client_cache import CLIENTS
 from ...core.lease import RedisClient
 from ...core.replicas import require_replicas
 from ...core.settings import FIELDS, KWARGS, BackendPolicy, Settings
