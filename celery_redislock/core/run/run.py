@@ -9,6 +9,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from functools import cached_property
 from logging import ERROR, INFO, WARNING
 from typing import Any, Literal
 
@@ -106,19 +107,15 @@ class LockedRun:
         self.lock: Lock | None = None
         self.taken = 0.0
         self._finish = False  # a finished run is recorded as such when its lease goes
-        self._lock_name: str | None = None
         self._claim_ended = False
 
     # -- names -----------------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def lock_name(self) -> str:
         """The name of the lock this call takes."""
-        if self._lock_name is None:
-            assert self.spec.lock is not None
-            d = self.delivery
-            self._lock_name = self.spec.name_of(self.spec.lock, d.args, d.kwargs)
-        return self._lock_name
+        assert self.spec.lock is not None
+        return self._name_of(self.spec.lock)
 
     def unique_name(self) -> str:
         """The unique key of this call (the lock's name when both are keyed alike)."""
@@ -129,8 +126,10 @@ class LockedRun:
             options.scope,
         ):
             return self.lock_name
-        d = self.delivery
-        return self.spec.name_of(unique.keying, d.args, d.kwargs)
+        return self._name_of(unique.keying)
+
+    def _name_of(self, keying: LockOptions) -> str:
+        return self.spec.name_of(keying, self.delivery.args, self.delivery.kwargs)
 
     # -- taking ----------------------------------------------------------------------------------
 
@@ -154,7 +153,7 @@ class LockedRun:
     def _rate_slot(self) -> Outcome | None:
         options, d, fw = self.spec.rate, self.delivery, self.framework
         assert options is not None
-        name = self.spec.name_of(options.keying, d.args, d.kwargs)
+        name = self._name_of(options.keying)
         try:
             limit = RateLimit(
                 self.client, name, options.reserved, namespace=self.settings.namespace
