@@ -104,7 +104,6 @@ class LockedRun:
         self.max_conflict_retries = max_conflict_retries
         self.who = f"{framework.word} {spec.name}[{delivery.id}]"
         self.lease: Lease | None = None
-        self.lock: Lock | None = None
         self.taken = 0.0
         self._finish = False  # a finished run is recorded as such when its lease goes
         self._claim_ended = False
@@ -165,12 +164,10 @@ class LockedRun:
             return self._backend_down(name, exc)
         if not slot.granted:
             self._conflict_signal(name, "rate")
-            return self._fail(
-                LockNotAcquired(
-                    f"{self.who}: rate limit {name!r} ({options.rate}) has no start free for "
-                    f"{slot.delay:.1f}s, past max_delay ({options.max_delay}s)",
-                    name=name,
-                )
+            return self._not_acquired(
+                f": rate limit {name!r} ({options.rate}) has no start free for "
+                f"{slot.delay:.1f}s, past max_delay ({options.max_delay}s)",
+                name,
             )
         # A run brought back for its slot came early on purpose: it waits the rest in place.
         in_place = fw.rate_wait_in_place + (fw.rate_back_early if d.rate_came_back else 0.0)
@@ -200,9 +197,16 @@ class LockedRun:
         info = {"task_id": d.id, "task": self.spec.name}
         asked = time.monotonic()
         try:
-            lock = self.lock = make_lock(self.settings, self.client, options, name, self.handover)
-            if d.line_ended:
-                return self._line_expired(lock, options.max_wait)
+            lock = make_lock(self.settings, self.client, options, name, self.handover)
+            if d.line_ended:  # its wait in line passed max_wait: it fails, not run
+                error = LockNotAcquired(
+                    f"{self.who}: waited in the task line of lock {name!r} longer than max_wait "
+                    f"({options.max_wait:g}s); not run",
+                    name=name,
+                    timeout=options.max_wait,
+                )
+                msg = " not run: it waited in the task line of lock %r longer than max_wait (%gs)"
+                return self._refused(lock, "expired", error, msg, options.max_wait)
             got: Lease | Place
             if d.queued and d.payload is not None and (action == "queue" or d.line_token):
                 # A run that waited in the line goes on through it, whatever its lock says now.
@@ -303,14 +307,11 @@ class LockedRun:
             return Skip("skipped", lock.name, holders)
         if action == "retry":
             return self._retry(lock.name, why, "conflict")
-        waited = f" after waiting {options.timeout}s" if action == "wait" else ""
-        return self._fail(
-            LockNotAcquired(
-                f"{self.who}: {why}{waited}",
-                name=lock.name,
-                timeout=options.timeout if action == "wait" else None,
+        if action == "wait":
+            return self._not_acquired(
+                f": {why} after waiting {options.timeout}s", lock.name, options.timeout
             )
-        )
+        return self._not_acquired(f": {why}", lock.name)
 
     def _retry(self, name: str, why: str, cause: Literal["conflict", "backend"]) -> Outcome:
         """Comes back later as the same job, within ``max_retries`` conflict retries."""
@@ -326,10 +327,11 @@ class LockedRun:
             if limit is None:
                 limit = self.max_conflict_retries
             if limit is not None and conflicts >= limit:
-                gave_up = f"{self.who}: gave up after {conflicts} conflict retries: {why}"
-                return self._fail(LockNotAcquired(gave_up, name=name))
+                return self._not_acquired(
+                    f": gave up after {conflicts} conflict retries: {why}", name
+                )
             if not d.queued:
-                return self._fail(LockNotAcquired(f"{self.who} (eager): {why}", name=name))
+                return self._not_acquired(f" (eager): {why}", name)
         delay = self._seconds(conflict_delay(options.countdown, conflicts))
         self._say(INFO, " retries in %.1fs: %s", delay, why)
         if error is not None:
@@ -347,12 +349,8 @@ class LockedRun:
         delivery finished, and run if it did not."""
         d = self.delivery
         if not d.queued:
-            return self._fail(
-                LockNotAcquired(
-                    f"{self.who} (eager): another delivery holds lock {lock.name!r}",
-                    name=lock.name,
-                )
-            )
+            eager = f" (eager): another delivery holds lock {lock.name!r}"
+            return self._not_acquired(eager, lock.name)
         delay = self._seconds(first_delivery_delay(lock.ttl, expires_in, d.waits))
         self._say(
             INFO,
@@ -364,17 +362,6 @@ class LockedRun:
         self._keep_claim_coming_back(delay)
         self._conflict_signal(lock.name, "await", [d.id])
         return AwaitFirst(delay, d.waits)
-
-    def _line_expired(self, lock: Lock, max_wait: float) -> Outcome:
-        """Its wait in line passed ``max_wait``: it fails, not run."""
-        error = LockNotAcquired(
-            f"{self.who}: waited in the task line of lock {lock.name!r} longer than max_wait "
-            f"({max_wait:g}s); not run",
-            name=lock.name,
-            timeout=max_wait,
-        )
-        msg = " not run: it waited in the task line of lock %r longer than max_wait (%gs)"
-        return self._refused(lock, "expired", error, msg, max_wait)
 
     def _refused(
         self, lock: Lock, mark: str, error: BaseException, msg: str, *args: object
@@ -400,6 +387,9 @@ class LockedRun:
     ) -> Fail:
         self.end_claim()  # the job is over
         return Fail(error, mark, lock, list(holders))
+
+    def _not_acquired(self, why: str, name: str, timeout: float | None = None) -> Fail:
+        return self._fail(LockNotAcquired(f"{self.who}{why}", name=name, timeout=timeout))
 
     def _holders(self, lock: Lock) -> list[str]:
         try:
@@ -491,26 +481,15 @@ class LockedRun:
         """Gives the lease back (if held); for a run that ended for good (``finished``) with a
         finish record to make, records it in the same step, so a copy delivered again finds
         either the lease or the record, never neither. Sends ``lock_released``. Never raises."""
-        d = self.delivery
-        record, self._finish = self._finish, False
-        job = d.finish_job if finished and record else None
-        keep = self.settings.completion_ttl if job is not None else None
+        record, self._finish = self._finish, False  # (only a run holding its lease records)
         lease, self.lease = self.lease, None
         if lease is None:
-            if job is not None and self.lock is not None:
-                try:
-                    self.lock.finish_job(job, keep=self.settings.completion_ttl)
-                except LockBackendError as exc:
-                    log.warning(
-                        "%s: could not record that it finished (a redelivery of its message "
-                        "would run it again): %s",
-                        self.who,
-                        exc,
-                    )
             return
         Heartbeat.current().unregister(lease)
         if lease.released:
             return
+        job = self.delivery.finish_job if finished and record else None
+        keep = self.settings.completion_ttl if job is not None else None
         try:
             lease.release(finish_job=job, keep=keep)
         except LockBackendError as exc:
