@@ -12,7 +12,7 @@ from .reading import LockState, describe_lock
 
 __all__ = ["check_pattern", "glob_escape", "iter_locks", "list_locks"]
 
-_SCAN_COUNT = 500
+SCAN_COUNT = 500
 
 
 def glob_escape(text: str) -> str:
@@ -43,7 +43,7 @@ def iter_locks(
     check_namespace(namespace)
     match = f"{glob_escape(namespace)}:{{{check_pattern(pattern)}}}:leases"
     with backend_errors(None):
-        for key in client.scan_iter(match=match, count=_SCAN_COUNT):
+        for key in client.scan_iter(match=match, count=SCAN_COUNT):
             name = name_from_leases_key(namespace, text(key))
             if name is not None:
                 yield name
