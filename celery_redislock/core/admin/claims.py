@@ -10,7 +10,7 @@ from ..claims import release_claim
 from ..keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
 from ..protocol import text
 from ..store import RedisClient, backend_errors
-from .listing import SCAN_COUNT, check_pattern, glob_escape
+from .listing import scan_names
 
 __all__ = ["ClaimState", "force_release_claim", "iter_claims", "list_claims"]
 
@@ -29,14 +29,7 @@ def iter_claims(
     client: RedisClient, namespace: str = DEFAULT_NAMESPACE, pattern: str = "*"
 ) -> Iterator[str]:
     """Keys (lock names) of ``namespace`` that a queued unique task claims, found with SCAN."""
-    check_namespace(namespace)
-    match = f"{glob_escape(namespace)}:{{{check_pattern(pattern)}}}:queued"
-    head, tail = f"{namespace}:{{", "}:queued"
-    with backend_errors(None):
-        for raw in client.scan_iter(match=match, count=SCAN_COUNT):
-            key = text(raw)
-            if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail):
-                yield key[len(head) : -len(tail)]
+    return scan_names(client, namespace, pattern, "queued")
 
 
 def _claim_state(client: RedisClient, namespace: str, name: str) -> ClaimState | None:
