@@ -1,11 +1,7 @@
-"""Fleet-wide rate limits: at most ``limit`` starts per ``per`` seconds across every process,
-per name, kept as a sliding window of reserved start slots in Redis (``lua/rate.lua``).
-
-A caller reserves a slot for a request and learns when it may start: now (delay 0), or later,
-so that a caller over the rate waits for its slot (a task is published again once, with that
-countdown) instead of trying again and again. Slots are handed out in request order, and any
-``per`` seconds of Redis server time hold at most ``limit`` slots.
-"""
+"""Fleet-wide rate limits: at most ``limit`` starts per ``per`` seconds of Redis server time
+across every process, per name, as a sliding window of reserved start slots (``lua/rate.lua``).
+A caller reserves a slot, in request order, and learns when it may start: now, or later, so it
+waits for its slot (a task is published again once, with that countdown) instead of retrying."""
 
 from __future__ import annotations
 
