@@ -5,21 +5,19 @@ waits for its slot (a task is published again once, with that countdown) instead
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import redis
 from redis.cluster import RedisCluster
 
-from ..errors import LockBackendError, LockConfigError
+from ..errors import LockConfigError
 from ._validate import non_empty_string
 from .durations import Duration, seconds_or_none
 from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
 from .protocol import text
 from .rate_spec import Rate, parse_rate
-from .scripts import explain_denial, run
-from .store import RedisClient
+from .scripts import run
+from .store import RedisClient, backend_errors
 
 __all__ = [
     "MAX_DELAY",
@@ -42,19 +40,6 @@ def rate_key(namespace: str, name: str) -> str:
     """The key of the rate limit ``name``: its window. It shares the hash tag of the lock of the
     same name (``namespace:{name}:...``), so one script may touch both on a Redis Cluster."""
     return f"{LockKeys.of(namespace, name).prefix}:rate"
-
-
-@contextmanager
-def _backend_errors(name: str) -> Iterator[None]:
-    # lease.backend_errors, worded for a rate limit (its message says "lock").
-    try:
-        yield
-    except redis.RedisError as exc:
-        denied = explain_denial(exc)
-        hint = f" ({denied})" if denied else ""
-        raise LockBackendError(
-            f"rate limit {name!r}: Redis failed{hint}: {exc}", name=name
-        ) from exc
 
 
 def _ms(value: float | None) -> str:
@@ -168,7 +153,7 @@ class RateLimit:
         delay_s = seconds_or_none(max_delay, MAX_DELAY, "max_delay", name=self._name)
         late_s = seconds_or_none(max_late, MAX_LATE, "max_late", name=self._name)
         args = ("r", request_id, str(self._rate.limit), str(self._rate.per_ms))
-        with _backend_errors(self._name):
+        with backend_errors(self._name, "rate limit"):
             reply = run("rate", self.client, [self.key], (*args, _ms(delay_s), _ms(late_s)))
         granted, slot, delay = text(reply).split()
         return Reservation(granted=granted == "1", delay=int(delay) / 1000, slot_ms=int(slot))
@@ -180,7 +165,7 @@ class RateLimit:
         RateUsage(started=2, ahead=1, next_delay=0.73, next_slot_ms=1767225601730)
         """
         args = ("u", "", str(self._rate.limit), str(self._rate.per_ms), "", "")
-        with _backend_errors(self._name):
+        with backend_errors(self._name, "rate limit"):
             reply = run("rate", self.client, [self.key], args)
         started, ahead, slot, delay = (int(v) for v in text(reply).split())
         return RateUsage(started=started, ahead=ahead, next_delay=delay / 1000, next_slot_ms=slot)
@@ -191,5 +176,5 @@ class RateLimit:
 
         >>> RateLimit(client, "api", "2/s").reset()   # doctest: +SKIP
         """
-        with _backend_errors(self._name):
+        with backend_errors(self._name, "rate limit"):
             self.client.delete(self.key)
