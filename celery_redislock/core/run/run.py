@@ -257,18 +257,13 @@ class LockedRun:
             self._conflict_signal(name, "queue", holders)
             self._keep_claim(options.max_wait + self.settings.line_handover_window)
             return Parked(got, name, holders, options.max_wait)
-        self._held(got, d.line_waited + time.monotonic() - asked)
-        return None
-
-    def _held(self, lease: Lease, waited: float) -> None:
-        options, d = self.spec.lock, self.delivery
-        assert options is not None
-        self.lease = lease
+        self.lease, self.taken = got, time.monotonic()
         self._finish = d.finish_job is not None
-        self.taken = time.monotonic()
         max_hold = options.max_hold if options.max_hold is not None else d.max_hold
-        Heartbeat.current().register(lease, on_lost=self._on_lost, max_hold=max_hold)
-        self._signal(self.signals.acquired, lock=lease.name, lease=lease, waited=waited)
+        Heartbeat.current().register(got, on_lost=self._on_lost, max_hold=max_hold)
+        waited = d.line_waited + self.taken - asked
+        self._signal(self.signals.acquired, lock=got.name, lease=got, waited=waited)
+        return None
 
     def _on_lost(self, lost: Lease, error: BaseException | None) -> None:
         self._say(
@@ -341,12 +336,10 @@ class LockedRun:
         return RetryAfter(delay, cause, why, conflicts)
 
     def _await_first(self, lock: Lock, expires_in: float) -> Outcome:
-        """Another delivery of this very task holds the lease (the acquire script said so, in
-        the same step that refused it): it still runs (a visibility timeout, a requeue), or its
-        worker died and the lease has yet to lapse. Which, nobody can tell yet, so this copy is
-        neither run beside it nor dropped: it looks again once that lease may have lapsed (or
-        sooner, as a live holder may finish any moment). Then it is dropped if the first
-        delivery finished, and run if it did not."""
+        """Another delivery of this very task holds the lease: it still runs (a visibility
+        timeout, a requeue), or its worker died and the lease has yet to lapse. Nobody can tell
+        yet, so this copy looks again once that lease may have lapsed (or sooner), then is
+        dropped if the first delivery finished, and run if it did not."""
         d = self.delivery
         if not d.queued:
             eager = f" (eager): another delivery holds lock {lock.name!r}"
