@@ -93,15 +93,11 @@ def publish_claimed(
     what: str,
 ) -> tuple[ClaimReply, T | None]:
     """Claims the key ``name`` for ``task_id``, publishes the call with ``publish()`` unless
-    it is a duplicate, then confirms the claim for its whole ``lifetime``.
-
-    Until the confirmation the claim lasts at most ``window`` seconds: when the claim's reply
-    and then its give-up are both lost, nothing was published, and the key must not name a
-    message that does not exist for long. Returns the claim's answer and what ``publish``
-    returned (``None`` for a duplicate, which the caller answers). A backend error of the claim
-    is raised after the claim this call may have written was given up; ``what`` names the call
-    in log lines (``"task add[3f2a…]"``).
-    """
+    it is a duplicate, then confirms the claim for its whole ``lifetime``. Until then the claim
+    lasts at most ``window`` seconds (if its reply and its give-up are both lost, the key must
+    not name an unpublished message for long). Returns the claim's answer and what ``publish``
+    returned (``None`` for a duplicate). A backend error of the claim is raised after the claim
+    it may have written was given up; ``what`` names the call in log lines."""
     pending = min(lifetime, window)
     try:
         found = claim(

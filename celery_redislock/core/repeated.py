@@ -21,15 +21,9 @@ class RepeatedFailure:
     at WARNING: its first failure, a summary at most every ``every`` seconds (how long, how many
     attempts, the last error), and one line when it works again. Thread-safe.
 
-    >>> import logging
     >>> renewal = RepeatedFailure(logging.getLogger("demo"), "lease renewal")
-    >>> renewal.failed(ConnectionError("refused"))   # logged
-    >>> renewal.failed(ConnectionError("refused"))   # counted; summed up later
-    >>> renewal.failing
-    True
+    >>> renewal.failed(ConnectionError("refused"))   # logged; the next ones summed up
     >>> renewal.worked()                             # logged: it works again
-    >>> renewal.failing
-    False
     """
 
     def __init__(
