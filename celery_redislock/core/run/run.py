@@ -142,12 +142,7 @@ class LockedRun:
                 unlocked = instead
             elif instead is not None:
                 return instead
-        unique = self.spec.unique
-        if unique is not None and unique.queued and self.delivery.queued:
-            superseded = self._start_claim()
-            if superseded is not None:
-                return superseded
-        return unlocked or Held(self.lease)
+        return self._start_claim() or unlocked or Held(self.lease)
 
     def _rate_slot(self) -> Outcome | None:
         options, d, fw = self.spec.rate, self.delivery, self.framework
@@ -411,7 +406,9 @@ class LockedRun:
         so a job unique until finished is never free in between: a producer sees it queued,
         then running). A copy replaced meanwhile (its revoke may be on its way, or lost), or
         that outlived its claim while a newer copy was queued, does not run: the newer does."""
-        d = self.delivery
+        unique, d = self.spec.unique, self.delivery
+        if unique is None or not unique.queued or not d.queued:
+            return None
         name = self.unique_name()
         try:
             holder = release_claim(self.client, self.settings.namespace, name, d.id)
