@@ -73,10 +73,8 @@ def make_lock(
 
 
 class LockedRun:
-    """One delivery of a locked task, in the process that runs it.
-
-    ``max_conflict_retries``: the conflict retries allowed when the lock gives no
-    ``max_retries`` (``None``: no limit).
+    """One delivery of a locked task, in the process that runs it. ``max_conflict_retries``:
+    the conflict retries allowed when the lock gives no ``max_retries`` (``None``: no limit).
 
     >>> run = LockedRun(spec, delivery, settings, client, signals, framework)  # doctest: +SKIP
     >>> outcome = run.take()                                                  # doctest: +SKIP
