@@ -34,7 +34,7 @@ from .handover import (
     line_token,
 )
 from .lock import Lease, Lock, _info_json
-from .protocol import AcquireArgs, AcquireReply, AcquireStatus, Grant, ParkArgs, SweepReply
+from .protocol import AcquireArgs, AcquireReply, AcquireStatus, Grant, ParkArgs, SweepReply, text
 from .scripts import run
 from .signal import Signal
 from .store import RedisClient, backend_error, backend_errors
@@ -221,7 +221,7 @@ def sweep_lines(
         listed = client.hgetall(key)
     parked = lines = 0
     for raw_name, raw in listed.items():
-        name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
+        name = text(raw_name)
         record = json.loads(raw)
         lock = Lock(
             client,
@@ -241,12 +241,7 @@ def sweep_lines(
             lines += 1
         if reply.parked == 0 and reply.leases == 0 and not reply.expired:
             with backend_errors(name):
-                run(
-                    "line_forget",
-                    client,
-                    [key],
-                    [name, raw.decode() if isinstance(raw, bytes) else raw],
-                )
+                run("line_forget", client, [key], [name, text(raw)])
     if lines_swept.receivers:
         lines_swept.send(sender=None, namespace=namespace, parked=parked, lines=lines)
     return parked
