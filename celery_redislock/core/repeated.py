@@ -43,11 +43,6 @@ class RepeatedFailure:
         self._attempts = 0
         self._guard = threading.Lock()
 
-    @property
-    def failing(self) -> bool:
-        """Whether the last attempt failed."""
-        return self._since is not None
-
     def failed(self, error: BaseException | str) -> None:
         """One more attempt failed with ``error``."""
         now = self.clock()
