@@ -36,7 +36,9 @@ def finite_real(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def int_at_least(value: object, low: int, what: str, *, or_none: bool = False) -> int | None:
+def int_at_least(
+    value: object, low: int, what: str, *, or_none: bool = False, name: str | None = None
+) -> int | None:
     """``value`` if it is an ``int`` (not a ``bool``) of at least ``low``; ``None`` passes when
     ``or_none``.
 
@@ -48,7 +50,7 @@ def int_at_least(value: object, low: int, what: str, *, or_none: bool = False) -
     if value is None and or_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise refuse(what, f"an integer >= {low}{' or None' if or_none else ''}", value)
+        raise refuse(what, f"an integer >= {low}{' or None' if or_none else ''}", value, name=name)
     return value
 
 

@@ -66,13 +66,6 @@ class LockKeys:
         return f"{self.prefix}:w:{token}"
 
 
-def name_from_leases_key(namespace: str, key: str) -> str | None:
-    head, tail = f"{namespace}:{{", "}:leases"
-    if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail):
-        return key[len(head) : -len(tail)]
-    return None
-
-
 def registry_key(namespace: str) -> str:
     """The hash of unique tasks' specs, for producers that cannot import a task."""
     return f"{namespace}:{{unique-tasks}}"
