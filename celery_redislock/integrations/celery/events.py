@@ -1,16 +1,8 @@
-"""Celery task events for locks, sent through Celery's own event mechanism so that Flower and
-``celery events`` show them beside ``task-started`` and ``task-succeeded``:
-
-``task-lock-acquired`` (lock, fence, mode, waited), ``task-lock-released`` (lock, fence, held),
-``task-lock-conflict`` (lock, action, holders), ``task-lock-lost`` (lock, fence, error).
-
-They are sent while the worker sends task events, as Celery decides for its own: its event
-dispatcher is enabled and sends the ``task`` group (``-E``, ``worker_send_task_events``, or
-``celery control enable_events`` on a running worker; ``disable_events`` stops them). The
-dispatcher lives in the worker's main process, the lock events are sent where the task runs (a
-pool child): the main process copies the dispatcher's state into a byte of memory it shares with
-its children, as each task is received and at each worker heartbeat.
-"""
+"""Celery task events for locks (``task-lock-acquired``, ``-released``, ``-conflict``, ``-lost``),
+sent through Celery's own dispatcher so that Flower and ``celery events`` show them, whenever the
+worker sends task events (``-E``, ``worker_send_task_events``, ``enable_events``). The dispatcher
+lives in the main process, the events are sent from the pool child: the main process copies its
+state into a byte of memory shared with the children, at each task received and heartbeat."""
 
 from __future__ import annotations
 
@@ -77,14 +69,16 @@ class _Events:
         enabled = bool(getattr(dispatcher, "enabled", False))
         self.switch.set(enabled and (not groups or "task" in groups))
 
-    def on(self, task: Any) -> bool:
+    def send(self, task: Any, what: str, task_id: Any, lease: Any, **fields: Any) -> None:
         # A task declared with send_events=False sends none, as for Celery's own task events.
-        return bool(self.switch) and getattr(task, "send_events", True) is not False
-
-    def send(self, task: Any, type_: str, task_id: Any, **fields: Any) -> None:
+        if not self.switch or getattr(task, "send_events", True) is False:
+            return
         app = getattr(task, "app", None)
         if app is None or not task_id:  # sent by a producer that published by name: no task
             return
+        if what != "conflict":
+            fields["fence"] = getattr(lease, "fence", None)
+        type_ = f"task-lock-{what}"
         hostname = self.hostname or getattr(task.request, "hostname", None)
         try:
             with app.events.default_dispatcher(hostname=hostname) as dispatcher:
@@ -126,53 +120,39 @@ def _follow_heartbeat(sender: Any = None, **_: Any) -> None:
     _EVENTS.follow(getattr(sender, "eventer", None))
 
 
-def _acquired(
-    sender: Any = None, task_id: Any = None, lock: str = "", lease: Any = None, **kw: Any
-) -> None:
-    if _EVENTS.on(sender):
-        _EVENTS.send(
-            sender,
-            "task-lock-acquired",
-            task_id,
-            lock=lock,
-            fence=getattr(lease, "fence", None),
-            mode=getattr(lease, "mode", None),
-            waited=kw.get("waited"),
-        )
+def _acquired(sender: Any = None, task_id: Any = None, lease: Any = None, **kw: Any) -> None:
+    mode = getattr(lease, "mode", None)
+    _EVENTS.send(
+        sender,
+        "acquired",
+        task_id,
+        lease,
+        lock=kw.get("lock", ""),
+        mode=mode,
+        waited=kw.get("waited"),
+    )
 
 
-def _released(
-    sender: Any = None, task_id: Any = None, lock: str = "", lease: Any = None, **kw: Any
-) -> None:
-    if _EVENTS.on(sender):
-        _EVENTS.send(
-            sender,
-            "task-lock-released",
-            task_id,
-            lock=lock,
-            fence=getattr(lease, "fence", None),
-            held=kw.get("held"),
-        )
+def _released(sender: Any = None, task_id: Any = None, lease: Any = None, **kw: Any) -> None:
+    _EVENTS.send(sender, "released", task_id, lease, lock=kw.get("lock", ""), held=kw.get("held"))
 
 
-def _conflict(
-    sender: Any = None, task_id: Any = None, lock: str = "", action: str = "", **kw: Any
-) -> None:
-    if _EVENTS.on(sender):
-        holders = [str(h) for h in kw.get("holders") or ()]
-        _EVENTS.send(
-            sender, "task-lock-conflict", task_id, lock=lock, action=action, holders=holders
-        )
+def _conflict(sender: Any = None, task_id: Any = None, **kw: Any) -> None:
+    holders = [str(h) for h in kw.get("holders") or ()]
+    _EVENTS.send(
+        sender,
+        "conflict",
+        task_id,
+        None,
+        lock=kw.get("lock", ""),
+        action=kw.get("action", ""),
+        holders=holders,
+    )
 
 
 def _lost(sender: Any = None, task_id: Any = None, lease: Any = None, **kw: Any) -> None:
-    if _EVENTS.on(sender):
-        error = kw.get("error")
-        _EVENTS.send(
-            sender,
-            "task-lock-lost",
-            task_id,
-            lock=getattr(lease, "name", None),
-            fence=getattr(lease, "fence", None),
-            error=None if error is None else str(error),
-        )
+    error = kw.get("error")
+    lock = getattr(lease, "name", None)
+    _EVENTS.send(
+        sender, "lost", task_id, lease, lock=lock, error=None if error is None else str(error)
+    )

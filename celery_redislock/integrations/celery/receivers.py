@@ -132,15 +132,19 @@ def check_tasks(app: Celery) -> None:
             check_request_class(task.name, task.Request, final=True)
 
 
-def _uses_locks(app: Celery) -> bool:
-    """Whether ``app`` is one of ours: installed, or its task base (or a task) is a LockedTask."""
+def _locked_base(app: Celery) -> bool:
+    """Whether ``app`` is installed, or its task base is a LockedTask."""
     task_cls = getattr(app, "task_cls", None)
     return (
         getattr(app, "_redislock_installed", False)
         or (isinstance(task_cls, type) and issubclass(task_cls, LockAware))
         or names_locked_task(task_cls)
-        or any(is_locked_task(task) for task in app.tasks.values())
     )
+
+
+def _uses_locks(app: Celery) -> bool:
+    """Whether ``app`` is one of ours: a locked task base, or a locked task."""
+    return _locked_base(app) or any(is_locked_task(task) for task in app.tasks.values())
 
 
 def check_worker_app(app: Celery) -> None:
@@ -212,10 +216,5 @@ def _check_lock_redis(sender: Any = None, instance: Any = None, **_: Any) -> Non
 
 def _beat_publishes_unique(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    task_cls = getattr(app, "task_cls", None)
-    if isinstance(app, Celery) and (
-        getattr(app, "_redislock_installed", False)
-        or (isinstance(task_cls, type) and issubclass(task_cls, LockAware))
-        or names_locked_task(task_cls)
-    ):
+    if isinstance(app, Celery) and _locked_base(app):
         wrap_send_task(app)

@@ -1,9 +1,8 @@
-"""A locked task in the process that runs it: the facts of the delivery in (its request and
-headers), the core's :class:`~celery_redislock.core.run.LockedRun` takes what the options ask
-for in ``before_start`` (where Celery honours ``Ignore``, ``Retry`` and ``Reject``), and its
-outcome out as Celery's answer. The lease goes back as the body ends (an ``acks_late`` or line
-delivery: once its result is stored, with the record that it finished), at a retry, and at the
-process's shutdown. Also ``lock_for``, and how a parked task is published again."""
+"""A locked task in the process that runs it: the facts of the delivery in (request, headers),
+the core's :class:`~celery_redislock.core.run.LockedRun` decides in ``before_start`` (where
+Celery honours ``Ignore``, ``Retry`` and ``Reject``), its outcome out as Celery's answer. The
+lease goes back as the body ends (``acks_late`` or line delivery: after its result is stored,
+with the finish record), at a retry, and at shutdown. Also ``lock_for``; the line's re-publish."""
 
 from __future__ import annotations
 

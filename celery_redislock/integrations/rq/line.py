@@ -1,13 +1,7 @@
-"""``on_conflict="queue"`` for RQ, the side that puts a parked job back on its queue.
-
-A job that found its lock taken was parked by its horse in the lock's task line (see
-:mod:`celery_redislock.core.line` and :mod:`.running`) and left in RQ's scheduled registry by
-the ``Retry`` it returned (due long after its wait could end: a fallback only). When the lock is
-handed to it, whoever frees the lock (the releasing horse, a ``LockWorker`` parent after a horse
-died, a sweeper) moves it from there to the front of its queue, marked with the hand-over it is
-to claim, in one transaction watched on the registry: two hand-overs of one entry queue the job
-once.
-"""
+"""``on_conflict="queue"`` for RQ: a job parked in its lock's task line waits in RQ's scheduled
+registry (its ``Retry`` is due long after its wait could end: a fallback only). Whoever hands
+the lock to it moves it to the front of its queue, marked with the hand-over it is to claim, in
+one transaction watched on the registry: two hand-overs of one entry queue the job once."""
 
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ from typing import Any
 from rq import Queue
 from rq.exceptions import NoSuchJobError
 
-from ...core.run.delivery import TaskSpec
 from ...core.run.send import Duplicate, Sender, send_unique
 from ._compat import Job
 from .job import JobSpec, spec_of
@@ -68,7 +67,7 @@ class UniqueQueue(Queue):
         if settings.disabled:
             return enqueue()  # type: ignore[no-any-return]
         sent = send_unique(
-            TaskSpec(spec.name, spec.lock, unique, spec.rate, spec.signature),
+            spec,
             unique,
             job.id,
             (job.args or (), job.kwargs or {}),

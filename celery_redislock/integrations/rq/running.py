@@ -1,15 +1,8 @@
 """A locked job in the process that runs it (RQ's work horse): the facts of the call in, the
-core's :class:`~celery_redislock.core.run.LockedRun` takes what the options ask for, and its
-outcome out as RQ's answer: the job's return value (``SKIPPED``), RQ's ``Retry`` (a conflict
-retry, a wait for its first copy, a rate slot ahead, a place in the task line), or an error.
-The lease goes back however the call ends (the horse leaves with ``os._exit``: ``atexit``
-never runs, so the ``finally`` here is the release).
-
-A parked job (``on_conflict="queue"``) returns a ``Retry`` too: what a job returns is all RQ
-lets it decide (a return value finishes it, an exception fails it, a ``Retry`` keeps it), and a
-``Retry`` with a delay parks it the same way on RQ 2.1 and 3.0: status ``scheduled``, off the
-queue, due only long after its wait could have ended (a fallback); whoever frees the lock puts
-it back on its queue at once (:class:`.line.PutBack`)."""
+core's :class:`~celery_redislock.core.run.LockedRun` decides, and its outcome out as RQ's answer:
+a return value (``SKIPPED``), a ``Retry`` (a conflict retry, a wait for its first copy, a rate
+slot ahead, a place in the task line: status ``scheduled``, on RQ 2.1 and 3.0 alike), or an
+error. The horse leaves with ``os._exit`` (no ``atexit``): the ``finally`` here is the release."""
 
 from __future__ import annotations
 
@@ -18,6 +11,8 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from rq import get_current_job
 
 from ...core.run import (
     AwaitFirst,
@@ -35,7 +30,7 @@ from ...core.run import (
     Skip,
     TaskSpec,
 )
-from ._compat import Job, Retry, current_job, retries_left, retry_after, save_meta
+from ._compat import Job, Retry, retry_after, save_meta
 from .line import LINE_META, PutBack, line_of, payload_of
 from .logs import to_worker_log
 from .settings import Settings, client_for
@@ -222,7 +217,7 @@ def run(
     if settings.disabled:
         _say_disabled()
         return fun(*args, **kwargs)
-    job = current_job()
+    job = get_current_job()
     client = client_for(settings, job.connection if job is not None else None)
     put_back = None
     if job is not None:  # its release hands the lock on to parked jobs, and puts them back
@@ -251,6 +246,6 @@ def run(
         finished = not isinstance(result, Retry)  # the job's own Retry: it runs again
         return result
     finally:
-        if not finished and job is not None and retries_left(job) > 0:
+        if not finished and job is not None and (job.retries_left or 0) > 0:
             call.keep_claim_for_retry()  # RQ retries the failed job: still a duplicate meanwhile
         call.release(finished)
