@@ -51,7 +51,6 @@ from .settings import client_for, settings_for
 from .signals import lock_acquired, lock_backend_error, lock_conflict, lock_lost, lock_released
 
 __all__ = [
-    "HELD",
     "SKIPPED",
     "current_run",
     "end_claim",
@@ -189,8 +188,8 @@ def start(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:
     outcome = run.take()
     if isinstance(outcome, Held | RunUnlocked):
         if run.lease is not None:
-            with HELD.guard:
-                HELD.runs.add(run)
+            with _held_guard:
+                _held.add(run)
         return
     _answer(task, run, outcome)
 
@@ -238,25 +237,16 @@ def _store_skipped(task: LockAware, task_id: str, name: str, holders: list[str])
         )
 
 
-class _Held:
-    """The runs holding a lease in this process now, for release at process shutdown."""
-
-    def __init__(self) -> None:
-        self.runs: set[LockedRun] = set()
-        self.guard = threading.Lock()
-
-    def drain(self) -> list[LockedRun]:
-        with self.guard:
-            out, self.runs = list(self.runs), set()
-            return out
-
-
-HELD = _Held()
+# The runs holding a lease in this process now, released at process shutdown.
+_held: set[LockedRun] = set()
+_held_guard = threading.Lock()
 
 
 def _reset_after_fork() -> None:
-    # The parent's leases are the parent's; a forked child holds none yet.
-    HELD.__init__()  # type: ignore[misc]
+    # The parent's leases are the parent's; a forked child holds none yet (nor the guard).
+    global _held_guard
+    _held.clear()
+    _held_guard = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -274,8 +264,8 @@ def held_lease(task: LockAware) -> Lease | None:
 
 
 def _release(run: LockedRun, finished: bool) -> None:
-    with HELD.guard:
-        HELD.runs.discard(run)
+    with _held_guard:
+        _held.discard(run)
     run.release(finished)
 
 
@@ -317,7 +307,10 @@ def end_run(task: LockAware, task_id: str, args: Any, kwargs: Any, state: str | 
 
 def release_all_held() -> None:
     """Releases every lease this process's tasks hold (worker process shutdown)."""
-    for run in HELD.drain():
+    with _held_guard:
+        runs = list(_held)
+        _held.clear()
+    for run in runs:
         run.release(False)
 
 
