@@ -71,7 +71,8 @@ def _read(app: Celery) -> Settings:
 
 
 class _AppState:
-    """What this module keeps for one app."""
+    """What this module keeps for one app: its settings as last read, what they were read
+    from, which keys Celery reads for each."""
 
     __slots__ = ("lookups", "seen", "settings")
 
@@ -104,12 +105,10 @@ def freeze() -> None:
     _frozen = True
 
 
-# Outside a worker, settings may change at any time (tests, scripts): they are read again
-# whenever a value behind them changed. Reading them all through app.conf to see that would
-# cost every publish of a unique task and every locked run some 50-100 us (Celery's lookup
-# raises a KeyError for each name and map it misses). So Celery's lookup is asked once which
-# keys it reads for each setting (the app's namespace prefix applied, as in a Django project's
-# CELERY_REDISLOCK_TTL, and old names), and the fingerprint looks those up in app.conf's maps.
+# Outside a worker, settings are read again whenever a value behind them changed. Seeing that
+# through app.conf would cost each publish and run 50-100 us (a KeyError per name and map
+# missed): Celery's lookup is asked once which keys it reads (prefix, old names), and the
+# fingerprint looks those up in app.conf's maps.
 
 
 def _lookups_of(app: Celery) -> tuple[SettingLookups, tuple[str, ...]] | None:

@@ -87,9 +87,8 @@ class PutBack:
         self.serializer = serializer
         self.lock_client = lock_client
         self.handover_window = handover_window
-        # Entries whose job stayed "being parked" past SETTLE_S once (its horse died in the
-        # middle, and nobody marked the job failed yet): looked at again without waiting, so
-        # that a long-lived sweeper does not stall on them at every sweep.
+        # Entries whose job stayed "being parked" past SETTLE_S once (its horse died meanwhile):
+        # looked at again without waiting, so that a sweeper does not stall on them each sweep.
         self._stuck: set[str] = set()
 
     def __call__(self, handed: Handed) -> None:
@@ -149,8 +148,7 @@ class PutBack:
                     continue
 
     def _elsewhere(self, job_id: str, token: str) -> _Found:
-        """The job is not in the scheduled registry: still being parked, queued already, or
-        gone."""
+        """The job is not in the scheduled registry: being parked, queued already, or gone."""
         try:
             job = Job.fetch(job_id, connection=self.connection, serializer=self.serializer)
         except NoSuchJobError:
@@ -166,17 +164,8 @@ class PutBack:
     def _give_up_turn(self, ref: dict[str, Any], handed: Handed) -> None:
         """Drops the lease handed to a job that will never come: the lock goes to the next in
         line now, not at the end of the hand-over window."""
-        spec = ref["lock"]
         lock = Lock(
-            self.lock_client,
-            spec["name"],
-            ttl=spec["ttl"],
-            mode=spec["mode"],
-            limit=spec["limit"],
-            namespace=spec["namespace"],
-            fence_keep=spec["fence_keep"],
-            handover=self,
-            handover_window=self.handover_window,
+            self.lock_client, **ref["lock"], handover=self, handover_window=self.handover_window
         )
         try:
             dropped = drop_hand_over(lock, handed.token)

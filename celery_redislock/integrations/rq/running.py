@@ -169,10 +169,14 @@ def _answer(run: LockedRun, job: Job | None, outcome: Outcome) -> Any:
 def _mark(job: Job, outcome: str, what: Skip | Finished | Fail | Parked) -> None:
     """Records in the job's meta why it did not run (RQ stores what it returns, SKIPPED)."""
     job.meta[OUTCOME_META] = {"outcome": outcome, "lock": what.lock, "holders": what.holders}
+    _save_meta(job, "record its outcome")
+
+
+def _save_meta(job: Job, what: str) -> None:
     try:
         save_meta(job)
-    except Exception as exc:  # the outcome is informative; the job's ending must not fail
-        log.warning("job %s: could not record its outcome: %s", job.id, exc)
+    except Exception as exc:  # informative only: the job's run or ending must not fail on it
+        log.warning("job %s: could not %s: %s", job.id, what, exc)
 
 
 def _left_line(job: Job) -> None:
@@ -185,10 +189,7 @@ def _left_line(job: Job) -> None:
         del meta[OUTCOME_META]
         changed = True
     if changed:
-        try:
-            save_meta(job)
-        except Exception as exc:  # informative only; the job runs
-            log.warning("job %s: could not update its meta: %s", job.id, exc)
+        _save_meta(job, "update its meta")
 
 
 _said_disabled = False
