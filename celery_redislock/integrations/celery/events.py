@@ -15,16 +15,9 @@ from celery.signals import heartbeat_sent, task_received
 
 from .signals import lock_acquired, lock_conflict, lock_lost, lock_released
 
-__all__ = ["EVENT_TYPES", "enable_at_worker_start"]
+__all__ = ["enable_at_worker_start"]
 
 log = logging.getLogger(__name__)
-
-EVENT_TYPES = (
-    "task-lock-acquired",
-    "task-lock-released",
-    "task-lock-conflict",
-    "task-lock-lost",
-)
 
 
 class _Switch:
