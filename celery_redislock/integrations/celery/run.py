@@ -106,9 +106,6 @@ _handovers: weakref.WeakKeyDictionary[Celery, Handover] = weakref.WeakKeyDiction
 
 def handover_for(app: Celery) -> Handover:
     """Publishes a parked task of ``app`` again (one function per app)."""
-    found = _handovers.get(app)
-    if found is not None:
-        return found
 
     def publish(handed: Handed) -> None:
         signature = app.signature(loads(handed.payload))  # type: ignore[no-untyped-call]
@@ -118,8 +115,7 @@ def handover_for(app: Celery) -> Handover:
         else:
             signature.apply_async()
 
-    _handovers[app] = publish
-    return publish
+    return _handovers.setdefault(app, publish)
 
 
 def _payload(task: LockAware, token: str) -> str:
