@@ -20,76 +20,55 @@ __all__ = ["enable_at_worker_start"]
 log = logging.getLogger(__name__)
 
 
-class _Switch:
-    """Whether task events are on: one byte of anonymous shared memory, made in the worker's
-    main process before its pool forks, so that every child reads what the main process wrote
-    (a plain variable would be copied at fork and never change in the child)."""
-
-    def __init__(self, on: bool) -> None:
-        self._byte = mmap.mmap(-1, 1)  # MAP_SHARED | MAP_ANONYMOUS: shared across fork
-        self.set(on)
-
-    def set(self, on: bool) -> None:
-        self._byte[0] = 1 if on else 0
-
-    def __bool__(self) -> bool:
-        return self._byte[0] == 1
+# Whether task events are on: one byte of anonymous shared memory (MAP_SHARED), made in the
+# worker's main process before its pool forks, so that every child reads what the main process
+# writes (a plain variable would be copied at fork and never change in the child).
+_switch: mmap.mmap | None = None
+_hostname: str | None = None
+_warned = threading.Event()  # a failed send is logged once
 
 
-class _Events:
-    """This process's lock events: the switch (shared with the pool children), the worker's
-    host name, and whether a failed send was logged (once)."""
-
-    def __init__(self) -> None:
-        self.switch: _Switch | None = None
-        self.hostname: str | None = None
-        self.warned = threading.Event()
-
-    def start(self, worker: Any) -> None:
-        on = bool(getattr(worker, "task_events", False))
-        if self.switch is None:
-            self.switch = _Switch(on)
-        else:
-            self.switch.set(on)
-        self.hostname = getattr(worker, "hostname", None)
-
-    def follow(self, dispatcher: Any) -> None:
-        if self.switch is None:
-            return
-        # As Celery's own task events (Request.send_event, EventDispatcher.send): an enabled
-        # dispatcher that sends the "task" group, or every group.
-        groups = getattr(dispatcher, "groups", None)
-        enabled = bool(getattr(dispatcher, "enabled", False))
-        self.switch.set(enabled and (not groups or "task" in groups))
-
-    def send(self, task: Any, what: str, task_id: Any, lease: Any, **fields: Any) -> None:
-        # A task declared with send_events=False sends none, as for Celery's own task events.
-        if not self.switch or getattr(task, "send_events", True) is False:
-            return
-        app = getattr(task, "app", None)
-        if app is None or not task_id:  # sent by a producer that published by name: no task
-            return
-        if what != "conflict":
-            fields["fence"] = getattr(lease, "fence", None)
-        type_ = f"task-lock-{what}"
-        hostname = self.hostname or getattr(task.request, "hostname", None)
-        try:
-            with app.events.default_dispatcher(hostname=hostname) as dispatcher:
-                dispatcher.send(type_, uuid=str(task_id), **fields)
-        except Exception as exc:  # a monitoring event must never change how a task runs
-            if not self.warned.is_set():
-                self.warned.set()
-                log.warning("celery_redislock: could not send the %s event: %r", type_, exc)
+def _set(on: bool) -> None:
+    if _switch is not None:
+        _switch[0] = 1 if on else 0
 
 
-_EVENTS = _Events()
+def _follow(dispatcher: Any) -> None:
+    # As Celery's own task events (Request.send_event, EventDispatcher.send): an enabled
+    # dispatcher that sends the "task" group, or every group.
+    groups = getattr(dispatcher, "groups", None)
+    _set(bool(getattr(dispatcher, "enabled", False)) and (not groups or "task" in groups))
+
+
+def _send(task: Any, what: str, task_id: Any, lease: Any, **fields: Any) -> None:
+    # A task declared with send_events=False sends none, as for Celery's own task events.
+    if _switch is None or _switch[0] != 1 or getattr(task, "send_events", True) is False:
+        return
+    app = getattr(task, "app", None)
+    if app is None or not task_id:  # sent by a producer that published by name: no task
+        return
+    if what != "conflict":
+        fields["fence"] = getattr(lease, "fence", None)
+    type_ = f"task-lock-{what}"
+    hostname = _hostname or getattr(task.request, "hostname", None)
+    try:
+        with app.events.default_dispatcher(hostname=hostname) as dispatcher:
+            dispatcher.send(type_, uuid=str(task_id), **fields)
+    except Exception as exc:  # a monitoring event must never change how a task runs
+        if not _warned.is_set():
+            _warned.set()
+            log.warning("celery_redislock: could not send the %s event: %r", type_, exc)
 
 
 def enable_at_worker_start(sender: Any = None, **_: Any) -> None:
     """``worker_init`` receiver: connects the receivers that turn the lock signals into events
     (pool children, forked later, inherit them), and those that follow the worker's event
     dispatcher in its main process. Nothing is sent while task events are off."""
-    _EVENTS.start(sender)
+    global _switch, _hostname
+    if _switch is None:
+        _switch = mmap.mmap(-1, 1)
+    _set(bool(getattr(sender, "task_events", False)))
+    _hostname = getattr(sender, "hostname", None)
     for signal, receiver in (
         (lock_acquired, _acquired),
         (lock_released, _released),
@@ -105,17 +84,17 @@ def enable_at_worker_start(sender: Any = None, **_: Any) -> None:
 
 def _follow_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     # Sent in the main process before the request goes to the pool: its child sees the state.
-    _EVENTS.follow(getattr(request, "eventer", None))
+    _follow(getattr(request, "eventer", None))
 
 
 def _follow_heartbeat(sender: Any = None, **_: Any) -> None:
     # Every 2 s (the worker heartbeat): events turned on or off reach tasks already running.
-    _EVENTS.follow(getattr(sender, "eventer", None))
+    _follow(getattr(sender, "eventer", None))
 
 
 def _acquired(sender: Any = None, task_id: Any = None, lease: Any = None, **kw: Any) -> None:
     mode = getattr(lease, "mode", None)
-    _EVENTS.send(
+    _send(
         sender,
         "acquired",
         task_id,
@@ -127,12 +106,12 @@ def _acquired(sender: Any = None, task_id: Any = None, lease: Any = None, **kw: 
 
 
 def _released(sender: Any = None, task_id: Any = None, lease: Any = None, **kw: Any) -> None:
-    _EVENTS.send(sender, "released", task_id, lease, lock=kw.get("lock", ""), held=kw.get("held"))
+    _send(sender, "released", task_id, lease, lock=kw.get("lock", ""), held=kw.get("held"))
 
 
 def _conflict(sender: Any = None, task_id: Any = None, **kw: Any) -> None:
     holders = [str(h) for h in kw.get("holders") or ()]
-    _EVENTS.send(
+    _send(
         sender,
         "conflict",
         task_id,
@@ -146,6 +125,4 @@ def _conflict(sender: Any = None, task_id: Any = None, **kw: Any) -> None:
 def _lost(sender: Any = None, task_id: Any = None, lease: Any = None, **kw: Any) -> None:
     error = kw.get("error")
     lock = getattr(lease, "name", None)
-    _EVENTS.send(
-        sender, "lost", task_id, lease, lock=lock, error=None if error is None else str(error)
-    )
+    _send(sender, "lost", task_id, lease, lock=lock, error=None if error is None else str(error))

@@ -82,7 +82,7 @@ def connect_receivers() -> None:
             return
         for signal, receiver in (
             (task_postrun, _release_after_run),
-            (worker_process_shutdown, _release_at_shutdown),
+            (worker_process_shutdown, release_all_held),
             (worker_init, _freeze_settings),
             (worker_init, _check_at_worker_start),
             (celeryd_after_setup, _check_lock_redis),
@@ -107,10 +107,6 @@ def _release_after_run(
     # does not), in the process that ran the task, while its request is still current.
     if is_locked_task(sender):
         end_run(sender, task_id, args, kwargs or {}, info.get("state"))
-
-
-def _release_at_shutdown(**_: Any) -> None:
-    release_all_held()
 
 
 def _freeze_settings(sender: Any = None, **_: Any) -> None:

@@ -301,8 +301,8 @@ def end_run(task: LockAware, task_id: str, args: Any, kwargs: Any, state: str | 
             end_claim(task, task_id, args, kwargs)
 
 
-def release_all_held() -> None:
-    """Releases every lease this process's tasks hold (worker process shutdown)."""
+def release_all_held(**_: Any) -> None:
+    """Releases every lease this process's tasks hold (``worker_process_shutdown``)."""
     with _held_guard:
         runs = list(_held)
         _held.clear()

@@ -98,8 +98,8 @@ def _delivery(job: Job | None, args: Any, kwargs: Any) -> Delivery:
     if job is None:  # called directly: no queue, no claim, no record
         return Delivery(uuid.uuid4().hex, args, kwargs, queued=False, rate_request=uuid.uuid4().hex)
     meta = job.meta or {}
-    line = line_of(job)
-    state = line.get("state") if line is not None else None
+    line = line_of(job) or {}
+    state, now = line.get("state"), time.time()
     timeout = job.timeout or _RQ_DEFAULT_TIMEOUT
     return Delivery(
         job.id,
@@ -109,14 +109,9 @@ def _delivery(job: Job | None, args: Any, kwargs: Any) -> Delivery:
         conflicts=int(meta.get(_CONFLICTS_META, 0)),
         waits=int(meta.get(_WAITS_META, 0)),
         republished=bool(job.number_of_retries) or _CONFLICTS_META in meta or _WAITS_META in meta,
-        line_token=line["token"] if line is not None else None,
-        line_ended=line is not None
-        and (
-            state == "expired" or (state == "parked" and time.time() > float(line.get("until", 0)))
-        ),
-        line_waited=max(0.0, time.time() - float(line.get("since", time.time())))
-        if line is not None
-        else 0.0,
+        line_token=line.get("token"),
+        line_ended=state == "expired" or (state == "parked" and now > float(line.get("until", 0))),
+        line_waited=max(0.0, now - float(line.get("since", now))),
         payload=lambda lock, _token: payload_of(job, lock),
         rate_request=str(meta.get(RATE_META) or f"{job.id}.{uuid.uuid4().hex[:12]}"),
         rate_came_back=RATE_META in meta,
