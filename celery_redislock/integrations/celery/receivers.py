@@ -44,11 +44,9 @@ LOCK_REQUEST = "celery_redislock.integrations.celery.parent:LockRequest"
 
 
 def check_request_class(name: str, request: Any, *, final: bool) -> None:
-    """Raises :class:`LockConfigError` if ``request``, the ``Request`` class of the task
-    ``name`` that declares a lock, does not derive from :class:`LockRequest`: the worker's
-    parent would then never release the lease of a killed child (it would lapse only after
-    ``ttl``). A class named by a string that cannot be imported yet (its module still being
-    imported) is checked when the worker starts (``final=True``)."""
+    """Raises :class:`LockConfigError` if ``request``, the ``Request`` class of the locked task
+    ``name``, does not derive from :class:`LockRequest` (no parent-side release of a killed
+    child's lease). A class named by a string not importable yet is checked at ``final=True``."""
     if request == LOCK_REQUEST:
         return
     if isinstance(request, str):
@@ -101,10 +99,9 @@ def connect_receivers() -> None:
 def _release_after_run(
     sender: Any = None, task_id: Any = None, args: Any = (), kwargs: Any = None, **info: Any
 ) -> None:
-    # Normally released already (__call__); this covers a run whose body never started, and
-    # an acks_late delivery, released here with the record that it finished.
-    # task_postrun fires for every ending, RETRY, IGNORED and REJECTED included (after_return
-    # does not), in the process that ran the task, while its request is still current.
+    # Released here: a run whose body never started, and an acks_late delivery (with its finish
+    # record). task_postrun fires for every ending, RETRY, IGNORED and REJECTED included
+    # (after_return does not), where the task ran, while its request is still current.
     if is_locked_task(sender):
         end_run(sender, task_id, args, kwargs or {}, info.get("state"))
 
@@ -182,8 +179,8 @@ def _check_at_worker_start(sender: Any = None, **_: Any) -> None:
 
 
 def _check_lock_redis(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    # celeryd_after_setup: in the worker's main process, once its logging is set up (it is
-    # not yet at worker_init, where an INFO line went nowhere) and before its pool starts.
+    # celeryd_after_setup: in the main process, once its logging is set up (not yet at
+    # worker_init) and before its pool starts.
     app = getattr(instance, "app", None)
     if not isinstance(app, Celery) or not _uses_locks(app):
         return
@@ -205,9 +202,7 @@ def _check_lock_redis(sender: Any = None, instance: Any = None, **_: Any) -> Non
         client, policy=conf.on_backend_error, setting="redislock_on_backend_error", also=also
     )
     if answered:
-        # Producers that cannot import a unique task (beat, services sending by name) read
-        # its options from Redis: publish them.
-        publish_specs(app)
+        publish_specs(app)  # for producers that cannot import a unique task (beat)
 
 
 def _beat_publishes_unique(sender: Any = None, **_: Any) -> None:

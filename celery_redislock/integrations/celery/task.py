@@ -97,17 +97,13 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.called_directly:
             return super().__call__(*args, **kwargs)  # a plain function call: no lock
-        # Run by the worker (the request is already pushed): release as the body ends, before
-        # the result is stored, so whoever waits on the result finds the lock free (an
-        # acks_late delivery: just after, with the record that it finished; see end_run).
+        # Run by the worker (the request is already pushed): released as the body ends.
         try:
             return self.run(*args, **kwargs)
         finally:
             release_at_body_end(self)
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
-        # Give the lock back before the retry is published, so the retried run cannot find it
-        # still held by this very run and be skipped as a duplicate. A job unique until it
-        # finishes first claims its key as queued, so no other copy slips in between.
+        # The lock goes back before the retry is published (see release_for_retry).
         release_for_retry(self)
         return super().retry(*args, **kwargs)

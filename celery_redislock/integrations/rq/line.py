@@ -65,12 +65,10 @@ def line_of(job: Job) -> dict[str, Any] | None:
 
 
 class PutBack:
-    """A lock's ``handover`` for RQ jobs (see the module's docstring): puts the parked job the
-    lock was handed to at the front of its queue (arrival order is the line's; at the front
-    because it waited its turn in the queue once already, and the lock idles until it starts).
-    A job deleted or ended meanwhile gives its turn to the next in line at once.
-
-    ``connection``/``serializer``: the RQ Redis the jobs live in; ``lock_client``: the locks'.
+    """A lock's ``handover`` for RQ jobs: puts the parked job the lock was handed to at the front
+    of its queue (it waited its turn once already; the lock idles until it starts). A job deleted
+    or ended meanwhile gives its turn to the next in line at once. ``connection``/``serializer``:
+    the RQ Redis the jobs live in; ``lock_client``: the locks'.
 
     >>> put_back = PutBack(rq_redis, None, client)                       # doctest: +SKIP
     >>> lock = Lock(client, "sync:42", ttl=30, handover=put_back)        # doctest: +SKIP

@@ -6,6 +6,7 @@ error. The horse leaves with ``os._exit`` (no ``atexit``): the ``finally`` here 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -187,17 +188,12 @@ def _left_line(job: Job) -> None:
         _save_meta(job, "update its meta")
 
 
-_said_disabled = False
-
-
+@functools.cache  # said once
 def _say_disabled() -> None:
-    global _said_disabled
-    if not _said_disabled:
-        _said_disabled = True
-        log.error(
-            "celery_redislock is DISABLED (REDISLOCK_DISABLED or Settings(disabled=True)): "
-            "jobs run without their locks and unique claims"
-        )
+    log.error(
+        "celery_redislock is DISABLED (REDISLOCK_DISABLED or Settings(disabled=True)): "
+        "jobs run without their locks and unique claims"
+    )
 
 
 def run(
