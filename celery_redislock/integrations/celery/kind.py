@@ -44,6 +44,12 @@ class LockAware:
     rate_options: ClassVar[RateOptions | None] = None
     """``rate=`` as parsed: a fleet-wide rate limit on the task's starts."""
     call_signature: ClassVar[inspect.Signature | None] = None
+
+    @classmethod
+    def declares(cls) -> bool:
+        """Whether the task declares ``lock=``, ``unique=`` or ``rate=``."""
+        return (cls.lock_options, cls.unique_options, cls.rate_options) != (None, None, None)
+
     # What the modules below the task class read of a task (Celery's Task has them; declared
     # here for the type checker only, so that nothing below imports the task class).
     if TYPE_CHECKING:

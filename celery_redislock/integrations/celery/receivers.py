@@ -147,15 +147,7 @@ def check_worker_app(app: Celery) -> None:
     check_tasks(app)
     if not _uses_locks(app):
         return
-    needs_redis = any(
-        is_locked_task(task)
-        and (
-            task.lock_options is not None
-            or task.unique_options is not None
-            or task.rate_options is not None
-        )
-        for task in app.tasks.values()
-    )
+    needs_redis = any(is_locked_task(task) and task.declares() for task in app.tasks.values())
     for warning in check_app(app, needs_redis=needs_redis):
         log.warning("%s", warning)
     if settings.settings_for(app).redlock_urls and uses_line(app):

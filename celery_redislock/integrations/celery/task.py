@@ -86,11 +86,7 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
         return held_lease(self)
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        if (
-            self.lock_options is not None
-            or self.unique_options is not None
-            or self.rate_options is not None
-        ):
+        if self.declares():
             start(self, task_id, args, kwargs)
         super().before_start(task_id, args, kwargs)
 
