@@ -47,8 +47,10 @@ def _send(task: Any, what: str, task_id: Any, lease: Any, **fields: Any) -> None
     app = getattr(task, "app", None)
     if app is None or not task_id:  # sent by a producer that published by name: no task
         return
-    if what != "conflict":
+    if what != "conflict":  # (from the lease)
         fields["fence"] = getattr(lease, "fence", None)
+    if what == "acquired":
+        fields["mode"] = getattr(lease, "mode", None)
     type_ = f"task-lock-{what}"
     hostname = _hostname or getattr(task.request, "hostname", None)
     try:
@@ -93,16 +95,7 @@ def _follow_heartbeat(sender: Any = None, **_: Any) -> None:
 
 
 def _acquired(sender: Any = None, task_id: Any = None, lease: Any = None, **kw: Any) -> None:
-    mode = getattr(lease, "mode", None)
-    _send(
-        sender,
-        "acquired",
-        task_id,
-        lease,
-        lock=kw.get("lock", ""),
-        mode=mode,
-        waited=kw.get("waited"),
-    )
+    _send(sender, "acquired", task_id, lease, lock=kw.get("lock", ""), waited=kw.get("waited"))
 
 
 def _released(sender: Any = None, task_id: Any = None, lease: Any = None, **kw: Any) -> None:

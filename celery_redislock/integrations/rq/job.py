@@ -61,9 +61,7 @@ class JobSpec(TaskSpec):
         (:class:`.line.PutBack`; without one, their short hand-overs lapse at once and a
         sweeper does)."""
         assert self.lock is not None
-        if settings is None:
-            settings = self.settings
-        return make_lock(settings, client, self.lock, name, handover)
+        return make_lock(settings or self.settings, client, self.lock, name, handover)
 
 
 def locked(

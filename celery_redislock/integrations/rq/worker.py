@@ -69,24 +69,16 @@ class ReleasesDeadHorses:
         )
 
     def _redislock_sweeper(self, settings: Settings) -> LineSweeper | None:
-        connection: Any = self.connection  # type: ignore[attr-defined]
+        worker: Any = self  # (an RQ Worker, mixed in)
         try:
-            client = client_for(settings, connection)
+            client = client_for(settings, worker.connection)
         except LockConfigError as exc:
             log.error("task lines are not swept by this worker: %s", exc)
             return None
-        put_back = PutBack(
-            connection,
-            self.serializer,  # type: ignore[attr-defined]
-            client,
-            settings.line_handover_window,
-        )
+        window = settings.line_handover_window
+        put_back = PutBack(worker.connection, worker.serializer, client, window)
         sweeper = LineSweeper(
-            client,
-            settings.namespace,
-            put_back,
-            settings.line_sweep_interval,
-            settings.line_handover_window,
+            client, settings.namespace, put_back, settings.line_sweep_interval, window
         )
         sweeper.start()
         return sweeper
