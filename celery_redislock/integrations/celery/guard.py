@@ -27,8 +27,7 @@ _PARSERS: dict[str, Any] = {
 
 
 def _declares(name: str, option: str, value: object) -> bool:
-    """Whether ``value`` reads as our ``option`` (an unrelated class attribute of that name, a
-    threading lock say, does not)."""
+    """Whether ``value`` reads as our ``option`` (not so an unrelated attribute: a lock, say)."""
     if value is None or value is False or callable(getattr(value, "acquire", None)):
         return False
     try:

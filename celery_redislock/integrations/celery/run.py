@@ -286,9 +286,8 @@ def release_for_retry(task: LockAware) -> None:
 
 def end_run(task: LockAware, task_id: str, args: Any, kwargs: Any, state: str | None) -> None:
     """``task_postrun`` (the result is stored): gives the lease back if still held, with the
-    record that the job finished if it ended for good (a retry, whose message carries the job
-    on, or a requeued rejection is not an end); a job that failed gives up its queued claim.
-    Never raises."""
+    finish record if the job ended for good (not at a retry or a requeued rejection); a job
+    that failed gives up its queued claim. Never raises."""
     run = current_run(task)
     setattr(task.request, _ATTR, None)
     if run is not None:

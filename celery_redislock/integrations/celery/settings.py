@@ -51,8 +51,6 @@ _READ_KEYS = (
 )
 # Every setting this package reads: another name with the prefix is most likely a typo.
 KNOWN_SETTINGS = frozenset(name for name in _READ_KEYS if name.startswith("redislock_"))
-# app.conf.broker_url reads this first (Celery's Settings.broker_url).
-_BROKER_URL_ENV = "CELERY_BROKER_URL"
 _MISSING = object()
 
 
@@ -136,7 +134,7 @@ def _fingerprint(app: Celery) -> tuple[object, ...] | None:
     raw: list[object] = [
         id(conf),
         len(maps),
-        os.environ.get(_BROKER_URL_ENV),
+        os.environ.get("CELERY_BROKER_URL"),  # (app.conf.broker_url reads it first)
         os.environ.get(DISABLED_ENV),
     ]
     for key in lookups[1]:

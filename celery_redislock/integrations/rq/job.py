@@ -146,6 +146,5 @@ def lock_for_job(job: Any) -> Lock | None:
     settings = spec.settings
     client = client_for(settings, job.connection)
     put_back = PutBack(job.connection, job.serializer, client, settings.line_handover_window)
-    return spec.make_lock(
-        client, spec.lock_name(job.args or (), job.kwargs or {}), settings, put_back
-    )
+    name = spec.lock_name(job.args or (), job.kwargs or {})
+    return spec.make_lock(client, name, settings, put_back)

@@ -30,9 +30,8 @@ LINE_META = "redislock_line"
 "handed" | "expired", "until": <wall-clock end of its wait>, "since": <when it first parked>}``;
 dropped once it claims the lock."""
 
-# A horse parks its job, then returns the Retry that RQ turns into a scheduled registry entry a
-# moment later: a hand-over that comes in between waits this long for the job to land there
-# (past it, the entry comes back after the core's publish window and is handed over again).
+# A hand-over that comes between a horse parking its job and RQ scheduling its Retry waits this
+# long for it (past it, the entry comes back after the core's publish window, handed again).
 SETTLE_S = 5.0
 _ENDED = ("finished", "failed", "canceled", "stopped")
 

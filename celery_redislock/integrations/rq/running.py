@@ -54,9 +54,8 @@ _WAITS_META = "redislock_waits"
 # RQ's default job timeout; the parent kills a horse 60 s past its job's timeout.
 _RQ_DEFAULT_TIMEOUT = 180
 _KILL_GRACE = 60
-# A parked job nobody puts back (its line lost with the lock Redis, no sweeper running) is run
-# by RQ's scheduler this long after its wait and hand-over window would have ended; it then
-# ends as expired.
+# A parked job nobody puts back (line lost, no sweeper) is run by RQ's scheduler this long after
+# its wait and hand-over window would have ended; it then ends as expired.
 FALLBACK_MARGIN_S = 60.0
 
 # RQ's scheduler brings a job back in whole seconds and looks every second: a rate slot at most
