@@ -18,7 +18,6 @@ from celery import Celery
 from celery.exceptions import Ignore, Reject, Retry
 from kombu.utils.json import dumps, loads
 
-from ...core.lease import Lease
 from ...core.line import Handed, Handover
 from ...core.lock import Lock
 from ...core.run import (
@@ -252,11 +251,6 @@ def current_run(task: LockAware) -> LockedRun | None:
     """The run of the task's current delivery (``None`` before or outside one)."""
     run = getattr(task.request, _ATTR, None)
     return run if isinstance(run, LockedRun) else None
-
-
-def held_lease(task: LockAware) -> Lease | None:
-    run = current_run(task)
-    return run.lease if run is not None else None
 
 
 def _release(run: LockedRun, finished: bool) -> None:

@@ -15,7 +15,7 @@ from .kind import LockAware
 from .publish import wrap_send_task
 from .receivers import LOCK_REQUEST, check_request_class, connect_receivers
 from .registry import Spec, spec_of
-from .run import held_lease, release_at_body_end, release_for_retry, start
+from .run import current_run, release_at_body_end, release_for_retry, start
 
 __all__ = ["LockedTask"]
 
@@ -83,7 +83,8 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
     def lease(self) -> Lease | None:
         """The lease the current run holds (``None`` outside a locked run). ``lease.check()``
         raises :class:`LockLost` if the heartbeat found it lost."""
-        return held_lease(self)
+        run = current_run(self)
+        return run.lease if run is not None else None
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         if self.declares():
