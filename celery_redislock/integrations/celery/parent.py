@@ -53,8 +53,8 @@ class LockRequest(Request):  # type: ignore[misc]
     Subclass it (and set ``Request`` on your task class) if you need a request class of your own.
     """
 
-    # Set (in the main thread) once Celery reports the child dead or being killed: the watch
-    # then keeps the request until the child is gone, though Celery has finished with it.
+    # Set once Celery reports the child dead or being killed: the watch then keeps the request
+    # until the child is gone, though Celery has finished with it.
     child_dying = False
 
     def on_accepted(self, pid: int, time_accepted: float) -> None:

@@ -1,8 +1,6 @@
-"""This package's log lines in an RQ worker's log. ``rq worker`` gives handlers to its own
-loggers (``rq.worker``, ``rq.job``) and none to the root logger, so another library's INFO line
-goes nowhere (Python's last resort prints WARNING and above, unformatted): a job skipped on its
-lock showed only RQ's ``Job OK``, where a Celery worker logs why. In a process whose logging
-nobody configured, our lines go to the handlers of RQ's worker log, at its level."""
+"""This package's log lines in an RQ worker's log: ``rq worker`` gives handlers to its own loggers
+only, so another library's INFO line goes nowhere (a job skipped on its lock showed only RQ's
+``Job OK``). In a process whose logging nobody configured, ours go to RQ's worker log handlers."""
 
 from __future__ import annotations
 
