@@ -20,29 +20,39 @@ __all__ = ["enable_at_worker_start"]
 log = logging.getLogger(__name__)
 
 
-# Whether task events are on: one byte of anonymous shared memory (MAP_SHARED), made in the
-# worker's main process before its pool forks, so that every child reads what the main process
-# writes (a plain variable would be copied at fork and never change in the child).
-_switch: mmap.mmap | None = None
-_hostname: str | None = None
-_warned = threading.Event()  # a failed send is logged once
+class _Events:
+    """This worker process's lock events: whether task events are on (one byte of anonymous
+    shared memory, made in the main process before its pool forks, so that every child reads
+    what the main process writes; a plain variable would be copied at fork and never change in
+    the child), the worker's host name, and whether a failed send was logged (once)."""
+
+    def __init__(self) -> None:
+        self.switch: mmap.mmap | None = None
+        self.hostname: str | None = None
+        self.warned = threading.Event()
+
+    def set(self, on: bool) -> None:
+        if self.switch is not None:
+            self.switch[0] = 1 if on else 0
+
+    @property
+    def on(self) -> bool:
+        return self.switch is not None and self.switch[0] == 1
 
 
-def _set(on: bool) -> None:
-    if _switch is not None:
-        _switch[0] = 1 if on else 0
+_EVENTS = _Events()
 
 
 def _follow(dispatcher: Any) -> None:
     # As Celery's own task events (Request.send_event, EventDispatcher.send): an enabled
     # dispatcher that sends the "task" group, or every group.
     groups = getattr(dispatcher, "groups", None)
-    _set(bool(getattr(dispatcher, "enabled", False)) and (not groups or "task" in groups))
+    _EVENTS.set(bool(getattr(dispatcher, "enabled", False)) and (not groups or "task" in groups))
 
 
 def _send(task: Any, what: str, task_id: Any, lease: Any, **fields: Any) -> None:
     # A task declared with send_events=False sends none, as for Celery's own task events.
-    if _switch is None or _switch[0] != 1 or getattr(task, "send_events", True) is False:
+    if not _EVENTS.on or getattr(task, "send_events", True) is False:
         return
     app = getattr(task, "app", None)
     if app is None or not task_id:  # sent by a producer that published by name: no task
@@ -52,13 +62,13 @@ def _send(task: Any, what: str, task_id: Any, lease: Any, **fields: Any) -> None
     if what == "acquired":
         fields["mode"] = getattr(lease, "mode", None)
     type_ = f"task-lock-{what}"
-    hostname = _hostname or getattr(task.request, "hostname", None)
+    hostname = _EVENTS.hostname or getattr(task.request, "hostname", None)
     try:
         with app.events.default_dispatcher(hostname=hostname) as dispatcher:
             dispatcher.send(type_, uuid=str(task_id), **fields)
     except Exception as exc:  # a monitoring event must never change how a task runs
-        if not _warned.is_set():
-            _warned.set()
+        if not _EVENTS.warned.is_set():
+            _EVENTS.warned.set()
             log.warning("celery_redislock: could not send the %s event: %r", type_, exc)
 
 
@@ -66,11 +76,10 @@ def enable_at_worker_start(sender: Any = None, **_: Any) -> None:
     """``worker_init`` receiver: connects the receivers that turn the lock signals into events
     (pool children, forked later, inherit them), and those that follow the worker's event
     dispatcher in its main process. Nothing is sent while task events are off."""
-    global _switch, _hostname
-    if _switch is None:
-        _switch = mmap.mmap(-1, 1)
-    _set(bool(getattr(sender, "task_events", False)))
-    _hostname = getattr(sender, "hostname", None)
+    if _EVENTS.switch is None:
+        _EVENTS.switch = mmap.mmap(-1, 1)
+    _EVENTS.set(bool(getattr(sender, "task_events", False)))
+    _EVENTS.hostname = getattr(sender, "hostname", None)
     for signal, receiver in (
         (lock_acquired, _acquired),
         (lock_released, _released),

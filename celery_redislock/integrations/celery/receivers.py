@@ -66,17 +66,16 @@ def check_request_class(name: str, request: Any, *, final: bool) -> None:
         )
 
 
-_connected = False
+_connected = threading.Event()
 _connecting = threading.Lock()
 
 
 def connect_receivers() -> None:
     """Connects every receiver (idempotent; cheap after the first call)."""
-    global _connected
-    if _connected:
+    if _connected.is_set():
         return
     with _connecting:
-        if _connected:
+        if _connected.is_set():
             return
         for signal, receiver in (
             (task_postrun, _release_after_run),
@@ -93,7 +92,7 @@ def connect_receivers() -> None:
         ):
             uid = f"celery_redislock.{receiver.__name__}"
             signal.connect(receiver, weak=False, dispatch_uid=uid)
-        _connected = True
+        _connected.set()
 
 
 def _release_after_run(

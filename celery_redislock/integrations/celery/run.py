@@ -183,8 +183,8 @@ def start(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:
     outcome = run.take()
     if isinstance(outcome, Held | RunUnlocked):
         if run.lease is not None:
-            with _held_guard:
-                _held.add(run)
+            with _HELD.guard:
+                _HELD.runs.add(run)
         return
     _answer(task, run, outcome)
 
@@ -232,19 +232,20 @@ def _store_skipped(task: LockAware, task_id: str, name: str, holders: list[str])
         )
 
 
-# The runs holding a lease in this process now, released at process shutdown.
-_held: set[LockedRun] = set()
-_held_guard = threading.Lock()
+class _Held:
+    """The runs holding a lease in this process now, released at process shutdown."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.runs: set[LockedRun] = set()
+        self.guard = threading.Lock()
 
 
-def _reset_after_fork() -> None:
-    # The parent's leases are the parent's; a forked child holds none yet (nor the guard).
-    global _held_guard
-    _held.clear()
-    _held_guard = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+_HELD = _Held()
+# The parent's leases are the parent's; a forked child holds none yet (nor the guard).
+os.register_at_fork(after_in_child=_HELD.reset)
 
 
 def current_run(task: LockAware) -> LockedRun | None:
@@ -254,8 +255,8 @@ def current_run(task: LockAware) -> LockedRun | None:
 
 
 def _release(run: LockedRun, finished: bool) -> None:
-    with _held_guard:
-        _held.discard(run)
+    with _HELD.guard:
+        _HELD.runs.discard(run)
     run.release(finished)
 
 
@@ -296,9 +297,9 @@ def end_run(task: LockAware, task_id: str, args: Any, kwargs: Any, state: str | 
 
 def release_all_held(**_: Any) -> None:
     """Releases every lease this process's tasks hold (``worker_process_shutdown``)."""
-    with _held_guard:
-        runs = list(_held)
-        _held.clear()
+    with _HELD.guard:
+        runs = list(_HELD.runs)
+        _HELD.runs.clear()
     for run in runs:
         run.release(False)
 

@@ -82,25 +82,31 @@ class _AppState:
         self.lookups: tuple[tuple[int, object], SettingLookups, tuple[str, ...]] | None = None
 
 
-_states: weakref.WeakKeyDictionary[Celery, _AppState] = weakref.WeakKeyDictionary()
-_states_lock = threading.Lock()
-# In a worker, configuration is final once it has started: settings are then read once per app
-# (reading app.conf costs more than the rest of taking a lock, Redis aside).
-_frozen = False
+class _Apps:
+    """Each app's :class:`_AppState`; and whether configuration is final: in a worker it is once
+    it has started, and settings are then read once per app (reading app.conf costs more than
+    the rest of taking a lock, Redis aside)."""
+
+    def __init__(self) -> None:
+        self.frozen = False
+        self.states: weakref.WeakKeyDictionary[Celery, _AppState] = weakref.WeakKeyDictionary()
+        self.lock = threading.Lock()
+
+
+_APPS = _Apps()
 
 
 def _state(app: Celery) -> _AppState:
-    state = _states.get(app)
+    state = _APPS.states.get(app)
     if state is None:
-        with _states_lock:
-            state = _states.setdefault(app, _AppState())
+        with _APPS.lock:
+            state = _APPS.states.setdefault(app, _AppState())
     return state
 
 
 def freeze() -> None:
     """From now on, read each app's settings once (called as a worker starts)."""
-    global _frozen
-    _frozen = True
+    _APPS.frozen = True
 
 
 # Outside a worker, settings are read again whenever a value behind them changed. Seeing that
@@ -161,7 +167,7 @@ def set_setting(app: Celery, name: str, value: object) -> None:
 def settings_for(app: Celery) -> Settings:
     """The app's lock settings, checked (a bad value raises :class:`LockConfigError`)."""
     state = _state(app)
-    if _frozen:
+    if _APPS.frozen:
         if state.settings is None:
             state.settings = _read(app)
         return state.settings

@@ -5,19 +5,19 @@ only, so another library's INFO line goes nowhere (a job skipped on its lock sho
 from __future__ import annotations
 
 import logging
+import threading
 
 __all__ = ["to_worker_log"]
 
 _OURS = logging.getLogger("celery_redislock")
-_routed = False
+_routed = threading.Event()
 
 
 def to_worker_log() -> None:
     """Routes this package's lines to RQ's worker log handlers, unless logging was configured
     (a root handler: the application's own) or RQ's was not set up (not in a worker). Cheap
     once done; a forked horse inherits it."""
-    global _routed
-    if _routed or _OURS.hasHandlers():
+    if _routed.is_set() or _OURS.hasHandlers():
         return
     worker_log = logging.getLogger("rq.worker")
     if not worker_log.handlers:
@@ -28,4 +28,4 @@ def to_worker_log() -> None:
         _OURS.setLevel(worker_log.getEffectiveLevel())
     # As RQ does for its own: a root handler added later would print each line twice.
     _OURS.propagate = False
-    _routed = True
+    _routed.set()

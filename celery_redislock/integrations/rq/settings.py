@@ -16,17 +16,21 @@ __all__ = ["BackendPolicy", "Settings", "client_for", "default_settings"]
 
 
 _NAMES = tuple(f.env for f in FIELDS.values() if f.env is not None)
-_seen: tuple[tuple[str | None, ...], Settings] | None = None
+
+
+class _FromEnv:
+    """The settings last read from the environment, with the values they were read from."""
+
+    seen: tuple[tuple[str | None, ...], Settings] | None = None
 
 
 def default_settings() -> Settings:
     """This process's settings from the environment (read again whenever a ``REDISLOCK_*``
     variable changed, which costs a few dictionary look-ups per job)."""
-    global _seen
     values = tuple(os.environ.get(name) for name in _NAMES)
-    seen = _seen
+    seen = _FromEnv.seen
     if seen is None or seen[0] != values:
-        seen = _seen = (values, Settings.from_env())
+        seen = _FromEnv.seen = (values, Settings.from_env())
     return seen[1]
 
 
