@@ -1,22 +1,15 @@
 """The quorum store (RedLock): a lock's leases on several independent Redis masters (3 or 5),
-held while a majority of them hold them.
-
-Each master runs the lock's own scripts (``acquire.lua``, ``release.lua``, ...) with the same
-ARGV, all masters at once, through clients with retries off and short timeouts, and the answers
-are counted. An acquire holds when a majority granted it within the validity
-``ttl - elapsed - drift`` (drift: 1% of ttl + 2 ms); otherwise what it took is released
-everywhere (a request still in flight is released when it settles). Each try has a token of its
-own: a try's late answer gives back that try's lease only. Fences: the highest fence the
-granting masters gave is raised on a majority before the acquire returns
-(``redlock_fence.lua``), so fences grow strictly from one acquisition to the next.
-
-Over 300 lines: the acquire's vote (counting, the fence agreement, giving back a partial win)
-and the merge of every other script's answers, one method each.
+held while a majority of them hold them. Each master runs the lock's own scripts with the same
+ARGV, all at once, and the answers are counted. An acquire holds when a majority granted it
+within the validity ``ttl - elapsed - drift``, else what it took is given back everywhere; the
+highest fence the granting masters gave is raised on a majority (``redlock_fence.lua``), so
+fences grow strictly. A renewal holds if a majority renewed the lease within its validity.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import time
@@ -28,6 +21,7 @@ from typing import Any, TypeVar
 import redis
 
 from ..errors import LockBackendError, LockConfigError
+from .holders import holders_of
 from .protocol import (
     AcquireReply,
     AcquireStatus,
@@ -37,12 +31,12 @@ from .protocol import (
     ReleaseWhereReply,
 )
 from .redlock_masters import gather, on_each, quorum
-from .redlock_renew import drift, renew_on_masters
-from .replicas import ReplicaPolicy
+from .replicas import ReplicaPolicy, pipelined
 from .scripts import run
+from .server_store import renew_calls, spread
 from .store import Holder, LeaseView, LockView, Renewals
 
-__all__ = ["QuorumStore"]
+__all__ = ["DRIFT_FACTOR", "DRIFT_FLOOR", "QuorumStore", "drift"]
 
 T = TypeVar("T")
 
@@ -51,6 +45,21 @@ T = TypeVar("T")
 # noticed within the cap.
 _RETRY_BASE_S = 0.01
 _RETRY_CAP_S = 0.2
+DRIFT_FACTOR = 0.01
+"""The masters' clocks may gain this fraction of a ttl on this process's clock."""
+DRIFT_FLOOR = 0.002
+"""Seconds of drift allowed on top (timer resolution)."""
+
+
+def drift(ttl: float) -> float:
+    """The part of ``ttl`` a lease is not counted on for: ``1% of ttl + 2 ms`` (a lease must be
+    known lost here before any master, whose clock may run faster, can drop it).
+
+    >>> from celery_redislock.core.redlock_store import drift
+    >>> round(drift(10.0), 3)
+    0.102
+    """
+    return ttl * DRIFT_FACTOR + DRIFT_FLOOR
 
 
 class QuorumStore:
@@ -281,40 +290,64 @@ class QuorumStore:
         )
         seen: dict[str, list[Holder]] = {}
         for reply in replies:
-            for live in reply.leases:
-                seen.setdefault(live.token, []).append(
-                    Holder(
-                        token=live.token,
-                        mode=live.mode,
-                        fence=live.fence,
-                        owner=live.owner,
-                        info=live.info,
-                        count=live.entered,
-                        expires_in=(live.expires_at_ms - reply.now_ms) / 1000,
-                    )
-                )
+            for holder in holders_of(reply):
+                seen.setdefault(holder.token, []).append(holder)
         out = []
+        nth = self.quorum - 1  # what a majority agreed on (a late master may say more)
         for copies in seen.values():
             if len(copies) < self.quorum:
                 continue  # a stray lease on a minority holds nothing
-            left = sorted((h.expires_in for h in copies), reverse=True)[self.quorum - 1]
-            first = copies[0]
             out.append(
-                Holder(
-                    token=first.token,
-                    mode=first.mode,
-                    # What a majority agreed on (a master that answered late may have more).
-                    fence=sorted((h.fence for h in copies), reverse=True)[self.quorum - 1],
-                    owner=first.owner,
-                    info=first.info,
+                dataclasses.replace(
+                    copies[0],
+                    fence=sorted((h.fence for h in copies), reverse=True)[nth],
                     count=max(h.count for h in copies),
-                    expires_in=left,
+                    expires_in=sorted((h.expires_in for h in copies), reverse=True)[nth],
                 )
             )
         return sorted(out, key=lambda h: h.fence)
 
     def renew(self, leases: Sequence[LeaseView], ttl: float | None) -> Renewals:
-        return renew_on_masters(self.masters, leases, ttl)
+        """Every master renews the whole batch in one call, all at once: a lease is renewed if
+        a majority renewed it before its validity ran out (its expiry then the server time
+        until which a majority has it), lost if a majority no longer has it or the answer came
+        after its validity, else not known (-1)."""
+        need, count = self.quorum, len(self.masters)
+        calls = renew_calls(leases, ttl)  # one per distinct ttl: usually one
+        batch = [(keys, args) for _, keys, args in calls]
+
+        def renew(master: redis.Redis) -> list[int]:
+            return spread(calls, pipelined(master, "renew", batch, None)[0], [0] * len(leases))
+
+        sent = time.monotonic()
+        futures = on_each(self.masters, renew)
+        # Past the last validity nothing can be renewed in time: stop waiting there.
+        gather(futures, lambda: False, max(lease.valid_until for lease in leases))
+        answered = time.monotonic()
+        per_master = [f.result() for f in futures if f.done() and f.exception() is None]
+        expiries: list[int] = []
+        valid: list[float] = []
+        whys: list[str | None] = []
+        for i, lease in enumerate(leases):
+            renewed = sorted((e[i] for e in per_master if e[i] > 0), reverse=True)
+            gone = sum(1 for e in per_master if e[i] == 0)
+            held_for = ttl if ttl is not None else lease.lock.ttl
+            expiry, valid_until, why = -1, lease.valid_until, None
+            if answered >= lease.valid_until:
+                expiry, why = 0, "the renewal answered after its validity"
+            elif len(renewed) >= need:
+                expiry, valid_until = renewed[need - 1], sent + held_for - drift(held_for)
+            elif gone > count - need:
+                expiry, why = 0, f"{gone} of {count} masters no longer hold it"
+            else:
+                why = (
+                    f"renewed on {len(renewed)} of {count} masters, a majority ({need}) is "
+                    f"needed ({_errors(futures) or 'no answer'})"
+                )
+            expiries.append(expiry)
+            valid.append(valid_until)
+            whys.append(why)
+        return Renewals(expiries, valid, whys)
 
     # -- every master ------------------------------------------------------------------------
 

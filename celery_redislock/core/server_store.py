@@ -30,7 +30,7 @@ from .replicas import ReplicaPolicy, acknowledged, pipelined, refresh
 from .scripts import run
 from .store import Holder, LeaseView, LockView, RedisClient, Renewals, backend_errors
 
-__all__ = ["ServerStore"]
+__all__ = ["ServerStore", "renew_calls", "spread"]
 
 
 class ServerStore:
@@ -60,19 +60,19 @@ class ServerStore:
                 return float(socket_timeout) / 2
         return float("inf")
 
-    def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
+    def _run(
+        self, lock: LockView, name: str, keys: list[bytes], args: list[str]
+    ) -> tuple[Any, int]:
+        """Script ``name``, then with a replica policy WAIT: the reply and the acknowledgements
+        (0 without a policy)."""
         if self.replicas is None:
-            return AcquireReply.decode(run("acquire", self.client, lock.encoded_keys, args))
-        raw, acks = acknowledged(
-            self.client,
-            "acquire",
-            lock.encoded_keys,
-            args,
-            self.replicas,
-            slot_key=lock.keys.leases,
-        )
+            return run(name, self.client, keys, args), 0
+        return acknowledged(self.client, name, keys, args, self.replicas, slot_key=lock.keys.leases)
+
+    def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
+        raw, acks = self._run(lock, "acquire", lock.encoded_keys, args)
         reply = AcquireReply.decode(raw)
-        if reply.status is AcquireStatus.HELD and acks < self.replicas.count:
+        if self.replicas and reply.status is AcquireStatus.HELD and acks < self.replicas.count:
             # Fails closed: the lock drops a new lease (args[0] is its token) before the error
             # reaches the caller; an owner's re-entry into its lease is undone here, one level.
             if reply.token != args[0]:
@@ -95,17 +95,8 @@ class ServerStore:
     def claim(self, lock: LockView, token: str) -> int:
         renew = RenewArgs(ttl_ms=lock.ttl_ms, tokens=[token]).encode()
         with backend_errors(lock.name):
-            if self.replicas is None:
-                raw = run("renew", self.client, lock.encoded_keys[:2], renew)
-            else:
-                raw, acks = acknowledged(
-                    self.client,
-                    "renew",
-                    lock.encoded_keys[:2],
-                    renew,
-                    self.replicas,
-                    slot_key=lock.keys.leases,
-                )
+            raw, acks = self._run(lock, "renew", lock.encoded_keys[:2], renew)
+            if self.replicas is not None:
                 self.replicas.check(acks, lock.name, "acquire")
         return RenewReply.decode(raw).expiries[0]
 
@@ -125,10 +116,9 @@ class ServerStore:
         sent = time.monotonic()
         group = list(leases)
         with backend_errors(group[0].lock.name if len(group) == 1 else None):
-            expiries = _run(self.client, group, ttl)
-        if ttl is not None:
-            return Renewals(expiries, [sent + ttl] * len(group), None)
-        return Renewals(expiries, [sent + lease.lock.ttl for lease in group], None)
+            expiries = _renew(self.client, group, ttl)
+        valid = [sent + (lease.lock.ttl if ttl is None else ttl) for lease in group]
+        return Renewals(expiries, valid, None)
 
 
 def renew_calls(
@@ -162,7 +152,18 @@ def _strictest(group: Sequence[LeaseView]) -> ReplicaPolicy | None:
     return ReplicaPolicy(max(p.count for p in policies), max(p.timeout for p in policies))
 
 
-def _run(client: RedisClient, group: list[LeaseView], ttl: float | None) -> list[int]:
+def spread(
+    calls: list[tuple[list[int], list[bytes], list[str]]], replies: list[Any], out: list[int]
+) -> list[int]:
+    """The expiries the replies to :func:`renew_calls`' ``calls`` gave, put in ``out`` at their
+    leases' indexes."""
+    for (indexes, _, _), raw in zip(calls, replies, strict=True):
+        for i, expiry in zip(indexes, RenewReply.decode(raw).expiries, strict=True):
+            out[i] = expiry
+    return out
+
+
+def _renew(client: RedisClient, group: list[LeaseView], ttl: float | None) -> list[int]:
     policy = _strictest(group)
     if isinstance(client, RedisCluster):
         try:
@@ -175,16 +176,12 @@ def _run(client: RedisClient, group: list[LeaseView], ttl: float | None) -> list
         except (redis.ConnectionError, redis.TimeoutError):
             refresh(client)  # a node is gone: the next try goes where its slots went
             raise
-    out = [0] * len(group)
     calls = renew_calls(group, ttl)
     if policy is not None:
         replies = _pipelined(client, [(keys, args) for _, keys, args in calls], group, policy)
     else:
         replies = [run("renew", client, keys, args) for _, keys, args in calls]
-    for (indexes, _, _), raw in zip(calls, replies, strict=True):
-        for i, expiry in zip(indexes, RenewReply.decode(raw).expiries, strict=True):
-            out[i] = expiry
-    return out
+    return spread(calls, replies, [0] * len(group))
 
 
 def _run_cluster(
@@ -210,9 +207,7 @@ def _run_cluster(
             policy,
             client,
         )
-        for (indexes, _, _), raw in zip(calls, replies, strict=True):
-            for i, expiry in zip(indexes, RenewReply.decode(raw).expiries, strict=True):
-                out[i] = expiry
+        spread(calls, replies, out)
     return out
 
 
