@@ -38,6 +38,7 @@ __all__ = [
     "on_each",
     "parse_master_urls",
     "quorum",
+    "submit",
 ]
 
 T = TypeVar("T")
@@ -248,10 +249,14 @@ _here = _Process()
 os.register_at_fork(after_in_child=_here.after_fork)
 
 
+def submit(fn: Callable[[], T]) -> Future[T]:
+    """Runs ``fn`` on a helper thread (the heartbeat's renewal calls run on them too)."""
+    return _here.pool.submit(fn)
+
+
 def on_each(masters: Sequence[redis.Redis], call: Callable[[redis.Redis], T]) -> list[Future[T]]:
     """Starts ``call(master)`` for every master at once; one future each, in order."""
-    pool = _here.pool
-    return [pool.submit(functools.partial(call, master)) for master in masters]
+    return [submit(functools.partial(call, master)) for master in masters]
 
 
 def gather(
