@@ -1,8 +1,6 @@
 """The lock and its leases: a set of leases in a store (one Redis server, or a quorum of
-masters), taken and given back by Lua scripts, each operation written once here.
-
-Over 300 lines: the two classes that refer to each other (a lock makes leases; a lease gives
-itself back to its lock), and the batch renewal a lease's own renewal is one case of.
+masters), taken and given back by Lua scripts, each operation written once here (over 300
+lines: a lock makes leases, a lease gives itself back to its lock, and the batch renewal).
 """
 
 from __future__ import annotations
@@ -158,9 +156,9 @@ class Lock:
         self.fence_keep = _positive_seconds(
             more.get("fence_keep", DEFAULT_FENCE_KEEP), "fence_keep", self.name
         )
-        # Encoded once: every lock script takes it. Readers are unbounded unless a limit is
-        # given; writers default to one at a time.
-        self.spec = LockSpec(
+        # Encoded once: every lock script takes it (``_spec``: the task line's and tests' name).
+        # Readers are unbounded unless a limit is given; writers default to one at a time.
+        self.spec = self._spec = LockSpec(
             mode=mode,
             limit=limit if limit is not None else (0 if mode == "read" else 1),
             ttl_ms=self.ttl_ms,
@@ -168,17 +166,11 @@ class Lock:
             entry_ms=_QUEUE_ENTRY_MS,
             keep_ms=max(1, round(self.fence_keep * 1000)),
         ).encode()
-        self.encoded_keys = [
-            key.encode() for key in self.keys.all
-        ]  # KEYS of every lock script, encoded once (the hot path)
+        # KEYS of every lock script, encoded once (the hot path).
+        self.encoded_keys = [key.encode() for key in self.keys.all]
         self._entered = threading.local()
         # How long a lease is counted on after its acquire was sent.
         self._validity = self.ttl - self.store.drift(self.ttl)
-
-    @property
-    def _spec(self) -> str:
-        """:attr:`spec`, by the name the task line and the tests use."""
-        return self.spec
 
     def __repr__(self) -> str:
         return f"Lock({self.name!r}, mode={self.mode!r}, limit={self.limit}, ttl={self.ttl})"

@@ -1,15 +1,9 @@
 """The masters of a RedLock: one client per independent Redis master, checked (at least 3, an
-odd number, no server twice), and the fan-out that sends one call to every master at once.
+odd number, no server twice), and the daemon helper threads that call every master at once (an
+acquire waits only until its outcome is decided, never for a master that hangs; a forked child
+starts with none of its parent's helpers).
 
->>> urls = ["redis://a:6379", "redis://b:6379", "redis://c:6379"]
->>> masters = master_clients(urls)  # doctest: +SKIP
->>> RedLock(masters, "nightly-report", ttl=30)  # doctest: +SKIP
-
-Calls to the masters run on daemon helper threads, one call per thread at a time, reused once
-idle: an acquire waits only as long as its decision needs (a majority granted, or a majority
-out of reach), never for a master that hangs; other calls wait for every master, at most a ttl.
-After ``fork`` a child starts with no helper of its parent's (their threads do not exist
-there).
+>>> masters = master_clients(["redis://a", "redis://b", "redis://c"])  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, TypeVar
 
@@ -90,30 +84,24 @@ def parse_master_urls(value: object, what: str = "masters") -> tuple[str, ...]:
             f"{what} must be Redis URLs (a list, or one string separated by commas), got {value!r}"
         )
     urls: list[str] = []
+    addresses: list[str | None] = []
     for item in items:
         if not isinstance(item, str) or "://" not in item:
             raise LockConfigError(f"{what}: {item!r} is not a Redis URL (redis://host:port/db)")
         try:
-            redis.connection.parse_url(item)  # type: ignore[no-untyped-call]
+            kwargs = redis.connection.parse_url(item)  # type: ignore[no-untyped-call]
         except ValueError as exc:
             raise LockConfigError(f"{what}: {item!r} is not a Redis URL: {exc}") from exc
         urls.append(item)
+        addresses.append(_address({"host": "localhost", **kwargs}))
     _check_count(len(urls), what)
-    _check_distinct([_address_of_url(url) for url in urls], what)
+    _check_distinct(addresses, what)
     return tuple(urls)
 
 
-def _address_of_url(url: str) -> str:
-    kwargs = redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
-    if "path" in kwargs:
-        return f"unix:{kwargs['path']}"
-    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-
-
-def _address(client: redis.Redis) -> str | None:
-    """The server a client talks to (``host:port`` or ``unix:path``; ``None``: not known, e.g.
-    a Sentinel-managed client)."""
-    kwargs = client.connection_pool.connection_kwargs
+def _address(kwargs: Mapping[str, Any]) -> str | None:
+    """The server a client's connection arguments name (``host:port`` or ``unix:path``;
+    ``None``: not known, e.g. a Sentinel-managed client)."""
     if "path" in kwargs:
         return f"unix:{kwargs['path']}"
     if "host" in kwargs:
@@ -150,7 +138,9 @@ def check_masters(clients: object, *, name: str | None = None) -> tuple[redis.Re
     if len({id(c) for c in clients}) != len(clients):
         raise LockConfigError("masters name the same client more than once", name=name)
     _check_count(len(clients), "masters", name)
-    _check_distinct([_address(c) for c in clients], "masters", name)
+    _check_distinct(
+        [_address(c.connection_pool.connection_kwargs) for c in clients], "masters", name
+    )
     return tuple(clients)
 
 

@@ -1,7 +1,7 @@
 """The one-server store: a lock's scripts run on one Redis client (plain, Sentinel-managed, or a
-Cluster), in one round trip each; with a replica policy (:mod:`.replicas`), acquires and
-renewals then wait for the replicas' acknowledgement. Renewal batches many leases into one
-script call per client (one per slot, pipelined per node, on a Cluster).
+Cluster), each in one round trip, then wait for the replicas (:mod:`.replicas`) if asked to.
+Renewal batches many leases into one script call per client (per slot, pipelined per node, on
+a Cluster).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Where a lock keeps its leases: the :class:`Store` protocol a :class:`~.lock.Lock` runs every
-operation through, and the types the lock's modules share (a lease's :class:`Holder` record,
-the Redis client type, the error translation).
-
-Two stores: one Redis server (:class:`~.server_store.ServerStore`: a plain, Sentinel-managed or
-Cluster client) and a quorum of independent masters (:class:`~.redlock_store.QuorumStore`,
-RedLock). Each operation is written once in the lock; a store runs its script on its server, or
-on every master, counting votes. Nothing here imports the lock: a store sees a lock as a
-:class:`LockView`.
+operation through (one Redis server: :class:`~.server_store.ServerStore`; a quorum of masters:
+:class:`~.redlock_store.QuorumStore`), and the types the lock's modules share. Nothing here
+imports the lock: a store sees a lock as a :class:`LockView`.
 """
 
 from __future__ import annotations
