@@ -11,10 +11,9 @@ from typing import NamedTuple, Protocol
 
 import redis
 
-from .keys import LockKeys
 from .protocol import Grant
 from .scripts import run
-from .store import RedisClient
+from .store import LockView, RedisClient
 
 __all__ = [
     "DEFAULT_HANDOVER_WINDOW",
@@ -59,21 +58,12 @@ Handover = Callable[[Handed], None]
 """Publishes one parked task again (raises if it could not)."""
 
 
-class Handing(Protocol):
+class Handing(LockView, Protocol):
     """What a hand-over reads of the lock it hands on (a :class:`~.lock.Lock` is one)."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def client(self) -> RedisClient: ...
-    @property
-    def keys(self) -> LockKeys: ...
-    @property
-    def encoded_keys(self) -> list[bytes]: ...
-    @property
-    def handover(self) -> Handover | None: ...
-    @property
-    def handover_window(self) -> float: ...
+    client: RedisClient
+    handover: Handover | None
+    handover_window: float
 
 
 def hand_over(lock: Handing, granted: Sequence[Grant], expired: Sequence[str] = ()) -> None:

@@ -1,8 +1,5 @@
-"""The heartbeat: one thread per process keeps every lease it was given alive, renewing them in
-batches (its calls to Redis made on helper threads, so that a Redis that hangs delays no loss
-notice), and says at once when one is lost. Each lease is renewed by its lock's store: a
-RedLock lease on all its masters at once, renewed only when a majority renewed it within its
-validity."""
+"""The heartbeat: one thread per process keeps every lease it was given alive, each renewed by
+its lock's store in batches, and says at once when one is lost."""
 
 from __future__ import annotations
 

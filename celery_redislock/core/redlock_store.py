@@ -64,10 +64,7 @@ def drift(ttl: float) -> float:
 
 class QuorumStore:
     """A lock's leases on ``masters`` (checked clients, see
-    :func:`~celery_redislock.core.redlock_masters.check_masters`), held on a majority.
-
-    Failures: a majority of masters unreachable, or a majority granted only after the validity
-    ran out, raise :class:`LockBackendError` (fail closed)."""
+    :func:`~celery_redislock.core.redlock_masters.check_masters`), held on a majority."""
 
     queues = False
     replicas: ReplicaPolicy | None = None
@@ -228,10 +225,7 @@ class QuorumStore:
         if not future.done():
             future.add_done_callback(undo)
             return None
-        found = what(future)
-        if found is None:
-            return None
-        return on_each([master], lambda _: _give_back(lock, master, found[0], whole=found[1]))[0]
+        return None if what(future) is None else on_each([master], lambda _: undo(future))[0]
 
     def abandon(self, lock: LockView, token: str) -> None:
         """Nothing to do: a failed try gave back what it took (the token was its own)."""

@@ -80,22 +80,14 @@ class Renewals(NamedTuple):
 class LockView(Protocol):
     """What a store reads of a lock (a :class:`~.lock.Lock` is one)."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def ttl(self) -> float: ...
-    @property
-    def ttl_ms(self) -> int: ...
-    @property
-    def keys(self) -> LockKeys: ...
-    @property
-    def encoded_keys(self) -> list[bytes]: ...
-    @property
-    def spec(self) -> str:
-        """:meth:`LockSpec.encode` of the lock's settings (every lock script takes it)."""
-
-    @property
-    def replicas(self) -> ReplicaPolicy | None: ...
+    name: str
+    ttl: float
+    ttl_ms: int
+    keys: LockKeys
+    encoded_keys: list[bytes]
+    spec: str
+    """:meth:`LockSpec.encode` of the lock's settings (every lock script takes it)."""
+    replicas: ReplicaPolicy | None
 
 
 class LeaseView(Protocol):
