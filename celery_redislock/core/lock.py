@@ -504,8 +504,7 @@ class Lock:
         tb: TracebackType | None,
     ) -> None:
         lease: Lease = self._entered.stack.pop()
-        if not lease.released:
-            _release_on_exit(lease, exc)
+        lease.__exit__(exc_type, exc, tb)
 
 
 def _store_of(client: RedisClient | Store, more: LockExtras, name: str) -> Store:
@@ -610,20 +609,18 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if not self.released:
-            _release_on_exit(self, exc)
-
-
-def _release_on_exit(lease: Lease, exc: BaseException | None) -> None:
-    """Leaving a ``with`` block: a failed release raises on a clean exit, but never hides the
-    exception the body raised (it is logged instead, as redis-py's Lock does)."""
-    if exc is None:
-        lease.release()
-        return
-    try:
-        lease.release()
-    except RedisLockError as error:
-        log.warning("lock %r: release after the block raised %r failed: %s", lease.name, exc, error)
+        # A failed release raises on a clean exit, but never hides the exception the body
+        # raised (it is logged instead, as redis-py's Lock does).
+        if self.released:
+            return
+        try:
+            self.release()
+        except RedisLockError as error:
+            if exc is None:
+                raise
+            log.warning(
+                "lock %r: release after the block raised %r failed: %s", self.name, exc, error
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,11 +154,10 @@ def master_clients(
     again in one process (a lock made per task shares them); making them does not connect."""
     parsed = parse_master_urls(urls, what)
     key = (parsed, float(socket_timeout))  # (redis-py's pools reconnect after a fork)
-    here = _here
-    with here.lock:
-        found = here.made.get(key)
+    with _here.lock:
+        found = _here.made.get(key)
         if found is None:
-            found = here.made[key] = tuple(
+            found = _here.made[key] = tuple(
                 redis.Redis.from_url(
                     url,
                     socket_timeout=socket_timeout,
@@ -175,8 +174,7 @@ class _Helper:
     with nothing to do. Not a ThreadPoolExecutor: its threads are joined at interpreter exit,
     and one stuck on a frozen master would hold up the process's exit."""
 
-    def __init__(self, pool: _Pool) -> None:
-        self.pool = pool
+    def __init__(self) -> None:
         self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         threading.Thread(target=self._work, name="redislock-redlock-call", daemon=True).start()
 
@@ -185,46 +183,21 @@ class _Helper:
             try:
                 job = self.jobs.get(timeout=_IDLE_S)
             except queue.Empty:
-                with self.pool.lock:
-                    if self in self.pool.idle:
-                        self.pool.idle.remove(self)
+                with _here.lock:
+                    if self in _here.idle:
+                        _here.idle.remove(self)
                         return
                 continue  # handed a call as it timed out: the call is on its way
             job()
-            with self.pool.lock:
-                self.pool.idle.append(self)
-
-
-class _Pool:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.idle: list[_Helper] = []
-
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
-        future: Future[T] = Future()
-
-        def job() -> None:
-            try:
-                result = fn()
-            except BaseException as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-
-        with self.lock:
-            helper = self.idle.pop() if self.idle else None
-        if helper is None:
-            helper = _Helper(self)
-        helper.jobs.put(job)
-        return future
+            with _here.lock:
+                _here.idle.append(self)
 
 
 class _Process:
     """What RedLock keeps per process: the master clients made from URLs (the locks a framework
-    makes per task share them), the lock guarding them, and the helper threads that call the
-    masters. A forked child starts with a new lock and no helper (the parent's threads do not
-    exist there, and one of them may have held the lock at the fork); redis-py's pools
-    reconnect by themselves."""
+    makes per task share them), the idle helper threads, and the lock guarding both. A forked
+    child starts with a new lock and no helper (the parent's threads do not exist there, and
+    one of them may have held the lock at the fork); redis-py's pools reconnect by themselves."""
 
     def __init__(self) -> None:
         self.made: dict[tuple[tuple[str, ...], float], tuple[redis.Redis, ...]] = {}
@@ -232,7 +205,7 @@ class _Process:
 
     def after_fork(self) -> None:
         self.lock = threading.Lock()
-        self.pool = _Pool()
+        self.idle: list[_Helper] = []
 
 
 _here = _Process()
@@ -241,7 +214,20 @@ os.register_at_fork(after_in_child=_here.after_fork)
 
 def submit(fn: Callable[[], T]) -> Future[T]:
     """Runs ``fn`` on a helper thread (the heartbeat's renewal calls run on them too)."""
-    return _here.pool.submit(fn)
+    future: Future[T] = Future()
+
+    def job() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    with _here.lock:
+        helper = _here.idle.pop() if _here.idle else None
+    (helper or _Helper()).jobs.put(job)
+    return future
 
 
 def on_each(masters: Sequence[redis.Redis], call: Callable[[redis.Redis], T]) -> list[Future[T]]:

@@ -231,7 +231,6 @@ class QuorumStore:
         """Nothing to do: a failed try gave back what it took (the token was its own)."""
 
     def await_push(self, lock: LockView, key: str, seconds: float, tries: int) -> Any | None:
-        """No push crosses masters: pauses for the ``tries``-th retry (at most ``seconds``)."""
         pause = min(_RETRY_CAP_S, _RETRY_BASE_S * 2**tries)
         time.sleep(min(seconds, random.uniform(pause / 2, pause)))
         return None
@@ -257,7 +256,6 @@ class QuorumStore:
         raise self._too_few(lock, replies, "release")
 
     def release_where(self, lock: LockView, args: list[str]) -> ReleaseWhereReply:
-        """The tokens released on any master (if a majority answered)."""
         replies = self._majority(
             lock,
             lambda master: ReleaseWhereReply.decode(
@@ -270,14 +268,11 @@ class QuorumStore:
         )
 
     def finish(self, lock: LockView, args: list[str]) -> None:
-        """Recorded on a majority (an acquire on any majority then sees it)."""
         self._majority(
             lock, lambda master: run("finish", master, lock.encoded_keys, args), "finish"
         )
 
     def holders(self, lock: LockView) -> list[Holder]:
-        """The leases a majority of the masters hold, oldest fence first; ``expires_in`` is
-        how long a majority still has each (by the masters' clocks)."""
         keys = lock.encoded_keys[:2]
         replies = self._majority(
             lock, lambda master: HoldersReply.decode(run("holders", master, keys, [])), "holders"

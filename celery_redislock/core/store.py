@@ -93,10 +93,9 @@ class LockView(Protocol):
 class LeaseView(Protocol):
     """What a store reads of a lease to renew it (a :class:`~.lock.Lease` is one)."""
 
-    @property
-    def token(self) -> str: ...
-    @property
-    def valid_until(self) -> float: ...
+    token: str
+    valid_until: float
+
     @property
     def lock(self) -> LockView: ...
 
