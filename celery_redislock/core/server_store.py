@@ -164,66 +164,47 @@ def spread(
 
 
 def _renew(client: RedisClient, group: list[LeaseView], ttl: float | None) -> list[int]:
-    policy = _strictest(group)
-    if isinstance(client, RedisCluster):
-        try:
-            return _run_cluster(client, group, ttl, policy)
-        except MovedError:
-            # A failover moved slots: ask the cluster where they are now, and try once more
-            # (renewal is safe to run twice).
-            refresh(client)
-            return _run_cluster(client, group, ttl, policy)
-        except (redis.ConnectionError, redis.TimeoutError):
-            refresh(client)  # a node is gone: the next try goes where its slots went
-            raise
-    calls = renew_calls(group, ttl)
-    if policy is not None:
-        replies = _pipelined(client, [(keys, args) for _, keys, args in calls], group, policy)
-    else:
-        replies = [run("renew", client, keys, args) for _, keys, args in calls]
-    return spread(calls, replies, [0] * len(group))
+    if not isinstance(client, RedisCluster):
+        return _renew_on_nodes(client, group, ttl)
+    try:
+        return _renew_on_nodes(client, group, ttl)
+    except MovedError:
+        # A failover moved slots: ask the cluster where they are now, and try once more
+        # (renewal is safe to run twice).
+        refresh(client)
+        return _renew_on_nodes(client, group, ttl)
+    except (redis.ConnectionError, redis.TimeoutError):
+        refresh(client)  # a node is gone: the next try goes where its slots went
+        raise
 
 
-def _run_cluster(
-    client: RedisCluster, group: list[LeaseView], ttl: float | None, policy: ReplicaPolicy | None
-) -> list[int]:
+def _renew_on_nodes(client: RedisClient, group: list[LeaseView], ttl: float | None) -> list[int]:
+    """Renews ``group`` in one round trip per node (an ASK answer sends its calls on to the
+    node named). With replicas asked for, WAIT follows on each node's connection, and fewer
+    acknowledgements than asked raise :class:`LockBackendError`: the renewal is not counted
+    (its leases are at risk: the heartbeat tries again, and reports them lost if they lapse)."""
     out = [0] * len(group)
-    # A script may touch one slot only: one call per slot, pipelined to each node in one go.
+    policy = _strictest(group)
+    cluster = client if isinstance(client, RedisCluster) else None
     by_node: dict[str, tuple[redis.Redis, dict[int, list[int]]]] = {}
-    for i, lease in enumerate(group):
-        key = lease.lock.keys.leases
-        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
-        entry = by_node.setdefault(node.name, (client.get_redis_connection(node), {}))
-        entry[1].setdefault(client.keyslot(key), []).append(i)  # type: ignore[no-untyped-call]
+    if not isinstance(client, RedisCluster):
+        by_node[""] = (client, {0: list(range(len(group)))})
+    else:
+        # A script may touch one slot only: one call per slot, pipelined to each node.
+        for i, lease in enumerate(group):
+            key = lease.lock.keys.leases
+            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            entry = by_node.setdefault(node.name, (client.get_redis_connection(node), {}))
+            entry[1].setdefault(client.keyslot(key), []).append(i)  # type: ignore[no-untyped-call]
     for node_client, by_slot in by_node.values():
         calls = []
         for indexes in by_slot.values():
             for sub, keys, args in renew_calls([group[i] for i in indexes], ttl):
                 calls.append(([indexes[j] for j in sub], keys, args))
-        replies = _pipelined(
-            node_client,
-            [(keys, args) for _, keys, args in calls],
-            [group[i] for indexes, _, _ in calls for i in indexes],
-            policy,
-            client,
-        )
+        batch = [(keys, args) for _, keys, args in calls]
+        replies, acks = pipelined(node_client, "renew", batch, policy, cluster=cluster)
+        if policy is not None:
+            names = {group[i].lock.name for indexes, _, _ in calls for i in indexes}
+            policy.check(acks or 0, names.pop() if len(names) == 1 else None, "renewal")
         spread(calls, replies, out)
     return out
-
-
-def _pipelined(
-    client: redis.Redis,
-    calls: list[tuple[list[bytes], list[str]]],
-    group: list[LeaseView],
-    policy: ReplicaPolicy | None,
-    cluster: RedisCluster | None = None,
-) -> list[Any]:
-    """The renew calls on one node's connection, in one round trip (an ASK answer sends its
-    calls on to the node named). With ``policy``, WAIT follows on the same connection, and fewer
-    acknowledgements than asked raise :class:`LockBackendError`: the renewal is not counted
-    (its leases are at risk: the heartbeat tries again, and reports them lost if they lapse)."""
-    replies, acks = pipelined(client, "renew", calls, policy, cluster=cluster)
-    if policy is not None:
-        names = {lease.lock.name for lease in group}
-        policy.check(acks or 0, names.pop() if len(names) == 1 else None, "renewal")
-    return replies
