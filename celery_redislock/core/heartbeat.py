@@ -120,11 +120,9 @@ class Heartbeat:
         with self._cond:
             self._entries[lease.token] = entry
             if not self._started:
-                # A bare thread: threading.Thread.start() waits until the new thread runs,
-                # which costs the first registration in each forked process (an RQ work horse,
-                # a pool child) about half a millisecond. This one runs as soon as it is
-                # scheduled, long before its first lease falls due (ttl/3). It dies with the
-                # process, as a daemon thread does.
+                # A bare thread: threading.Thread.start() waits until the thread runs, half a
+                # millisecond of the first registration in each forked process (an RQ work
+                # horse, a pool child). It dies with the process, as a daemon thread does.
                 _thread.start_new_thread(self._run_thread, ())
                 self._started = True
             if entry.due < self._wake_at:

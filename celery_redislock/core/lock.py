@@ -49,7 +49,7 @@ from .protocol import (
 from .replicas import ReplicaPolicy, check_policy, policy_of
 from .scripts import run
 from .server_store import ServerStore
-from .store import Holder, RedisClient, Store, backend_error, backend_errors
+from .store import Holder, RedisClient, Store, backend_errors
 
 __all__ = ["DEFAULT_FENCE_KEEP", "Lease", "Lock", "LockExtras", "RenewReport", "renew_leases"]
 
@@ -144,8 +144,6 @@ class Lock:
         self.mode: Mode = mode
         self.limit = limit
         self.fair = fair
-        # Publishes parked tasks this lock's calls hand the lock to (core/line.py); None: their
-        # short hand-overs lapse at once, for the next call on the lock or a sweeper to publish.
         self.handover = more.get("handover")
         self.handover_window = _positive_seconds(
             more.get("handover_window", DEFAULT_HANDOVER_WINDOW), "handover_window", self.name
@@ -206,7 +204,14 @@ class Lock:
         have made is dropped before the error reaches the caller (or, with Redis unreachable,
         lapses within ``ttl``).
         """
-        self._check_acquire_args(blocking, timeout, owner)
+        if timeout is not None:
+            seconds_or_none(timeout, TIMEOUT, "timeout", name=self.name)  # no inf, NaN, > 1 day
+            if not blocking:
+                raise LockConfigError("timeout makes no sense with blocking=False", name=self.name)
+        if owner is not None and (not isinstance(owner, str) or not owner):
+            raise LockConfigError(
+                f"owner must be a non-empty string, got {owner!r}", name=self.name
+            )
         if not isinstance(reentrant, bool):
             raise LockConfigError(
                 f"reentrant must be True or False, got {reentrant!r}", name=self.name
@@ -238,11 +243,9 @@ class Lock:
         tries = 0
         while True:
             sent = time.monotonic()
-            try:
+            with backend_errors(self.name):
                 reply = self.store.acquire(self, args)
                 self._notify(reply.granted)
-            except redis.RedisError as exc:
-                raise backend_error(self.name, exc) from exc
             status = reply.status
             if status is AcquireStatus.JOB_FINISHED:
                 raise JobFinished(
@@ -310,16 +313,6 @@ class Lock:
                 self.name,
                 self.ttl,
                 exc,
-            )
-
-    def _check_acquire_args(self, blocking: bool, timeout: float | None, owner: str | None) -> None:
-        if timeout is not None:
-            seconds_or_none(timeout, TIMEOUT, "timeout", name=self.name)  # no inf, NaN, > 1 day
-            if not blocking:
-                raise LockConfigError("timeout makes no sense with blocking=False", name=self.name)
-        if owner is not None and (not isinstance(owner, str) or not owner):
-            raise LockConfigError(
-                f"owner must be a non-empty string, got {owner!r}", name=self.name
             )
 
     def _await_grant(self, seconds: float, token: str, owner: str | None) -> Lease | None:
@@ -398,11 +391,9 @@ class Lock:
             request=os.urandom(8).hex(),
             finish=None if finish_job is None else self._finish_args(finish_job, keep),
         )
-        try:
+        with backend_errors(self.name):
             reply = self.store.release(self, request.encode())
             self._notify(reply.granted)
-        except redis.RedisError as exc:
-            raise backend_error(self.name, exc) from exc
         if not reply.released:
             lease.released = True
             raise LockNotOwned(
@@ -512,8 +503,6 @@ def _store_of(client: RedisClient | Store, more: LockExtras, name: str) -> Store
     ``min_replicas`` sets, else the client's), or the store given."""
     min_replicas = more.get("min_replicas")
     if isinstance(client, redis.Redis | RedisCluster):
-        # After each acquire and renewal, this many replicas must acknowledge the lease (see
-        # core/replicas.py); None: the client's policy (require_replicas), else none.
         replicas = (
             policy_of(client)
             if min_replicas is None

@@ -36,7 +36,7 @@ from .scripts import run
 from .server_store import renew_calls, spread
 from .store import Holder, LeaseView, LockView, Renewals
 
-__all__ = ["DRIFT_FACTOR", "DRIFT_FLOOR", "QuorumStore", "drift"]
+__all__ = ["QuorumStore", "drift"]
 
 T = TypeVar("T")
 
@@ -45,21 +45,18 @@ T = TypeVar("T")
 # noticed within the cap.
 _RETRY_BASE_S = 0.01
 _RETRY_CAP_S = 0.2
-DRIFT_FACTOR = 0.01
-"""The masters' clocks may gain this fraction of a ttl on this process's clock."""
-DRIFT_FLOOR = 0.002
-"""Seconds of drift allowed on top (timer resolution)."""
 
 
 def drift(ttl: float) -> float:
-    """The part of ``ttl`` a lease is not counted on for: ``1% of ttl + 2 ms`` (a lease must be
-    known lost here before any master, whose clock may run faster, can drop it).
+    """The part of ``ttl`` a lease is not counted on for: ``1% of ttl`` (the masters' clocks
+    may run that much faster than this process's: a lease must be known lost here before any
+    master drops it) ``+ 2 ms`` (timer resolution).
 
     >>> from celery_redislock.core.redlock_store import drift
     >>> round(drift(10.0), 3)
     0.102
     """
-    return ttl * DRIFT_FACTOR + DRIFT_FLOOR
+    return ttl * 0.01 + 0.002
 
 
 class QuorumStore:
