@@ -240,17 +240,15 @@ class QuorumStore:
     def release(self, lock: LockView, args: list[str]) -> ReleaseReply:
         """Released if a majority released it; :class:`LockBackendError` if too few masters
         answered to tell (what was not released lapses within the ttl)."""
-        replies = self._on_all(
+        replies = self._majority(
             lock,
             lambda master: ReleaseReply.decode(run("release", master, lock.encoded_keys, args)),
+            "release",
         )
-        released = [r for r in replies if isinstance(r, ReleaseReply) and r.released]
-        answered = sum(1 for r in replies if isinstance(r, ReleaseReply))
+        released = [r for r in replies if r.released]
         if len(released) >= self.quorum:
             return ReleaseReply(True, max(r.left for r in released), ())
-        if answered >= self.quorum:
-            return ReleaseReply(False, 0, ())
-        raise self._too_few(lock, replies, "release")
+        return ReleaseReply(False, 0, ())
 
     def release_where(self, lock: LockView, args: list[str]) -> ReleaseWhereReply:
         replies = self._majority(
@@ -310,7 +308,7 @@ class QuorumStore:
         # Past the last validity nothing can be renewed in time: stop waiting there.
         gather(futures, lambda: False, max(lease.valid_until for lease in leases))
         answered = time.monotonic()
-        per_master = [f.result() for f in futures if f.done() and f.exception() is None]
+        per_master = _replies(futures)
         expiries: list[int] = []
         valid: list[float] = []
         whys: list[str | None] = []
@@ -337,38 +335,20 @@ class QuorumStore:
 
     # -- every master ------------------------------------------------------------------------
 
-    def _on_all(self, lock: LockView, call: Callable[[redis.Redis], T]) -> list[T | BaseException]:
-        """``call`` on every master at once; each one's answer or error. Waits at most a ttl
-        (after that, whatever the call would change has lapsed anyway)."""
+    def _majority(self, lock: LockView, call: Callable[[redis.Redis], T], what: str) -> list[T]:
+        """``call`` on every master at once: the answers, if a majority answered within a ttl
+        (after that, whatever the call would change has lapsed anyway); else
+        :class:`LockBackendError`."""
         futures = on_each(self.masters, call)
         gather(futures, lambda: False, time.monotonic() + lock.ttl)
-        out: list[T | BaseException] = []
-        for future in futures:
-            if not future.done():
-                out.append(TimeoutError("no answer within the ttl"))
-            elif (error := future.exception()) is not None:
-                out.append(error)
-            else:
-                out.append(future.result())
-        return out
-
-    def _majority(self, lock: LockView, call: Callable[[redis.Redis], T], what: str) -> list[T]:
-        """The answers of the masters that answered, if a majority did; else
-        :class:`LockBackendError`."""
-        replies = self._on_all(lock, call)
-        good = [r for r in replies if not isinstance(r, BaseException)]
+        good = _replies(futures)
         if len(good) < self.quorum:
-            raise self._too_few(lock, replies, what)
+            raise LockBackendError(
+                f"lock {lock.name!r}: {what} answered by {len(good)} of {len(self.masters)} "
+                f"RedLock masters, a majority ({self.quorum}) is needed ({_errors(futures)})",
+                name=lock.name,
+            )
         return good
-
-    def _too_few(self, lock: LockView, replies: Sequence[object], what: str) -> LockBackendError:
-        errors = [_describe(r) for r in replies if isinstance(r, BaseException)]
-        return LockBackendError(
-            f"lock {lock.name!r}: {what} answered by {len(replies) - len(errors)} of "
-            f"{len(self.masters)} RedLock masters, a majority ({self.quorum}) is needed "
-            f"({'; '.join(errors)})",
-            name=lock.name,
-        )
 
 
 def _give_back(lock: LockView, master: redis.Redis, token: str, *, whole: bool) -> None:
@@ -378,7 +358,7 @@ def _give_back(lock: LockView, master: redis.Redis, token: str, *, whole: bool) 
         run("release", master, lock.encoded_keys, args)
 
 
-def _replies(futures: Sequence[Future[AcquireReply]]) -> list[AcquireReply]:
+def _replies(futures: Sequence[Future[T]]) -> list[T]:
     return [f.result() for f in futures if f.done() and f.exception() is None]
 
 
@@ -388,9 +368,5 @@ def _errors(futures: Sequence[Future[Any]]) -> str:
         if not future.done():
             out.append("no answer yet")
         elif (error := future.exception()) is not None:
-            out.append(_describe(error))
+            out.append(f"{type(error).__name__}: {error}")
     return "; ".join(out)
-
-
-def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
