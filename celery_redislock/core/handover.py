@@ -69,12 +69,10 @@ class Handing(LockView, Protocol):
 def hand_over(lock: Handing, granted: Sequence[Grant], expired: Sequence[str] = ()) -> None:
     """Publishes the parked tasks a script handed the lock to (``granted``, from its reply) or
     that expired, then confirms them. Never raises: what is not confirmed goes back in line when
-    its short lease lapses.
-
-    A lock with no ``handover`` (an operator's release through a command that knows no
-    framework) cannot publish: the leases it handed over lapse at once (``line_lapse.lua``), so
-    that the next call on the lock or a sweeper hands them over again and publishes them,
-    instead of the lock idling for the publish window. Expired entries wait for a sweeper."""
+    its short lease lapses. A lock with no ``handover`` (an operator's command knows no
+    framework) cannot publish: the leases it handed over lapse at once (``line_lapse.lua``), for
+    the next call on the lock or a sweeper to hand over and publish, instead of the lock idling
+    for the publish window. Expired entries wait for a sweeper."""
     if lock.handover is None:
         _lapse(lock, granted)
         return

@@ -638,11 +638,7 @@ def renew_leases(leases: Iterable[Lease], *, ttl: float | None = None) -> RenewR
     why = ""
     by_store: dict[object, list[Lease]] = {}
     for lease in leases:
-        key = lease.lock.store.key
-        group = by_store.get(key)
-        if group is None:
-            group = by_store[key] = []
-        group.append(lease)
+        by_store.setdefault(lease.lock.store.key, []).append(lease)
     for group in by_store.values():
         got = group[0].lock.store.renew(group, ttl)
         for i, (lease, expiry, valid_until) in enumerate(
