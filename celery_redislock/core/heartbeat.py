@@ -38,9 +38,7 @@ class _Entry:
 
 @dataclass(eq=False)
 class _Call:
-    """One batch renewal call, made on a helper thread; the heartbeat thread applies its answer:
-    for each lease its new expiry (server ms; 0: lost; -1: not known, try again) and the end of
-    its validity."""
+    """One batch renewal call, made on a helper thread; the heartbeat thread applies its answer."""
 
     store: Store  # the first lease's: it renews the leases of every store with its key
     entries: list[_Entry]
@@ -84,8 +82,7 @@ class Heartbeat:
         # When the thread next wakes by itself (monotonic). A lease registered as due later
         # needs no wake-up: each task start would otherwise cost the thread a wake-up.
         self._wake_at = 0.0
-        # Calls answered (or failed) and not yet applied (a forked child makes a Heartbeat of
-        # its own: _forget_after_fork).
+        # Calls answered (or failed) and not yet applied.
         self._answered: list[_Call] = []
         # Per Redis: its renewals failing, logged once then summed up (not every 0.5 s).
         self._failures: dict[object, RepeatedFailure] = {}
