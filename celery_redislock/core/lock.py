@@ -565,13 +565,8 @@ class Lease:
 
         Raises :class:`LockLost` if the lease had already lapsed or was removed.
         """
-        report = renew_leases([self], ttl=ttl)
-        if report.lost:
-            raise LockLost(
-                f"lease {self.token} of lock {self.name!r} was lost",
-                name=self.name,
-                token=self.token,
-            )
+        if renew_leases([self], ttl=ttl).lost:
+            raise self._lost()
 
     def check(self) -> None:
         """Raises :class:`LockLost` if the lease is known lost or may have lapsed, and
@@ -583,11 +578,12 @@ class Lease:
                 token=self.token,
             )
         if self.lost or time.monotonic() >= self.valid_until:
-            raise LockLost(
-                f"lease {self.token} of lock {self.name!r} was lost",
-                name=self.name,
-                token=self.token,
-            )
+            raise self._lost()
+
+    def _lost(self) -> LockLost:
+        return LockLost(
+            f"lease {self.token} of lock {self.name!r} was lost", name=self.name, token=self.token
+        )
 
     def __enter__(self) -> Lease:
         return self
