@@ -1,23 +1,12 @@
 """Redis leases for Celery and RQ tasks: mutexes, caps of N holders and read/write locks,
 kept alive by a per-process heartbeat and released however a task ends.
 
-What to import, and from where (every other module is internal and may change):
-
-- here: the lock core (``Lock``, ``RedLock``, ``RateLimit``, their leases and helpers), the
-  exceptions, and Celery's entry points (``LockedTask``, ``install``, ``lock_for``,
-  ``SKIPPED``);
-- :mod:`celery_redislock.integrations.celery`: the same Celery names, plus Celery's signals
-  (``lock_conflict``, ...) and ``LockRequest``;
-- :mod:`celery_redislock.integrations.rq`: RQ's ``locked``, ``UniqueQueue``, workers and its
-  own signals (same names as Celery's, RQ's signal class);
-- :mod:`celery_redislock.core.admin`: reading and freeing locks from outside their holders;
-- ``celery_redislock.contrib.*``: test helpers, the pytest plugin, Prometheus metrics.
-
-The core needs redis-py only. The Celery names load :mod:`celery_redislock.integrations.celery`
-on first use, so ``task_cls="celery_redislock:LockedTask"`` works and a core user never imports
-Celery. Names that earlier releases exported here and now live elsewhere (Celery's signals,
-``LockRequest``, ``client_for``, ``iter_locks``, ``LockOptions``, ``UniqueOptions``) still
-resolve here, but are not part of ``__all__``: import them from their modules.
+Here: the lock core (it needs redis-py only), the exceptions, and Celery's entry points
+(``LockedTask``, ``install``, ``lock_for``, ``SKIPPED``), which load
+:mod:`celery_redislock.integrations.celery` on first use, so a core user never imports Celery.
+docs/api.md lists the other public modules; every other module is internal and may change.
+Names that earlier releases exported here (Celery's signals, ``LockRequest``, ``client_for``,
+``iter_locks``, ``LockOptions``, ``UniqueOptions``) still resolve, outside ``__all__``.
 
 >>> import redis, celery_redislock                                        # doctest: +SKIP
 >>> lock = celery_redislock.Lock(redis.Redis(), "nightly-report", ttl=30)  # doctest: +SKIP
@@ -98,9 +87,7 @@ __all__ = [  # noqa: RUF022 (in groups: the docs list them in this order)
 ]
 
 _CELERY = ".integrations.celery"
-# Loaded on first use (PEP 562): name -> the module that has it. The Celery ones so that
-# `import celery_redislock` never imports Celery; the rest (no longer in __all__) so that code
-# written against earlier releases keeps working.
+# Loaded on first use (PEP 562; why: the docstring): name -> the module that has it.
 _ELSEWHERE = {
     "LockedTask": _CELERY,
     "install": _CELERY,

@@ -28,18 +28,14 @@ from . import render
 __all__ = [
     "COMMANDS",
     "EXIT_BACKEND",
-    "EXIT_DONE",
     "EXIT_NOTHING",
-    "EXIT_USAGE",
     "Target",
     "redacted",
     "set_target",
 ]
 
-EXIT_DONE = 0
 EXIT_NOTHING = 1
-EXIT_USAGE = 2  # click's own code for a usage error
-EXIT_BACKEND = 3
+EXIT_BACKEND = 3  # 2 is click's, for a usage error
 
 _TARGET = "celery_redislock.target"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -98,11 +94,15 @@ def _errors(command: F) -> F:
     return run  # type: ignore[return-value]
 
 
-def _print_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True))
-
-
-def _done(found: bool) -> None:
+def _report(as_json: bool, value: Any, found: bool, lines: list[str], nothing: str) -> None:
+    """Prints ``value`` as JSON, or the ``lines`` of what was found, or ``nothing`` (to stderr);
+    the exit code is 1 if nothing was found."""
+    if as_json:
+        click.echo(json.dumps(value, indent=2, sort_keys=True))
+    elif found:
+        click.echo("\n".join(lines))
+    else:
+        click.echo(nothing, err=True)
     if not found:
         raise click.exceptions.Exit(EXIT_NOTHING)
 
@@ -119,14 +119,13 @@ def list_command(pattern: str, as_json: bool) -> None:
     holders, the nearest expiry, waiters. Exit code 1 if none."""
     target = _target()
     states = admin.list_locks(target.client(), pattern, target.namespace)
-    if as_json:
-        _print_json([render.lock_dict(s, detail=False) for s in states])
-    elif states:
-        rows = [render.LIST_HEADER, *(render.lock_row(s) for s in states)]
-        click.echo("\n".join(render.table(rows)))
-    else:
-        click.echo(f"no lock matches {pattern!r}", err=True)
-    _done(bool(states))
+    _report(
+        as_json,
+        [render.lock_dict(s, detail=False) for s in states],
+        bool(states),
+        render.table([render.LIST_HEADER, *(render.lock_row(s) for s in states)]),
+        f"no lock matches {pattern!r}",
+    )
 
 
 @click.command(name="show")
@@ -138,14 +137,13 @@ def show_command(name: str, as_json: bool) -> None:
     token) and each waiter. Exit code 1 if nobody holds it or waits for it."""
     target = _target()
     state = admin.describe_lock(target.client(), name, target.namespace)
-    found = bool(state.holders or state.waiters)
-    if as_json:
-        _print_json(render.lock_dict(state, detail=True))
-    elif found:
-        click.echo("\n".join(render.lock_lines(state)))
-    else:
-        click.echo(f"lock {name!r} is not held and nobody waits for it", err=True)
-    _done(found)
+    _report(
+        as_json,
+        render.lock_dict(state, detail=True),
+        bool(state.holders or state.waiters),
+        render.lock_lines(state),
+        f"lock {name!r} is not held and nobody waits for it",
+    )
 
 
 @click.command(name="release")
@@ -185,19 +183,17 @@ def release_command(
         handover=target.handover,
         handover_window=target.handover_window,
     )
-    if as_json:
-        _print_json(
-            {
-                "name": released.name,
-                "dry_run": dry_run,
-                "released": [render.holder_dict(h) for h in released.holders],
-            }
-        )
-    elif released.holders:
-        click.echo("\n".join(render.released_lines(released)))
-    else:
-        click.echo(f"no lease of lock {name!r} matched; nothing freed", err=True)
-    _done(bool(released.holders))
+    _report(
+        as_json,
+        {
+            "name": released.name,
+            "dry_run": dry_run,
+            "released": [render.holder_dict(h) for h in released.holders],
+        },
+        bool(released.holders),
+        render.released_lines(released),
+        f"no lease of lock {name!r} matched; nothing freed",
+    )
 
 
 @click.command(name="unique")
@@ -209,14 +205,13 @@ def unique_command(pattern: str, as_json: bool) -> None:
     task id, time left. Exit code 1 if none."""
     target = _target()
     claims = admin.list_claims(target.client(), pattern, target.namespace)
-    if as_json:
-        _print_json([render.claim_dict(c) for c in claims])
-    elif claims:
-        rows = [render.CLAIM_HEADER, *(render.claim_row(c) for c in claims)]
-        click.echo("\n".join(render.table(rows)))
-    else:
-        click.echo(f"no queued claim matches {pattern!r}", err=True)
-    _done(bool(claims))
+    _report(
+        as_json,
+        [render.claim_dict(c) for c in claims],
+        bool(claims),
+        render.table([render.CLAIM_HEADER, *(render.claim_row(c) for c in claims)]),
+        f"no queued claim matches {pattern!r}",
+    )
 
 
 @click.command(name="release-claim")
@@ -232,19 +227,17 @@ def release_claim_command(key: str, task_id: str | None, dry_run: bool, as_json:
     freed = admin.force_release_claim(
         target.client(), key, task_id=task_id, dry_run=dry_run, namespace=target.namespace
     )
-    if as_json:
-        _print_json(
-            {
-                "name": key,
-                "dry_run": dry_run,
-                "released": [] if freed is None else [render.claim_dict(freed)],
-            }
-        )
-    elif freed is not None:
-        click.echo("\n".join(render.claim_lines(freed, dry_run=dry_run)))
-    else:
-        click.echo(f"no queued claim on unique key {key!r} matched; nothing freed", err=True)
-    _done(freed is not None)
+    _report(
+        as_json,
+        {
+            "name": key,
+            "dry_run": dry_run,
+            "released": [] if freed is None else [render.claim_dict(freed)],
+        },
+        freed is not None,
+        [] if freed is None else render.claim_lines(freed, dry_run=dry_run),
+        f"no queued claim on unique key {key!r} matched; nothing freed",
+    )
 
 
 COMMANDS: tuple[click.Command, ...] = (

@@ -28,54 +28,53 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _task_dict(info: dict[str, str]) -> dict[str, Any]:
+    return {
+        "task_id": info.get("task_id"),
+        "task": info.get("task"),
+        "host": info.get("host"),
+        "pid": int(info["pid"]) if info.get("pid", "").isdigit() else info.get("pid"),
+        "info": info,
+    }
+
+
 def holder_dict(holder: Holder, state: LockState | None = None) -> dict[str, Any]:
-    info = holder.info
     return {
         "token": holder.token,
         "mode": holder.mode,
         "fence": holder.fence,
         "owner": holder.owner,
-        "task_id": info.get("task_id"),
-        "task": info.get("task"),
-        "host": info.get("host"),
-        "pid": int(info["pid"]) if info.get("pid", "").isdigit() else info.get("pid"),
         "count": holder.count,
         "held_for": state.held_for(holder) if state is not None else None,
         "expires_in": round(holder.expires_in, 3),
-        "info": info,
+        **_task_dict(holder.info),
     }
 
 
 def waiter_dict(waiter: Waiter) -> dict[str, Any]:
-    info = waiter.info
     return {
         "position": waiter.position,
         "token": waiter.token,
         "mode": waiter.mode,
         "owner": waiter.owner,
-        "task_id": info.get("task_id"),
-        "task": info.get("task"),
-        "host": info.get("host"),
-        "pid": int(info["pid"]) if info.get("pid", "").isdigit() else info.get("pid"),
-        "expires_in": None if waiter.expires_in is None else round(waiter.expires_in, 3),
+        "expires_in": _rounded(waiter.expires_in),
         "parked": waiter.parked,
-        "info": info,
+        **_task_dict(waiter.info),
     }
 
 
 def lock_dict(state: LockState, *, detail: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {
+    return {
         "name": state.name,
         "mode": state.mode,
-        "expires_in": None if state.expires_in is None else round(state.expires_in, 3),
+        "expires_in": _rounded(state.expires_in),
+        "holders": [holder_dict(h, state) for h in state.holders] if detail else len(state.holders),
+        "waiters": [waiter_dict(w) for w in state.waiters] if detail else len(state.waiters),
     }
-    if detail:
-        out["holders"] = [holder_dict(h, state) for h in state.holders]
-        out["waiters"] = [waiter_dict(w) for w in state.waiters]
-    else:
-        out["holders"] = len(state.holders)
-        out["waiters"] = len(state.waiters)
-    return out
 
 
 LIST_HEADER = ("NAME", "MODE", "HOLDERS", "EXPIRES IN", "WAITERS")
@@ -163,7 +162,7 @@ def claim_dict(claim: ClaimState) -> dict[str, Any]:
     return {
         "name": claim.name,
         "task_id": claim.task_id,
-        "expires_in": None if claim.expires_in is None else round(claim.expires_in, 3),
+        "expires_in": _rounded(claim.expires_in),
     }
 
 

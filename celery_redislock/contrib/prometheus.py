@@ -1,53 +1,16 @@
 """Prometheus metrics for locked tasks and jobs, fed by the package's signals, for Celery and RQ
-alike (the ``prometheus`` extra: ``pip install "celery-redislock[prometheus]"``).
-
-Call :func:`install` in the process that runs the tasks, before it forks its pool or its work
-horses, and expose the metrics with :func:`start_http_server` (or :func:`exposition` from an
-endpoint of your own). Celery::
-
-    # proj/celery.py
-    from celery_redislock.contrib import prometheus
-
-    metrics = prometheus.install()
-
-    @worker_ready.connect
-    def serve_metrics(**_):
-        prometheus.start_http_server(9808)
-
-RQ (a settings module the worker imports: ``rq worker -c proj.rqsettings``)::
-
-    # proj/rqsettings.py
-    from celery_redislock.contrib import prometheus
+alike (the ``prometheus`` extra). Importing it imports neither framework. Call :func:`install` in
+the worker's main process, before it forks, and serve the metrics from there; set
+``PROMETHEUS_MULTIPROC_DIR`` for pool children and work horses. The metrics, their labels and a
+setup for each framework: docs/operations.md, "Prometheus metrics"::
 
     prometheus.install()
-    prometheus.start_http_server(9808)
-
-Importing this module imports neither Celery nor RQ: :func:`install` hooks the signals of
-whichever integration can be imported (or those named in ``frameworks=``).
-
-Pool children and work horses: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory for the
-worker (before it starts; prometheus_client's multiprocess mode). Every process then writes its
-samples there, and the server above (in the worker's main process) adds them up.
-
-Metrics (labels: ``task``, the task's or job function's name; lock names are not labels: one
-per argument would make a series per customer):
-
-- ``redislock_acquisitions_total{task}``: leases taken;
-- ``redislock_conflicts_total{task, action}``: runs that found their lock held (skip, retry,
-  wait, raise, drop, await);
-- ``redislock_duplicates_total{task, action}``: unique tasks' duplicates (existing, replace,
-  raise at publish or enqueue; superseded as a replaced copy starts);
-- ``redislock_lost_total{task}``: leases lost while their task ran;
-- ``redislock_backend_errors_total{task}``: leases not taken because Redis failed;
-- ``redislock_wait_seconds{task}`` (histogram): how long taking a lease took, waiting included;
-- ``redislock_hold_seconds{task}`` (histogram): how long a lease was held (a lost lease is
-  counted as lost, not here);
-- ``redislock_leases_held`` (gauge): leases this process keeps alive now (those its heartbeat
-  renews; summed over live processes in multiprocess mode).
+    prometheus.start_http_server(9808)   # Celery: in a worker_ready receiver
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import threading
@@ -131,26 +94,23 @@ class Metrics:
         def counter(name: str, doc: str, *labels: str) -> Counter:
             return Counter(f"redislock_{name}", doc, ("task", *labels), registry=registry)
 
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(
+                f"redislock_{name}", doc, ("task",), buckets=buckets, registry=registry
+            )
+
         return cls(
             acquisitions=counter("acquisitions", "Leases taken."),
             conflicts=counter("conflicts", "Runs that found their lock held.", "action"),
             duplicates=counter("duplicates", "Unique tasks' duplicates.", "action"),
             lost=counter("lost", "Leases lost while their task ran."),
             backend_errors=counter("backend_errors", "Leases not taken: Redis failed."),
-            wait_seconds=Histogram(
-                "redislock_wait_seconds",
+            wait_seconds=histogram(
+                "wait_seconds",
                 "Seconds taking a lease took, waiting in line included.",
-                ("task",),
-                buckets=_WAIT_BUCKETS,
-                registry=registry,
+                _WAIT_BUCKETS,
             ),
-            hold_seconds=Histogram(
-                "redislock_hold_seconds",
-                "Seconds a lease was held.",
-                ("task",),
-                buckets=_HOLD_BUCKETS,
-                registry=registry,
-            ),
+            hold_seconds=histogram("hold_seconds", "Seconds a lease was held.", _HOLD_BUCKETS),
             leases_held=Gauge(
                 "redislock_leases_held",
                 "Leases this process keeps alive now.",
@@ -200,15 +160,6 @@ class Metrics:
     def on_swept(self, sender: Any = None, namespace: str = "", parked: int = 0, **_: Any) -> None:
         self.line_parked.labels(namespace).set(parked)
 
-    def _receivers(self) -> dict[str, Callable[..., None]]:
-        return {
-            "lock_acquired": self.on_acquired,
-            "lock_released": self.on_released,
-            "lock_conflict": self.on_conflict,
-            "lock_lost": self.on_lost,
-            "lock_backend_error": self.on_backend_error,
-        }
-
     def connect(self, frameworks: Iterable[str] | None = None) -> None:
         """Connects the receivers to the signals of ``frameworks`` (default: every integration
         that can be imported); raises :class:`~celery_redislock.LockConfigError` if a named one
@@ -225,19 +176,24 @@ class Metrics:
             )
         lines_swept.connect(self.on_swept)  # the core's: whichever framework sweeps
         self._disconnects.append(lambda: lines_swept.disconnect(self.on_swept))
+        receivers = {
+            "lock_acquired": self.on_acquired,
+            "lock_released": self.on_released,
+            "lock_conflict": self.on_conflict,
+            "lock_lost": self.on_lost,
+            "lock_backend_error": self.on_backend_error,
+        }
         for framework, signals in hooked.items():
-            for name, receiver in self._receivers().items():
-                self._connect(framework, getattr(signals, name), receiver)
+            for name, receiver in receivers.items():
+                signal = getattr(signals, name)
+                if framework == "celery":
+                    signal.connect(receiver, weak=False)  # Celery's Signal keeps weak references
+                else:
+                    signal.connect(receiver)
+                self._disconnects.append(functools.partial(signal.disconnect, receiver))
             if framework == "celery":
                 _mark_dead_children()
         self.frameworks = (*self.frameworks, *hooked)
-
-    def _connect(self, framework: str, signal: Any, receiver: Callable[..., None]) -> None:
-        if framework == "celery":
-            signal.connect(receiver, weak=False)  # Celery's Signal keeps weak references
-        else:
-            signal.connect(receiver)
-        self._disconnects.append(lambda: signal.disconnect(receiver))
 
     def disconnect(self) -> None:
         """Stops feeding the metrics (the metrics stay registered)."""
@@ -317,24 +273,12 @@ def install(
             try:
                 metrics.connect(frameworks)
             except BaseException:
-                for collector in _collectors(metrics):
-                    registry.unregister(collector)
+                for metric in vars(metrics).values():
+                    if isinstance(metric, Counter | Gauge | Histogram):
+                        registry.unregister(metric)
                 raise
             _installed[registry] = metrics
         return metrics
-
-
-def _collectors(metrics: Metrics) -> list[Any]:
-    return [
-        metrics.acquisitions,
-        metrics.conflicts,
-        metrics.duplicates,
-        metrics.lost,
-        metrics.backend_errors,
-        metrics.wait_seconds,
-        metrics.hold_seconds,
-        metrics.leases_held,
-    ]
 
 
 def scrape_registry(path: str | None = None) -> CollectorRegistry:

@@ -1,82 +1,18 @@
-"""pytest plugin for projects whose Celery tasks take celery-redislock locks.
+"""pytest plugin for projects whose Celery tasks take celery-redislock locks: load it from the
+project's top ``conftest.py`` (``pytest_plugins = ["celery_redislock.contrib.pytest"]``) or with
+``pytest -p celery_redislock.contrib.pytest``.
 
-Load it from the project's top ``conftest.py`` (or run
-``pytest -p celery_redislock.contrib.pytest``)::
-
-    pytest_plugins = ["celery_redislock.contrib.pytest"]
-
-It gives a real Redis for the locks, points Celery apps at it, frees every lock between tests
-when asked, runs an in-process worker, and asserts which lock a call takes and who holds it::
+It gives a real Redis for the locks (``REDIS_URL``, else a throwaway ``redis-server``), points
+Celery apps at it, frees every lock between tests when asked, runs an in-process worker without
+Docker, and asserts which lock a call takes and who holds it (the ``redislock`` fixture, a
+:class:`~celery_redislock.contrib.testing.LockAssertions`). Each fixture, and how the plugin sits
+beside ``celery.contrib.pytest`` and pytest-celery: docs/testing.md::
 
     def test_second_sync_is_skipped(redislock, redislock_app_config):
         redislock_app_config(app)                     # app.conf.redislock_url = the test Redis
         with redislock.hold(sync_customer, 42):       # as if another run held the lock
             assert sync_customer.apply(args=(42,)).state == "IGNORED"
         redislock.assert_unlocked(sync_customer, 42)
-
-Fixtures
---------
-``redislock_server`` (session)
-    A real Redis for the whole run: ``REDIS_URL`` when set, else a throwaway ``redis-server``
-    (the one on PATH, else the ``[embedded]`` extra's) started for the session and stopped after.
-    A :class:`SessionRedis`: ``.url``, and ``.server`` (the :class:`RedisServer`, ``None`` with
-    ``REDIS_URL``).
-``redislock_url``, ``redislock_client``
-    Its URL, and a ``redis.Redis`` on it. Nothing is flushed: with ``REDIS_URL`` the server may
-    hold other data.
-``redislock_namespace`` (session)
-    The lock namespace: the ini option ``redislock_namespace`` (default ``"redislock"``).
-    Override the fixture if the apps under test use another one.
-``redislock_clean``
-    Releases every lock of the namespace (deletes its keys) before and after the test. Set the
-    ini option ``redislock_clean = true`` to apply it to every test.
-``redislock_app_config``
-    ``redislock_app_config(app)`` points ``app``'s locks at the test Redis and namespace.
-``redislock_celery_config`` (session)
-    The same settings as a dict, to merge into Celery's ``celery_config`` fixture.
-``redislock_worker``
-    ``redislock_worker(app, pool="threads", concurrency=2)`` starts a worker for ``app`` in a
-    thread of the test process; it is stopped when the test ends.
-``redislock``
-    A :class:`LockAssertions` bound to the above: ``assert_lock_key``, ``assert_locked``,
-    ``assert_unlocked``, ``hold``, ``locks``, ``release_all``, ``configure``.
-
-The assertion helpers are also plain functions of :mod:`celery_redislock.contrib.testing`:
-:func:`assert_lock_key`, :func:`assert_locked`, :func:`assert_unlocked`, :func:`hold_lock`,
-:func:`release_all`, :func:`configure_app`. They find a task's lock with
-:func:`celery_redislock.lock_for`, on the Redis the task's app uses for locks.
-
-Celery's own pytest fixtures
-----------------------------
-This plugin neither needs nor loads them; it works alongside them:
-
-* ``celery.contrib.pytest`` (shipped with Celery, loaded only when listed in ``pytest_plugins``
-  or given with ``-p celery.contrib.pytest``) gives ``celery_app`` (a fresh test app per test,
-  ``memory://`` broker, ``cache+memory://`` results), ``celery_worker`` (an in-process worker
-  thread for ``celery_app``), ``celery_session_app``/``celery_session_worker`` and the
-  ``celery_config``/``celery_parameters`` fixtures that configure them. To have locked tasks
-  on ``celery_app``::
-
-      @pytest.fixture(scope="session")
-      def celery_config(redislock_celery_config):
-          return {**redislock_celery_config}
-
-      @pytest.fixture(scope="session")
-      def celery_parameters():
-          return {"task_cls": "celery_redislock:LockedTask"}
-
-* pytest-celery 1.x, once installed, loads itself (entry point ``celery``). It keeps the fixtures
-  above but replaces ``celery_worker`` with a worker in a Docker container (parametrized, so a
-  test using it runs once per worker kind), and adds ``celery_setup``, ``celery_broker`` and
-  ``celery_backend`` (Redis and RabbitMQ containers). Without a Docker engine every test that
-  uses those errors at setup (``DockerException``); ``celery_app``, ``celery_session_app`` and
-  ``celery_session_worker`` still work in-process. Listing ``celery.contrib.pytest`` in
-  ``pytest_plugins`` brings the in-process ``celery_worker`` back (the later plugin wins); so
-  does ``-p no:celery`` together with it.
-
-``redislock_worker`` starts the same in-process worker as ``celery_worker`` (Celery's
-``celery.contrib.testing.worker.start_worker``) but for any app, the project's own included,
-whichever of those plugins is installed, and with no Docker.
 """
 
 from __future__ import annotations
@@ -128,19 +64,14 @@ def redislock_server() -> Iterator[SessionRedis]:
             client.close()
         yield SessionRedis(url=url, server=None)
         return
-    try:
-        server = RedisServer()
-    except RedisLockError as exc:
-        pytest.fail(f"redislock_server: {exc}", pytrace=False)
-    try:
-        server.start()
-    except RedisLockError as exc:
-        server.close()
-        pytest.fail(f"redislock_server: {exc}", pytrace=False)
-    try:
+    with ExitStack() as stack:
+        try:
+            server = RedisServer()
+            stack.callback(server.close)
+            server.start()
+        except RedisLockError as exc:
+            pytest.fail(f"redislock_server: {exc}", pytrace=False)
         yield SessionRedis(url=server.url, server=server)
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="session")

@@ -193,25 +193,10 @@ class LockAssertions:
     client: redis.Redis = field(repr=False)
     namespace: str = DEFAULT_NAMESPACE
 
-    def assert_lock_key(self, task: Task, expected_name: str, /, *args: Any, **kwargs: Any) -> Lock:
-        """See :func:`assert_lock_key`."""
-        __tracebackhide__ = True
-        return assert_lock_key(task, expected_name, *args, **kwargs)
-
-    def assert_locked(self, task: Task | Lock, /, *args: Any, **kwargs: Any) -> list[Holder]:
-        """See :func:`assert_locked`."""
-        __tracebackhide__ = True
-        return assert_locked(task, *args, **kwargs)
-
-    def assert_unlocked(self, task: Task | Lock, /, *args: Any, **kwargs: Any) -> None:
-        """See :func:`assert_unlocked`."""
-        __tracebackhide__ = True
-        assert_unlocked(task, *args, **kwargs)
-
-    def hold(self, task: Task | Lock, /, *args: Any, **kwargs: Any) -> Lease:
-        """See :func:`hold_lock`."""
-        __tracebackhide__ = True
-        return hold_lock(task, *args, **kwargs)
+    assert_lock_key = staticmethod(assert_lock_key)
+    assert_locked = staticmethod(assert_locked)
+    assert_unlocked = staticmethod(assert_unlocked)
+    hold = staticmethod(hold_lock)
 
     def locks(self) -> list[str]:
         """Names of the locks of the namespace that have leases now, sorted."""

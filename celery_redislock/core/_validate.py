@@ -1,17 +1,14 @@
 """The checks of the values the package is given (arguments, task options, settings), each
-written once, so one kind of value is refused in the same words wherever it is given.
-
-Every check raises :class:`~celery_redislock.LockConfigError` reading
-``"{what} must be {allowed}, got {value!r}"``: ``what`` opens the message (``"limit"``,
-``"setting redislock_on_conflict"``, ``"task 'x': lock option 'limit':"``) and ``name`` is the
-lock name the error carries, if there is one.
+written once, so one kind of value is refused in the same words wherever it is given:
+``"{what} must be {allowed}, got {value!r}"`` (:class:`~celery_redislock.LockConfigError`),
+``what`` opening it (``"setting redislock_ttl"``, ``"task 'x': lock option 'limit':"``) and
+``name`` the lock name the error carries, if any.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
 from typing import TypeVar
 
 from ..errors import LockConfigError
@@ -40,7 +37,7 @@ def finite_real(value: object) -> float | None:
 
 
 def int_at_least(
-    value: object, low: int, what: str, *, name: str | None = None, or_none: bool = False
+    value: object, low: int, what: str, *, or_none: bool = False, name: str | None = None
 ) -> int | None:
     """``value`` if it is an ``int`` (not a ``bool``) of at least ``low``; ``None`` passes when
     ``or_none``.
@@ -57,14 +54,7 @@ def int_at_least(
     return value
 
 
-def one_of(
-    value: object,
-    allowed: tuple[T, ...],
-    what: str,
-    *,
-    name: str | None = None,
-    listed: str | None = None,
-) -> T:
+def one_of(value: object, allowed: tuple[T, ...], what: str, *, listed: str | None = None) -> T:
     """The choice of ``allowed`` that ``value`` is; ``listed`` words them in the error (by
     default ``one of 'a', 'b'``).
 
@@ -74,27 +64,23 @@ def one_of(
     for choice in allowed:
         if value == choice:
             return choice
-    raise refuse(what, listed or f"one of {', '.join(map(repr, allowed))}", value, name=name)
+    raise refuse(what, listed or f"one of {', '.join(map(repr, allowed))}", value)
 
 
-def true_or_false(value: object, what: str, *, name: str | None = None) -> bool:
+def true_or_false(value: object, what: str) -> bool:
     """``value`` if it is a ``bool`` (``1`` is refused: it is not a flag's spelling)."""
     if not isinstance(value, bool):
-        raise refuse(what, "True or False", value, name=name)
+        raise refuse(what, "True or False", value)
     return value
 
 
 def non_empty_string(
-    value: object,
-    what: str,
-    *,
-    name: str | None = None,
-    without: Iterable[str] = (),
-    described: str = "",
+    value: object, what: str, *, name: str | None = None, without: str = ""
 ) -> str:
-    """``value`` if it is a non-empty ``str`` holding none of the characters ``without``
-    (worded ``described`` in the error: ``"'{' or '}'"``)."""
+    """``value`` if it is a non-empty ``str`` holding none of the characters ``without``."""
     if not isinstance(value, str) or not value or any(c in value for c in without):
-        allowed = f"a non-empty string without {described}" if described else "a non-empty string"
+        allowed = "a non-empty string"
+        if without:
+            allowed += f" without {' or '.join(map(repr, without))}"
         raise refuse(what, allowed, value, name=name)
     return value

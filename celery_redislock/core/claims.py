@@ -10,17 +10,22 @@ from typing import TypeVar
 
 from ..errors import LockBackendError
 from .keys import LockKeys
-from .protocol import ClaimArgs, ClaimKind, ClaimReply, ReleaseClaimArgs, ReleaseClaimReply
+from .protocol import (
+    ClaimArgs,
+    ClaimKind,
+    ClaimReply,
+    ReleaseClaimArgs,
+    ReleaseClaimReply,
+    text,
+)
 from .scripts import run
 from .store import RedisClient, backend_errors
 
 __all__ = [
     "DEFAULT_PUBLISH_WINDOW",
-    "Claim",
     "ClaimKind",
     "claim",
     "claim_holder_action",
-    "holds_claim",
     "publish_claimed",
     "release_claim",
 ]
@@ -33,14 +38,6 @@ DEFAULT_PUBLISH_WINDOW = 30.0
 never happened (a lost reply, then a lost give-up) frees the key after this, not after the
 claim's whole lifetime."""
 
-Claim = ClaimReply
-"""What :func:`claim` found (``unique_claim.lua``'s reply)."""
-
-
-def _keys(namespace: str, name: str) -> tuple[list[str], LockKeys]:
-    keys = LockKeys.of(namespace, name)
-    return [keys.queued, keys.replaced], keys
-
 
 def claim(
     client: RedisClient,
@@ -51,10 +48,10 @@ def claim(
     lifetime: float,
     kind: ClaimKind,
     running_counts: bool,
-) -> Claim:
+) -> ClaimReply:
     """Claims the key ``name`` for ``task_id`` as its message is published, for ``lifetime``
     seconds (one round trip). ``running_counts``: a running copy counts as a duplicate."""
-    (queued, replaced), keys = _keys(namespace, name)
+    keys = LockKeys.of(namespace, name)
     args = ClaimArgs(
         task_id=task_id,
         lifetime_ms=max(1, int(lifetime * 1000)),
@@ -63,7 +60,10 @@ def claim(
     )
     with backend_errors(name):
         reply = run(
-            "unique_claim", client, [queued, keys.leases, keys.meta, replaced], args.encode()
+            "unique_claim",
+            client,
+            [keys.queued, keys.leases, keys.meta, keys.replaced],
+            args.encode(),
         )
     return ClaimReply.decode(reply)
 
@@ -72,20 +72,11 @@ def release_claim(client: RedisClient, namespace: str, name: str, task_id: str) 
     """Gives up ``task_id``'s claim on the key ``name``. Returns the id of the task that
     superseded it (``"-"`` if that one has gone already): another holds the key, or this one was
     replaced. ``None``: released, or nobody held it."""
-    own, _ = _keys(namespace, name)
+    keys = LockKeys.of(namespace, name)
+    args = ReleaseClaimArgs(task_id=task_id).encode()
     with backend_errors(name):
-        reply = run("unique_release", client, own, ReleaseClaimArgs(task_id=task_id).encode())
+        reply = run("unique_release", client, [keys.queued, keys.replaced], args)
     return ReleaseClaimReply.decode(reply).superseded_by
-
-
-def holds_claim(client: RedisClient, namespace: str, name: str, task_id: str) -> bool:
-    """Whether ``task_id``'s message holds the queued claim on the key ``name`` (one ``GET``)."""
-    (queued, _), _ = _keys(namespace, name)
-    with backend_errors(name):
-        holder = client.get(queued)
-    return holder is not None and (holder.decode() if isinstance(holder, bytes) else holder) == (
-        task_id
-    )
 
 
 def publish_claimed(
@@ -100,17 +91,13 @@ def publish_claimed(
     window: float,
     publish: Callable[[], T],
     what: str,
-) -> tuple[Claim, T | None]:
+) -> tuple[ClaimReply, T | None]:
     """Claims the key ``name`` for ``task_id``, publishes the call with ``publish()`` unless
-    it is a duplicate, then confirms the claim for its whole ``lifetime``.
-
-    Until the confirmation the claim lasts at most ``window`` seconds: when the claim's reply
-    and then its give-up are both lost, nothing was published, and the key must not name a
-    message that does not exist for long. Returns the claim's answer and what ``publish``
-    returned (``None`` for a duplicate, which the caller answers). A backend error of the claim
-    is raised after the claim this call may have written was given up; ``what`` names the call
-    in log lines (``"task add[3f2a…]"``).
-    """
+    it is a duplicate, then confirms the claim for its whole ``lifetime``. Until then the claim
+    lasts at most ``window`` seconds (if its reply and its give-up are both lost, the key must
+    not name an unpublished message for long). Returns the claim's answer and what ``publish``
+    returned (``None`` for a duplicate). A backend error of the claim is raised after the claim
+    it may have written was given up; ``what`` names the call in log lines."""
     pending = min(lifetime, window)
     try:
         found = claim(
@@ -199,7 +186,8 @@ def claim_holder_action(
     if not running_counts or action not in ("skip", "raise"):
         return action
     try:
-        holds = holds_claim(client, namespace, name, task_id)
+        with backend_errors(name):
+            holder = client.get(LockKeys.of(namespace, name).queued)
     except LockBackendError:
         return "retry"
-    return "retry" if holds else action
+    return "retry" if holder is not None and text(holder) == task_id else action

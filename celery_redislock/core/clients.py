@@ -1,35 +1,24 @@
-"""Redis clients made from settings, the same for every framework integration: a URL, or a list
-of Sentinels and a service name (the client then follows the master through failovers), or a
-factory, with a replica acknowledgement policy attached; and the one cache of them.
-
->>> client = sentinel_client("s1:26379,s2:26379", "locks", min_replicas=1)  # doctest: +SKIP
->>> Lock(client, "report", ttl=30)                                         # doctest: +SKIP
+"""Redis clients for the lock: a Sentinel-followed master (the client follows it through
+failovers), the socket waits that bound every client, and a replica acknowledgement policy
+(an example: docs/topologies.md). The clients made from settings, and their one cache, are in
+:mod:`.client_cache`.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import redis
 from redis.backoff import EqualJitterBackoff
-from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..errors import LockConfigError
 from .replicas import check_policy, require_replicas
 
-if TYPE_CHECKING:
-    from .lease import RedisClient
-    from .settings import Settings
-
 __all__ = [
-    "CLIENTS",
     "SOCKET_TIMEOUT",
-    "ClientCache",
-    "make_client",
     "parse_sentinels",
     "sentinel_client",
 ]
@@ -45,23 +34,15 @@ _BACKOFF_CAP = 0.25
 def parse_sentinels(value: object, what: str = "sentinels") -> list[tuple[str, int]]:
     """Sentinel addresses from ``"h1:26379,h2:26379"``, or a list of ``"host:port"`` strings or
     ``(host, port)`` pairs; :class:`LockConfigError` naming ``what`` otherwise."""
-    items: list[object]
+    items: list[object] = []
     if isinstance(value, str):
         items = [part.strip() for part in value.split(",") if part.strip()]
     elif isinstance(value, list | tuple):
         items = list(value)
-    else:
-        items = []
     found: list[tuple[str, int]] = []
     for item in items:
-        host: object
-        port: object
-        if isinstance(item, str) and ":" in item:
-            host, _, port = item.rpartition(":")
-        elif isinstance(item, list | tuple) and len(item) == 2:
-            host, port = item
-        else:
-            host, port = None, None
+        pair = item.rpartition(":")[::2] if isinstance(item, str) else item  # "h1": no host
+        host, port = pair if isinstance(pair, list | tuple) and len(pair) == 2 else ("", 0)
         try:
             number = int(port) if isinstance(port, int | str) and not isinstance(port, bool) else 0
         except ValueError:
@@ -111,10 +92,7 @@ def sentinel_client(
     kwargs.update(options or {})
     sentinel_kwargs = kwargs.pop("sentinel_kwargs", None)
     if sentinel_kwargs is None:
-        sentinel_kwargs = {
-            "socket_timeout": kwargs["socket_timeout"],
-            "socket_connect_timeout": kwargs["socket_connect_timeout"],
-        }
+        sentinel_kwargs = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout")}
     try:
         group = Sentinel(addresses, sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call]
         client: redis.Redis = group.master_for(service)  # type: ignore[no-untyped-call]
@@ -122,73 +100,3 @@ def sentinel_client(
         raise LockConfigError(f"Sentinel options {dict(options or {})!r}: {exc}") from exc
     require_replicas(client, policy.count, timeout=policy.timeout)
     return client
-
-
-def make_client(settings: Settings, what: Callable[[str], str]) -> RedisClient:
-    """The client ``settings`` name: ``client_factory``'s, else the Sentinels' master, else
-    ``url``'s (socket waits bounded; options in the URL take precedence), with the replica
-    policy. Makes no connection (a factory may). A value that makes no client raises
-    :class:`LockConfigError` naming it as ``what(field)`` does."""
-    client: RedisClient
-    if settings.client_factory is not None:
-        client = settings.client_factory()
-        if not isinstance(client, redis.Redis | RedisCluster):
-            raise LockConfigError(
-                f"{what('client_factory')} must return a redis.Redis or RedisCluster, got "
-                f"{type(client).__name__}"
-            )
-    elif settings.sentinels is not None:
-        client = sentinel_client(
-            settings.sentinels,
-            settings.sentinel_master,
-            options=dict(settings.sentinel_options),
-            what=what("sentinels"),
-        )
-    else:
-        url = settings.url
-        if url is None:
-            raise LockConfigError("no Redis for locks: the settings name none")
-        try:
-            client = redis.Redis.from_url(
-                url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT
-            )
-        except ValueError as exc:
-            raise LockConfigError(
-                f"{what('url')} {url!r} is not a Redis URL redis-py takes: {exc}"
-            ) from exc
-    if settings.min_replicas:
-        require_replicas(client, settings.min_replicas, timeout=settings.replica_timeout)
-    return client
-
-
-class ClientCache:
-    """One client per :meth:`~celery_redislock.core.settings.Settings.client_key`: the same
-    settings, the same client (a forked child too: redis-py reconnects after a fork); changed
-    settings, a new one. The ``size`` latest are kept."""
-
-    def __init__(self, size: int = 16) -> None:
-        self._size = size
-        # Replaced whole under the lock, never changed in place: read without it.
-        self._entries: list[tuple[tuple[object, ...], RedisClient]] = []
-        self._lock = threading.Lock()
-
-    def get(self, settings: Settings, what: Callable[[str], str]) -> RedisClient | None:
-        """The client of ``settings`` (:func:`make_client`); ``None`` if they name no Redis
-        (no ``url``, ``sentinels`` or ``client_factory``)."""
-        if settings.url is None and settings.sentinels is None and settings.client_factory is None:
-            return None
-        key = settings.client_key()
-        for made, client in self._entries:
-            if made == key:
-                return client
-        with self._lock:
-            for made, client in self._entries:
-                if made == key:
-                    return client
-            client = make_client(settings, what)
-            self._entries = [(key, client), *self._entries[: self._size - 1]]
-        return client
-
-
-CLIENTS = ClientCache()
-"""The process's lock clients, for both integrations."""

@@ -1,44 +1,9 @@
-"""Every duration the package takes, and the finite range it must lie in.
+"""Every duration the package takes, and the finite range it must lie in (docs/celery.md).
 
-A duration is checked where it is given (``Lock(...)``, ``Lock.acquire(timeout=)``, the
-``lock=`` and ``unique=`` task options, the ``redislock_ttl`` and ``redislock_queue_allowance``
-settings) and refused there with a :class:`~celery_redislock.LockConfigError` naming it, the
-value and the range. A value that cannot work must not surface later as an ``OverflowError``,
-as a Redis error that blames the backend (``1e300`` seconds is not a Redis integer of
-milliseconds), or as a lease lost the moment it is taken.
-
-============  =====================  ======================================================
-duration      allowed, in seconds    why these bounds
-============  =====================  ======================================================
-ttl           0.1 .. 604800          The heartbeat renews every ttl/3. Below 0.1 s that is
-              (7 days)               under 33 ms, the order of one scheduling hiccup (GC, a
-                                     busy host) plus a round trip, so a live holder would
-                                     lose its lease. Above 7 days a lease left by a dead
-                                     holder blocks its name longer than anyone would wait.
-timeout       0 .. 86400 (1 day),    How long ``acquire`` waits (0: one try). A wait of more
-              or None                than a day is a hang; ``None`` (``Lock.acquire`` only)
-                                     says "no limit" on purpose.
-countdown     0.01 .. 86400          The first delay before a task that met a held lock is
-              (1 day)                retried (doubled per conflict, with jitter). Below
-                                     10 ms the copies spin through the broker; past a day it
-                                     is a schedule, not a retry.
-max_hold      0.1 .. 2592000         When renewal stops. Less than the shortest ttl is a
-              (30 days)              mistake (it stops before the first renewal); more than
-                                     a month is no bound at all.
-allowance     0.1 .. 2592000         How long a unique task's queued claim outlives its
-              (30 days)              countdown/ETA. Below 0.1 s the claim lapses before the
-                                     message can be delivered; past a month the message is
-                                     surely lost, and its key must not stay claimed.
-max_wait      1 .. 604800 (7 days)   How long a parked task waits in its lock's task line
-                                     before it ends as expired. Below a second it would
-                                     expire before a sweep sees it; past a week the caller
-                                     has long stopped waiting for it.
-(other)       0.001 .. 31536000      Any other duration (e.g. the fence mark's keep): at
-              (365 days)             least one millisecond, as Redis counts them.
-============  =====================  ======================================================
-
-Numbers are ``int`` or ``float`` (any real number but ``bool``). NaN, infinities, ``bool``,
-strings and other types are refused everywhere.
+A duration is checked where it is given and refused there naming it, the value and the range, so
+that a value that cannot work never surfaces later as an ``OverflowError``, a Redis error that
+blames the backend (``1e300`` s is no Redis integer of ms), or a lease lost as it is taken.
+Numbers are ``int`` or ``float``; NaN, infinities, ``bool`` and strings are refused everywhere.
 """
 
 from __future__ import annotations
@@ -80,17 +45,25 @@ class Duration:
     def check(self, value: object) -> float | None:
         """``value`` as a float if it lies in the range, else ``None``."""
         seconds = finite_real(value)
-        if seconds is None or not self.low <= seconds <= self.high:
-            return None
-        return seconds
+        return seconds if seconds is not None and self.low <= seconds <= self.high else None
 
 
+# The heartbeat renews every ttl/3: under 0.1 s (33 ms) one scheduling hiccup loses a live
+# lease; past a week a dead holder's lease blocks its name longer than anyone would wait.
 TTL = Duration(0.1, 7 * _DAY)
+# How long acquire waits (0: one try); over a day is a hang.
 TIMEOUT = Duration(0.0, _DAY)
+# A conflict retry's first delay: under 10 ms copies spin through the broker; past a day it is
+# a schedule, not a retry.
 COUNTDOWN = Duration(0.01, _DAY)
+# When renewal stops: under the shortest ttl it stops before the first renewal.
 MAX_HOLD = Duration(0.1, 30 * _DAY)
+# How long a queued claim outlives its countdown/ETA: under 0.1 s it lapses before delivery;
+# past a month the message is surely lost.
 ALLOWANCE = Duration(0.1, 30 * _DAY)
+# A parked task's wait: under a second it would expire before a sweep sees it.
 MAX_WAIT = Duration(1.0, 7 * _DAY)
+# Any other duration (the fence mark's keep): at least a millisecond, as Redis counts them.
 OTHER = Duration(0.001, 365 * _DAY)
 
 _BY_NAME = {
@@ -113,19 +86,14 @@ def _number(value: float) -> str:
 
 
 def seconds(value: object, duration: Duration, what: str, *, name: str | None = None) -> float:
-    """``value`` in seconds, checked against ``duration``; ``what`` opens the error message
-    (``"ttl"``, ``"setting redislock_ttl"``, ``"task 'x': lock option 'ttl':"``) and ``name``
-    is the lock name the error carries.
+    """``value`` in seconds, checked against ``duration`` (``what``, ``name``: :mod:`._validate`).
 
-    >>> seconds(30, TTL, "ttl")
-    30.0
     >>> seconds(float("inf"), TTL, "ttl")
     Traceback (most recent call last):
     ...
     celery_redislock.errors.LockConfigError: ttl must be a number of seconds from 0.1 to 604800 (7 days), got inf
     """  # noqa: E501
-    checked = duration.check(value)
-    if checked is None:
+    if (checked := duration.check(value)) is None:
         raise refuse(what, duration.allowed(), value, name=name)
     return checked
 
@@ -136,7 +104,6 @@ def seconds_or_none(
     """As :func:`seconds`, but ``None`` is allowed (and returned)."""
     if value is None:
         return None
-    checked = duration.check(value)
-    if checked is None:
+    if (checked := duration.check(value)) is None:
         raise refuse(what, f"{duration.allowed()} or None", value, name=name)
     return checked

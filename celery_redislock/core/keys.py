@@ -20,8 +20,8 @@ def check_name(name: object, *, what: str = "name") -> str:
     return name
 
 
-def check_namespace(namespace: object) -> str:
-    return non_empty_string(namespace, "namespace", without="{}", described="'{' or '}'")
+def check_namespace(namespace: object, what: str = "namespace") -> str:
+    return non_empty_string(namespace, what, without="{}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,13 +64,6 @@ class LockKeys:
     def waiter(self, token: str) -> str:
         """The list a fair-mode waiter blocks on until it is handed the lock."""
         return f"{self.prefix}:w:{token}"
-
-
-def name_from_leases_key(namespace: str, key: str) -> str | None:
-    head, tail = f"{namespace}:{{", "}:leases"
-    if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail):
-        return key[len(head) : -len(tail)]
-    return None
 
 
 def registry_key(namespace: str) -> str:

@@ -1,21 +1,13 @@
-"""The task line: tasks that find their lock taken wait in Redis, as data, instead of holding a
-worker slot or re-publishing themselves on a timer; whoever frees the lock publishes the next
-ones again, in arrival order.
+"""The task line: a task that finds its lock taken waits in Redis as an entry of the lock's
+waiting line (behind blocked waiters alike) with a payload its framework publishes again, not
+in a worker slot or on a retry timer. A release or a lapse (seen by any later call, or by
+:func:`sweep_lines`) hands the lock to the next entries that fit with a short lease; the caller
+publishes their payloads (the lock's ``handover``) and confirms (``line_sent.lua``). A payload
+leaves Redis only once confirmed: if its publisher dies, the short lease lapses and the entry
+goes back in line at its old place. A hand-over published twice is claimed by its first delivery.
 
-A parked task is an entry in the lock's waiting line (the same line blocked waiters use, so
-newcomers queue behind it) with a payload: whatever its framework needs to publish it again.
-The scripts hand the lock over atomically with a release (or a lapse, seen by any later call or
-by :func:`sweep_lines`): the next entries that fit get a short lease and come back in the
-script's reply; the caller publishes their payloads (the lock's ``handover``) and then confirms
-(``line_sent.lua``), which lets the lease wait for the task to be delivered. A payload leaves
-Redis only once its publish is confirmed: a publisher that dies in between lets the short
-lease lapse, and the entry goes back in line at its old place. A hand-over published twice is
-claimed by its first delivery; the second finds it claimed (or, later, the job finished).
-
->>> lock = Lock(client, "sync:42", ttl=30, handover=publish)        # doctest: +SKIP
->>> got = park(lock, payload, owner=task_id)                          # doctest: +SKIP
->>> isinstance(got, Parked)                                           # doctest: +SKIP
-True
+>>> lock = Lock(client, "sync:42", ttl=30, handover=publish)   # doctest: +SKIP
+>>> got = park(lock, payload, owner=task_id)                     # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -30,6 +22,7 @@ from dataclasses import dataclass
 import redis
 
 from ..errors import JobFinished, LineFull, LockConfigError, LockNotAcquired
+from ._validate import int_at_least
 from .durations import MAX_WAIT, seconds
 from .handover import (
     DEFAULT_HANDOVER_WINDOW,
@@ -41,7 +34,7 @@ from .handover import (
     line_token,
 )
 from .lock import Lease, Lock, _info_json
-from .protocol import AcquireArgs, AcquireReply, AcquireStatus, Grant, ParkArgs, SweepReply
+from .protocol import AcquireArgs, AcquireReply, AcquireStatus, Grant, ParkArgs, SweepReply, text
 from .scripts import run
 from .signal import Signal
 from .store import RedisClient, backend_error, backend_errors
@@ -103,12 +96,7 @@ def park(
     ``max_waiting`` tasks are parked already, :class:`JobFinished` as ``acquire(job=)`` does.
     """
     wait = seconds(max_wait, MAX_WAIT, "max_wait", name=lock.name)
-    if max_waiting is not None and (
-        isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1
-    ):
-        raise LockConfigError(
-            f"max_waiting must be None or an integer >= 1, got {max_waiting!r}", name=lock.name
-        )
+    max_waiting = int_at_least(max_waiting, 1, "max_waiting", name=lock.name, or_none=True)
     if not lock.store.queues:
         # The line lives in one lock's keys on one server: over independent masters (RedLock)
         # no single server could hand the lock over.
@@ -233,7 +221,7 @@ def sweep_lines(
         listed = client.hgetall(key)
     parked = lines = 0
     for raw_name, raw in listed.items():
-        name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
+        name = text(raw_name)
         record = json.loads(raw)
         lock = Lock(
             client,
@@ -253,12 +241,7 @@ def sweep_lines(
             lines += 1
         if reply.parked == 0 and reply.leases == 0 and not reply.expired:
             with backend_errors(name):
-                run(
-                    "line_forget",
-                    client,
-                    [key],
-                    [name, raw.decode() if isinstance(raw, bytes) else raw],
-                )
+                run("line_forget", client, [key], [name, text(raw)])
     if lines_swept.receivers:
         lines_swept.send(sender=None, namespace=namespace, parked=parked, lines=lines)
     return parked

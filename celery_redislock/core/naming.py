@@ -1,44 +1,10 @@
 """Lock names for task calls: one binding of the arguments, so ``f(1)`` and ``f(x=1)`` agree.
 
-How a call's arguments make its lock name
------------------------------------------
-
-The arguments are bound to the task's signature (defaults applied, ``self`` dropped), then:
-
-- **No key** (``lock=True``): the task name, ``:``, and a hash of a canonical JSON form of all
-  bound arguments (dict and set order do not matter; dates, decimals, UUIDs, bytes known).
-- **A template** (``"sync:{customer_id}"``, ``"{user.id}"``, ``"{ids[0]}"``): each field is
-  written from its value (after attribute and index access) by this rule, so equal values give
-  equal names in every process:
-
-  ==============================================  ========================================
-  value                                           text in the name
-  ==============================================  ========================================
-  ``str``                                         as is, escaped (below)
-  ``int``, ``float``, ``bool``, ``None``          ``str()``: ``42``, ``2.5``, ``True``,
-                                                  ``None`` (``-0.0`` as ``0.0``)
-  ``date``, ``datetime``, ``time``, ``UUID``,     ``str()``: ``2026-11-21``,
-  ``Decimal``                                     ``2026-11-21 10:30:00+00:00``
-  ``list``, ``tuple``, ``dict``, ``set``,         compact canonical JSON, escaped:
-  ``frozenset``, ``bytes`` (and nested)           ``[1,"a"]``, ``%7B"__map__":[["a",1]]%7D``
-  anything else (an object whose ``str()`` is     refused when the task is called:
-  its address, ...)                               ``LockConfigError`` naming the task, the
-                                                  template and the field
-  ==============================================  ========================================
-
-  Escaping makes every string a valid name and keeps distinct strings apart: ``%``, ``{`` and
-  ``}`` become ``%25``, ``%7B`` and ``%7D``, a lone surrogate ``\\udXXX`` becomes ``%uDXXX``,
-  and the empty string becomes ``%e`` (which no escaped text can be). So no field is empty,
-  holds a brace, or starts a name with ``}``.
-
-  A format spec (``{n:05d}``, ``{name:.8}``) applies to ``str``, ``int`` and ``float`` values
-  only, before escaping; conversions (``{x!r}``) are refused when the task is declared.
-  Values of different types may give the same text (``"42"`` and ``42``), and fields side by
-  side or joined by a character their values contain may meet (``("a:b", "c")`` and
-  ``("a", "b:c")`` in ``"{x}:{y}"``): give such values one field, or use the default key.
-- **A key function**: called with the task's arguments; a ``str`` it returns is the name as is
-  (it must be non-empty and not start with ``}``); ``None`` is refused (a function that forgot
-  to ``return``); anything else is written by the template rule above.
+The rule (docs/celery.md, "How arguments make a lock name"): no key gives the task name and a
+hash of all bound arguments; a template writes each field from its value by :func:`field_text`
+(equal values, equal names in every process; ``%``, ``{``, ``}``, lone surrogates escaped, the
+empty string ``%e``); a key function's ``str`` is the name as is, ``None`` is refused (a function
+that forgot to ``return``), anything else follows the template rule.
 """
 
 from __future__ import annotations
@@ -108,11 +74,7 @@ def _canonical(value: Any) -> Any:
 
 
 def canonical_hash(arguments: Mapping[str, Any]) -> str:
-    """A stable hash of named arguments: the same for the same values, however they were passed.
-
-    >>> canonical_hash({"x": 1}) == canonical_hash({"x": 1})
-    True
-    """
+    """A stable hash of named arguments: the same for the same values, however they were passed."""
     text = json.dumps(_canonical(dict(arguments)), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -264,8 +226,8 @@ def lock_name(
             named = _named(bound) if bound is not None else dict(kwargs)
             name = _formatter.vformat(key, (), named)
         elif key is not None:
-            call_args = (bound.args, bound.kwargs) if bound is not None else (args, kwargs)
-            name = _from_function(task, key, call_args[0], call_args[1])
+            call = (bound.args, bound.kwargs) if bound is not None else (args, kwargs)
+            name = _from_function(task, key, *call)
         else:
             named = _named(bound) if bound is not None else {"args": list(args), **kwargs}
             name = f"{task}:{canonical_hash(named)}"

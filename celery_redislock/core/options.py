@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 import string
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, TypedDict, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Literal, TypedDict, get_args
 
 from ..errors import LockConfigError
 from ._validate import int_at_least, one_of, true_or_false
@@ -16,7 +16,6 @@ from .durations import (
     MAX_WAIT,
     TIMEOUT,
     TTL,
-    Duration,
     seconds,
     seconds_or_none,
 )
@@ -29,13 +28,12 @@ __all__ = [
     "LockOptions",
     "Scope",
     "call_signature",
-    "check_choice",
     "check_fields",
     "known_options",
-    "option_seconds",
+    "option_what",
     "parse_key",
+    "parse_keying",
     "parse_lock_option",
-    "parse_scope",
     "template_fields",
 ]
 
@@ -43,12 +41,12 @@ ConflictAction = Literal["skip", "retry", "wait", "raise", "queue"]
 Scope = Literal["global", "host"]
 KeyFunction = Callable[..., object]
 
-CONFLICT_ACTIONS: tuple[ConflictAction, ...] = ("skip", "retry", "wait", "raise", "queue")
-SCOPES: tuple[Scope, ...] = ("global", "host")
+CONFLICT_ACTIONS: tuple[ConflictAction, ...] = get_args(ConflictAction)
+SCOPES: tuple[Scope, ...] = get_args(Scope)
+MODES: tuple[Mode, ...] = get_args(Mode)
 DEFAULT_COUNTDOWN = 2.0
 DEFAULT_WAIT_TIMEOUT = 10.0
 DEFAULT_MAX_WAIT = 3600.0
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,68 +100,46 @@ class LockOptionDict(TypedDict, total=False):
 _ALLOWED = tuple(LockOptionDict.__annotations__)
 
 
-def _what(task: str, option: str, what: str = "lock") -> str:
+def option_what(task: str, option: str, what: str = "lock") -> str:
     """How an error about one option of a task opens: ``task 'x': lock option 'ttl':``."""
     return f"task {task!r}: {what} option {option!r}:"
 
 
 def _error(task: str, option: str, message: str, what: str = "lock") -> LockConfigError:
-    return LockConfigError(f"{_what(task, option, what)} {message}")
-
-
-def option_seconds(
-    task: str, option: str, value: object, duration: Duration, what: str = "lock"
-) -> float:
-    """A duration option, checked against its range (see :mod:`celery_redislock.durations`)."""
-    return seconds(value, duration, _what(task, option, what))
-
-
-def _optional_seconds(
-    task: str, option: str, value: object, duration: Duration, what: str = "lock"
-) -> float | None:
-    return seconds_or_none(value, duration, _what(task, option, what))
+    return LockConfigError(f"{option_what(task, option, what)} {message}")
 
 
 def template_fields(task: str, template: str, what: str = "lock") -> tuple[str, ...]:
     """The argument names a key template refers to (``{a}``, ``{a.b}``, ``{a[0]}``); ``what``
     names the option in errors. Refuses what would make names that are not canonical (see
-    :mod:`.keyname`): conversions (``{a!r}``) and fields nested in a format spec."""
+    :mod:`.naming`): conversions (``{a!r}``) and fields nested in a format spec."""
+
+    def refused(message: str) -> LockConfigError:
+        return _error(task, "key", message, what)
+
     names = []
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise _error(
-            task, "key", f"is not a valid format string ({exc}): {template!r}", what
-        ) from exc
+        raise refused(f"is not a valid format string ({exc}): {template!r}") from exc
     if parsed and parsed[0][0].startswith("}"):
         # "{}...}" would be an empty Redis Cluster hash tag in the lock's keys.
-        raise _error(task, "key", f"a lock name must not start with '}}': {template!r}", what)
+        raise refused(f"a lock name must not start with '}}': {template!r}")
     for _, field, spec, conversion in parsed:
         if field is None:
             continue
         root = field.split(".", 1)[0].split("[", 1)[0]
         if not root or root.isdigit():
-            raise _error(
-                task,
-                "key",
-                f"template fields must name arguments, got {{{field}}} in {template!r}",
-                what,
-            )
+            raise refused(f"template fields must name arguments, got {{{field}}} in {template!r}")
         if conversion is not None:
-            raise _error(
-                task,
-                "key",
+            raise refused(
                 f"template field {{{field}!{conversion}}} in {template!r}: conversions are not "
-                "allowed (a field is written from a canonical form of its value)",
-                what,
+                "allowed (a field is written from a canonical form of its value)"
             )
         if spec and "{" in spec:
-            raise _error(
-                task,
-                "key",
+            raise refused(
                 f"template field {{{field}:{spec}}} in {template!r}: a format spec must not "
-                "hold fields",
-                what,
+                "hold fields"
             )
         names.append(root)
     return tuple(dict.fromkeys(names))
@@ -188,56 +164,47 @@ def parse_lock_option(
         return LockOptions()
     if isinstance(value, str):
         value = {"key": value}
-    if not isinstance(value, Mapping):
-        raise LockConfigError(
-            f"task {task!r}: lock must be True, a key template string or a dict of options "
-            f"({', '.join(_ALLOWED)}), got {type(value).__name__}"
-        )
-    opts = known_options(task, "lock", value, _ALLOWED)
-    key, fields = parse_key(task, signature, opts.get("key"))
-    modes: tuple[Mode, ...] = ("read", "write")
-    mode = one_of(opts.get("mode", "write"), modes, _what(task, "mode"), listed="'read' or 'write'")
-    limit = int_at_least(opts.get("limit"), 1, _what(task, "limit"), or_none=True)
-    scope = parse_scope(task, opts.get("scope", "global"))
+    opts = known_options(task, "lock", value, _ALLOWED, "True, a key template string")
+
+    def what(option: str) -> str:
+        return option_what(task, option)
+
+    keying = parse_keying(task, signature, opts, "lock")
     on_conflict = opts.get("on_conflict")
     if on_conflict is not None:
-        on_conflict = check_choice(task, "on_conflict", on_conflict, CONFLICT_ACTIONS)
+        on_conflict = one_of(on_conflict, CONFLICT_ACTIONS, what("on_conflict"))
     line_only = [k for k in ("max_wait", "max_waiting") if k in opts]
     if line_only and on_conflict not in (None, "queue"):
-        raise _error(
-            task,
-            line_only[0],
-            f"applies to on_conflict='queue' only (the task line), but on_conflict is "
-            f"{on_conflict!r}",
+        raise LockConfigError(
+            f"{what(line_only[0])} applies to on_conflict='queue' only (the task line), but "
+            f"on_conflict is {on_conflict!r}"
         )
-    max_retries = int_at_least(opts.get("max_retries"), 0, _what(task, "max_retries"), or_none=True)
-    count_retries = true_or_false(opts.get("count_retries", False), _what(task, "count_retries"))
-    return LockOptions(
-        key=key,
-        mode=mode,
-        limit=limit,
-        scope=scope,
-        ttl=_optional_seconds(task, "ttl", opts.get("ttl"), TTL),
+    return replace(
+        keying,
+        mode=one_of(opts.get("mode", "write"), MODES, what("mode"), listed="'read' or 'write'"),
+        limit=int_at_least(opts.get("limit"), 1, what("limit"), or_none=True),
+        ttl=seconds_or_none(opts.get("ttl"), TTL, what("ttl")),
         on_conflict=on_conflict,
-        countdown=option_seconds(
-            task, "countdown", opts.get("countdown", DEFAULT_COUNTDOWN), COUNTDOWN
-        ),
-        max_retries=max_retries,
-        count_retries=count_retries,
-        timeout=option_seconds(task, "timeout", opts.get("timeout", DEFAULT_WAIT_TIMEOUT), TIMEOUT),
-        max_hold=_optional_seconds(task, "max_hold", opts.get("max_hold"), MAX_HOLD),
-        max_wait=option_seconds(task, "max_wait", opts.get("max_wait", DEFAULT_MAX_WAIT), MAX_WAIT),
-        max_waiting=int_at_least(
-            opts.get("max_waiting"), 1, _what(task, "max_waiting"), or_none=True
-        ),
-        fields=fields,
+        countdown=seconds(opts.get("countdown", DEFAULT_COUNTDOWN), COUNTDOWN, what("countdown")),
+        max_retries=int_at_least(opts.get("max_retries"), 0, what("max_retries"), or_none=True),
+        count_retries=true_or_false(opts.get("count_retries", False), what("count_retries")),
+        timeout=seconds(opts.get("timeout", DEFAULT_WAIT_TIMEOUT), TIMEOUT, what("timeout")),
+        max_hold=seconds_or_none(opts.get("max_hold"), MAX_HOLD, what("max_hold")),
+        max_wait=seconds(opts.get("max_wait", DEFAULT_MAX_WAIT), MAX_WAIT, what("max_wait")),
+        max_waiting=int_at_least(opts.get("max_waiting"), 1, what("max_waiting"), or_none=True),
     )
 
 
 def known_options(
-    task: str, what: str, value: Mapping[Any, Any], allowed: tuple[str, ...]
+    task: str, what: str, value: object, allowed: tuple[str, ...], shape: str
 ) -> dict[str, Any]:
-    """The options of a dict-valued task option, refusing names it does not know."""
+    """The options of a dict-valued task option, refusing names it does not know, and any
+    value but a mapping (the option's other forms, ``shape``, are the caller's)."""
+    if not isinstance(value, Mapping):
+        raise LockConfigError(
+            f"task {task!r}: {what} must be {shape} or a dict of options "
+            f"({', '.join(allowed)}), got {type(value).__name__}"
+        )
     unknown = sorted(str(k) for k in value if k not in allowed)
     if unknown:
         raise LockConfigError(
@@ -258,24 +225,18 @@ def parse_key(
         check_fields(task, signature, fields, what)
         return key, fields
     if key is not None and not callable(key):
-        raise _error(
-            task,
-            "key",
-            f"must be a template string, a callable or None, got {type(key).__name__}",
-            what,
-        )
+        got = type(key).__name__
+        raise _error(task, "key", f"must be a template string, a callable or None, got {got}", what)
     return key, ()
 
 
-def check_choice(
-    task: str, option: str, value: object, allowed: tuple[T, ...], what: str = "lock"
-) -> T:
-    """The one of ``allowed`` that ``value`` is; refuses any other value, naming them."""
-    return one_of(value, allowed, _what(task, option, what))
-
-
-def parse_scope(task: str, scope: object, what: str = "lock") -> Scope:
-    return check_choice(task, "scope", scope, SCOPES, what)
+def parse_keying(
+    task: str, signature: inspect.Signature | None, opts: Mapping[str, Any], what: str
+) -> LockOptions:
+    """The ``key`` and ``scope`` of a ``unique=`` or ``rate=`` option, as a lock's keying."""
+    key, fields = parse_key(task, signature, opts.get("key"), what)
+    scope = one_of(opts.get("scope", "global"), SCOPES, option_what(task, "scope", what))
+    return LockOptions(key=key, scope=scope, fields=fields)
 
 
 def call_signature(fun: Callable[..., Any], bound: bool) -> inspect.Signature | None:
@@ -284,10 +245,7 @@ def call_signature(fun: Callable[..., Any], bound: bool) -> inspect.Signature | 
         sig = inspect.signature(fun)
     except (TypeError, ValueError):
         return None  # no signature to check against (e.g. a C function)
-    if bound:
-        params = list(sig.parameters.values())[1:]
-        sig = sig.replace(parameters=params)
-    return sig
+    return sig.replace(parameters=list(sig.parameters.values())[1:]) if bound else sig
 
 
 def check_fields(
@@ -301,10 +259,8 @@ def check_fields(
         return  # any name may arrive through **kwargs
     missing = [f for f in fields if f not in params]
     if missing:
-        raise _error(
-            task,
-            "key",
-            f"template names argument(s) {', '.join(map(repr, missing))} that the task does not "
-            f"take; its arguments are: {', '.join(params) or '(none)'}",
-            what,
+        raise LockConfigError(
+            f"{option_what(task, 'key', what)} template names argument(s) "
+            f"{', '.join(map(repr, missing))} that the task does not take; its arguments are: "
+            f"{', '.join(params) or '(none)'}"
         )

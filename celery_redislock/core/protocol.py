@@ -2,12 +2,8 @@
 gives its ARGV) and one typed reply (``decode()`` reads the raw answer) per script, as each
 script's header in ``lua/`` describes them. Nothing here talks to Redis.
 
-Over 300 lines: it holds the contract of every script, one short section each.
-
-The types are NamedTuples, not frozen dataclasses: the lock's hot path builds two requests and
-decodes two replies per acquire and release, and a frozen dataclass costs twice as much to make.
-Build them by keyword. Replies come as bytes, or as str from a client made with
-``decode_responses=True``: every decoder takes either.
+NamedTuples, not frozen dataclasses (half the cost to make, on the lock's hot path); build them
+by keyword. Replies come as bytes, or as str (``decode_responses=True``): decoders take either.
 """
 
 from __future__ import annotations
@@ -96,8 +92,6 @@ class Grant(NamedTuple):
     @classmethod
     def decode_all(cls, items: Sequence[Any]) -> tuple[Grant, ...]:
         """The grants in a reply's tail: token, fence, expiry for each."""
-        if not items:
-            return ()
         it = iter(items)
         return tuple(
             cls(token=text(t), fence=int(f), expires_at_ms=int(e))
@@ -106,8 +100,7 @@ class Grant(NamedTuple):
 
 
 class Wake(NamedTuple):
-    """The payload a granted waiter pops from its wake list: ``'fence:expiry'``; ``'0:0'``
-    wakes a waiter with no lease (its owner holds one already: it tries again)."""
+    """The payload a granted waiter pops from its wake list: ``'fence:expiry'`` (see Grant)."""
 
     fence: int
     expires_at_ms: int
@@ -119,6 +112,12 @@ class Wake(NamedTuple):
     def decode(cls, raw: Any) -> Wake:
         fence, expiry = text(raw).split(":")
         return cls(fence=int(fence), expires_at_ms=int(expiry))
+
+
+def _tokens_and_grants(parts: Sequence[Any]) -> tuple[tuple[str, ...], tuple[Grant, ...]]:
+    """A reply's tail of a count, that many tokens, then grants."""
+    count = int(parts[0])
+    return tuple(text(t) for t in parts[1 : 1 + count]), Grant.decode_all(parts[1 + count :])
 
 
 # -- acquire.lua -------------------------------------------------------------------------------
@@ -165,7 +164,7 @@ class AcquireArgs(NamedTuple):
     """Park in the task line rather than fail or wait."""
 
     def encode(self) -> list[str]:
-        flags = "01"[self.wait] + "01"[self.woke] + "01"[self.once]  # e.g. '100'
+        flags = _bit(self.wait) + _bit(self.woke) + _bit(self.once)  # e.g. '100'
         args = [self.token, self.spec, flags, self.owner or "", self.info, self.job or ""]
         if self.park is not None:
             args[2] += "1"
@@ -283,13 +282,8 @@ class SweepReply(NamedTuple):
     @classmethod
     def decode(cls, raw: Any) -> SweepReply:
         parts = raw.split()
-        count = int(parts[2])
-        return cls(
-            parked=int(parts[0]),
-            leases=int(parts[1]),
-            expired=tuple(text(t) for t in parts[3 : 3 + count]),
-            granted=Grant.decode_all(parts[3 + count :]),
-        )
+        expired, granted = _tokens_and_grants(parts[2:])
+        return cls(parked=int(parts[0]), leases=int(parts[1]), expired=expired, granted=granted)
 
 
 # -- release_where.lua -------------------------------------------------------------------------
@@ -315,11 +309,7 @@ class ReleaseWhereReply(NamedTuple):
 
     @classmethod
     def decode(cls, raw: Sequence[Any]) -> ReleaseWhereReply:
-        count = int(raw[0])
-        return cls(
-            released=tuple(text(t) for t in raw[1 : 1 + count]),
-            granted=Grant.decode_all(raw[1 + count :]),
-        )
+        return cls(*_tokens_and_grants(raw))
 
 
 # -- renew.lua, notify.lua ---------------------------------------------------------------------
@@ -365,8 +355,7 @@ class LiveLease(NamedTuple):
     expires_at_ms: int
     mode: Mode
     entered: int
-    """The lease's re-entry count: how many times its owner holds it (PARKED, LINE_FULL: the
-    parked entries in line)."""
+    """How many times its owner holds it."""
     fence: int
     owner: str | None
     info: dict[str, str]

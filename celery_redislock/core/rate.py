@@ -1,29 +1,23 @@
-"""Fleet-wide rate limits: at most ``limit`` starts per ``per`` seconds across every process,
-per name, kept as a sliding window of reserved start slots in Redis (``lua/rate.lua``).
-
-A caller reserves a slot for a request and learns when it may start: now (delay 0), or later,
-so that a caller over the rate waits for its slot (a task is published again once, with that
-countdown) instead of trying again and again. Slots are handed out in request order, and any
-``per`` seconds of Redis server time hold at most ``limit`` slots.
-"""
+"""Fleet-wide rate limits: at most ``limit`` starts per ``per`` seconds of Redis server time
+across every process, per name, as a sliding window of reserved start slots (``lua/rate.lua``).
+A caller reserves a slot, in request order, and learns when it may start: now, or later, so it
+waits for its slot (a task is published again once, with that countdown) instead of retrying."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import redis
 from redis.cluster import RedisCluster
 
-from ..errors import LockBackendError, LockConfigError
+from ..errors import LockConfigError
 from ._validate import non_empty_string
 from .durations import Duration, seconds_or_none
 from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
 from .protocol import text
-from .rate_spec import Rate, parse_rate
-from .scripts import explain_denial, run
-from .store import RedisClient
+from .rate_options import MAX_DELAY, Rate, parse_rate
+from .scripts import run
+from .store import RedisClient, backend_errors
 
 __all__ = [
     "MAX_DELAY",
@@ -36,8 +30,6 @@ __all__ = [
     "rate_key",
 ]
 
-MAX_DELAY = Duration(0.0, 30 * 86400.0)
-"""The range of ``max_delay``: 0 (start now or not at all) to 30 days."""
 MAX_LATE = Duration(0.0, 86400.0)
 """The range of ``max_late``: 0 to a day."""
 
@@ -46,19 +38,6 @@ def rate_key(namespace: str, name: str) -> str:
     """The key of the rate limit ``name``: its window. It shares the hash tag of the lock of the
     same name (``namespace:{name}:...``), so one script may touch both on a Redis Cluster."""
     return f"{LockKeys.of(namespace, name).prefix}:rate"
-
-
-@contextmanager
-def _backend_errors(name: str) -> Iterator[None]:
-    # lease.backend_errors, worded for a rate limit (its message says "lock").
-    try:
-        yield
-    except redis.RedisError as exc:
-        denied = explain_denial(exc)
-        hint = f" ({denied})" if denied else ""
-        raise LockBackendError(
-            f"rate limit {name!r}: Redis failed{hint}: {exc}", name=name
-        ) from exc
 
 
 def _ms(value: float | None) -> str:
@@ -172,7 +151,7 @@ class RateLimit:
         delay_s = seconds_or_none(max_delay, MAX_DELAY, "max_delay", name=self._name)
         late_s = seconds_or_none(max_late, MAX_LATE, "max_late", name=self._name)
         args = ("r", request_id, str(self._rate.limit), str(self._rate.per_ms))
-        with _backend_errors(self._name):
+        with backend_errors(self._name, "rate limit"):
             reply = run("rate", self.client, [self.key], (*args, _ms(delay_s), _ms(late_s)))
         granted, slot, delay = text(reply).split()
         return Reservation(granted=granted == "1", delay=int(delay) / 1000, slot_ms=int(slot))
@@ -184,7 +163,7 @@ class RateLimit:
         RateUsage(started=2, ahead=1, next_delay=0.73, next_slot_ms=1767225601730)
         """
         args = ("u", "", str(self._rate.limit), str(self._rate.per_ms), "", "")
-        with _backend_errors(self._name):
+        with backend_errors(self._name, "rate limit"):
             reply = run("rate", self.client, [self.key], args)
         started, ahead, slot, delay = (int(v) for v in text(reply).split())
         return RateUsage(started=started, ahead=ahead, next_delay=delay / 1000, next_slot_ms=slot)
@@ -195,5 +174,5 @@ class RateLimit:
 
         >>> RateLimit(client, "api", "2/s").reset()   # doctest: +SKIP
         """
-        with _backend_errors(self._name):
+        with backend_errors(self._name, "rate limit"):
             self.client.delete(self.key)

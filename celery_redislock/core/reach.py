@@ -87,21 +87,14 @@ def ping_within(client: Any, timeout: float = CHECK_TIMEOUT_S) -> BaseException 
     return None
 
 
-def check_at_start(
-    client: Any,
-    *,
-    policy: str,
-    setting: str,
-    timeout: float = CHECK_TIMEOUT_S,
-    also: str = "",
-) -> bool:
-    """As a worker starts: pings the lock Redis (at most ``timeout`` seconds) and logs one line,
+def check_at_start(client: Any, *, policy: str, setting: str, also: str = "") -> bool:
+    """As a worker starts: pings the lock Redis (at most ``CHECK_TIMEOUT_S``) and logs one line,
     INFO naming it if it answered, else ERROR naming it and what tasks do until it answers,
     under ``policy`` (the value of the backend-error setting named ``setting``); ``also`` is
     appended to that line. The worker starts either way: its broker may be fine and the lock
     Redis may come back. Returns whether it answered."""
     place = where(client)
-    error = ping_within(client, timeout)
+    error = ping_within(client)
     if error is None:
         log.info("lock Redis %s answers; locks, unique claims and rate limits live there", place)
         return True

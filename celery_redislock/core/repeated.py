@@ -1,14 +1,13 @@
 """One log line per failure that repeats, not one per attempt: something retried every half
 second (a lease's renewal while Redis is down, a sweep each second) logged every attempt, 20
 lines in 10 s for one lease. A :class:`RepeatedFailure` logs the first failure, then at most
-one summary every ``every`` seconds while it goes on, then one line when it works again."""
+one summary every ``SUMMARY_EVERY_S`` while it goes on, then one line when it works again."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 __all__ = ["SUMMARY_EVERY_S", "RepeatedFailure"]
 
@@ -18,52 +17,32 @@ SUMMARY_EVERY_S = 10.0
 
 class RepeatedFailure:
     """The log of one thing that keeps failing (``what``: ``"lease renewal on redis://..."``),
-    at WARNING: its first failure, a summary at most every ``every`` seconds (how long, how many
-    attempts, the last error), and one line when it works again. Thread-safe.
+    at WARNING: its first failure, a summary at most every ``SUMMARY_EVERY_S`` (how long, how
+    many attempts, the last error), and one line when it works again. Thread-safe.
 
-    >>> import logging
     >>> renewal = RepeatedFailure(logging.getLogger("demo"), "lease renewal")
-    >>> renewal.failed(ConnectionError("refused"))   # logged
-    >>> renewal.failed(ConnectionError("refused"))   # counted; summed up later
-    >>> renewal.failing
-    True
+    >>> renewal.failed(ConnectionError("refused"))   # logged; the next ones summed up
     >>> renewal.worked()                             # logged: it works again
-    >>> renewal.failing
-    False
     """
 
-    def __init__(
-        self,
-        log: logging.Logger,
-        what: str,
-        *,
-        every: float = SUMMARY_EVERY_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, log: logging.Logger, what: str) -> None:
         self.log = log
         self.what = what
-        self.every = every
-        self.clock = clock
         self._since: float | None = None  # when the failures began; None: not failing
         self._said = 0.0  # when the last line was logged
         self._attempts = 0
         self._guard = threading.Lock()
 
-    @property
-    def failing(self) -> bool:
-        """Whether the last attempt failed."""
-        return self._since is not None
-
     def failed(self, error: BaseException | str) -> None:
         """One more attempt failed with ``error``."""
-        now = self.clock()
+        now = time.monotonic()
         with self._guard:
             self._attempts += 1
             if self._since is None:
                 self._since = self._said = now
                 self.log.warning("%s failed, retrying: %s", self.what, error)
                 return
-            if now - self._said < self.every:
+            if now - self._said < SUMMARY_EVERY_S:
                 return
             self._said = now
             since, attempts = self._since, self._attempts
@@ -75,7 +54,7 @@ class RepeatedFailure:
         """An attempt succeeded: logs that it works again if it was failing (cheap if not)."""
         if self._since is None:
             return
-        now = self.clock()
+        now = time.monotonic()
         with self._guard:
             since, attempts = self._since, self._attempts
             if since is None:

@@ -1,14 +1,10 @@
 """Lua scripts, read from the package's ``lua/`` folder and registered once per process.
 
-A script is a ``lua/<name>.lua`` file; a part is a ``lua/_<name>.lua`` file of helpers shared by
-scripts, never run alone. A line ``-- #include _<name>.lua`` in a script or a part is replaced by
-that part (whose own includes are expanded first, so a part names the parts it is built on), at
-that place: a script's fast path can come before the helpers it does not need, which cost each
-run their definitions. Each part goes in once: an include of a part already in is left out, its
-helpers being in scope already. That is the one way scripts are assembled.
-
-redis-py's :class:`~redis.commands.core.Script` runs EVALSHA and falls back to SCRIPT LOAD on
-NOSCRIPT, so the scripts survive ``SCRIPT FLUSH``, restarts and failover.
+A script is ``lua/<name>.lua``; a part, ``lua/_<name>.lua``, holds helpers shared by scripts. A
+line ``-- #include _<name>.lua`` is replaced by that part (see :func:`assembled`) where it
+stands, so a script's fast path can come before helpers it does not need (each run pays for
+their definitions). Scripts run by EVALSHA, loaded again on NOSCRIPT (``SCRIPT FLUSH``, restarts
+and failover).
 """
 
 from __future__ import annotations
@@ -79,14 +75,10 @@ NAMES: tuple[str, ...] = tuple(
 )
 
 
-def _load_all() -> dict[str, Script]:
-    # A Script made from bytes needs no client: each call names the client it runs on.
-    return {name: Script(None, assembled(name)) for name in NAMES}  # type: ignore[arg-type]
-
-
 # Read at import, never later: reading package files takes the import system's module locks,
 # and a thread holding one when a worker forks its pool children deadlocks those children.
-_SCRIPTS = _load_all()
+# A Script made from bytes needs no client: each call names the client it runs on.
+_SCRIPTS = {name: Script(None, assembled(name)) for name in NAMES}  # type: ignore[arg-type]
 
 
 def script(name: str) -> Script:

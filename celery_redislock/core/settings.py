@@ -1,13 +1,9 @@
 """The package's settings: ONE schema and the frozen :class:`Settings` both integrations use.
 
-Each field is written once: its default (in :class:`Settings`), what it accepts, its environment
-name (``REDISLOCK_TTL``) and its Celery name (``redislock_ttl``), in :data:`FIELDS`. Values come
-from one of two sources, checked by the same code and refused naming the value as its source
-spells it:
-
-- a mapping of Celery names (:meth:`Settings.from_mapping`; Celery's ``app.conf``, whose
-  namespace prefix its own ``get`` applies);
-- the environment (:meth:`Settings.from_env`) or keyword arguments (``Settings(ttl=30)``).
+Each field is written once: its default in :class:`Settings`; what it accepts, its environment
+name (``REDISLOCK_TTL``) and Celery name (``redislock_ttl``) in :data:`FIELDS`. Every source
+(Celery's ``app.conf``, the environment, keyword arguments) is checked by the same code, and a
+bad value is refused as its source spells it.
 
 >>> Settings.from_env({"REDISLOCK_TTL": "30"}) == Settings.from_mapping({"redislock_ttl": 30}.get)
 True
@@ -18,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ..errors import LockConfigError
 from ._validate import int_at_least, one_of, true_or_false
@@ -51,7 +47,7 @@ __all__ = [
 ]
 
 BackendPolicy = Literal["fail", "retry", "run"]
-BACKEND_POLICIES: tuple[BackendPolicy, ...] = ("fail", "retry", "run")
+BACKEND_POLICIES: tuple[BackendPolicy, ...] = get_args(BackendPolicy)
 # Below 50 ms the sweeps cost more than the lapses they catch; past a minute a dead holder's
 # line waits too long.
 SWEEP_INTERVAL = Duration(0.05, 60.0)
@@ -106,7 +102,6 @@ class Settings:
     replica_timeout: float | None = None
     disabled: bool = False
     """The kill switch: no task takes a lock or claims a unique key; logged at ERROR."""
-    # Celery's only (see FIELDS): a callable is no environment value, nor is a dict of options.
     client_factory: Callable[[], RedisClient] | None = None
     sentinel_options: tuple[tuple[str, Any], ...] = ()
     task_time_limit: float | None = None
@@ -141,9 +136,8 @@ class Settings:
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         for field in FIELDS.values():
-            raw = None if field.env is None else env.get(field.env)
-            if raw is not None and field.env is not None and field.text is not None:
-                values[field.name] = field.text(raw, ENV(field.name))
+            if field.env is not None and field.text is not None and field.env in env:
+                values[field.name] = field.text(env[field.env], ENV(field.name))
         return cls.from_values(values, ENV)
 
     def client_key(self) -> tuple[object, ...]:
@@ -191,13 +185,6 @@ def _url(value: object, what: str) -> object:
     return value
 
 
-def _namespace(value: object, what: str) -> object:
-    try:
-        return check_namespace(value)
-    except LockConfigError as exc:
-        raise LockConfigError(f"{what}: {exc}") from exc
-
-
 def _factory(value: object, what: str) -> object:
     if value is not None and not callable(value):
         raise LockConfigError(
@@ -205,10 +192,6 @@ def _factory(value: object, what: str) -> object:
             f"{type(value).__name__}"
         )
     return value
-
-
-def _sentinels(value: object, what: str) -> object:
-    return None if value is None else tuple(parse_sentinels(value, what))
 
 
 def _options(value: object, what: str) -> object:
@@ -224,10 +207,6 @@ def _options(value: object, what: str) -> object:
     return pairs
 
 
-def _retries(value: object, what: str) -> object:
-    return int_at_least(value, 1, what)
-
-
 def _as_is(value: object, what: str) -> object:
     return value
 
@@ -236,27 +215,19 @@ def _parsed(convert: Callable[[str], object], words: str) -> Callable[[str, str]
     def parse(raw: str, what: str) -> object:
         try:
             return convert(raw)
-        except ValueError:
+        except (ValueError, KeyError):
             raise LockConfigError(f"{what} must be {words}, got {raw!r}") from None
 
     return parse
-
-
-_number_text = _parsed(float, "a number of seconds")
-_int_text = _parsed(int, "an integer")
 
 
 _FLAGS = {
     **dict.fromkeys(("", "0", "false", "no"), False),
     **dict.fromkeys(("1", "true", "yes"), True),
 }
-
-
-def _flag_text(raw: str, what: str) -> object:
-    flag = _FLAGS.get(raw.strip().lower())
-    if flag is None:
-        raise LockConfigError(f"{what} must be 1/true/yes or 0/false/no, got {raw!r}")
-    return flag
+_number_text = _parsed(float, "a number of seconds")
+_int_text = _parsed(int, "an integer")
+_flag_text = _parsed(lambda raw: _FLAGS[raw.strip().lower()], "1/true/yes or 0/false/no")
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +256,7 @@ FIELDS: dict[str, Field] = {
     f.name: f
     for f in (
         Field("url", _url),
-        Field("namespace", _namespace),
+        Field("namespace", lambda v, what: check_namespace(v, f"{what}: namespace")),
         Field("ttl", _seconds(TTL), _number_text),
         Field("on_conflict", _choice(CONFLICT_ACTIONS)),
         Field("on_duplicate", _choice(ON_DUPLICATE)),
@@ -297,8 +268,8 @@ FIELDS: dict[str, Field] = {
         Field("line_handover_window", _seconds(ALLOWANCE), _number_text),
         Field("line_sweep_interval", _seconds(SWEEP_INTERVAL), _number_text),
         # RQ's: Celery counts conflict retries against the task's own max_retries.
-        Field("max_conflict_retries", _retries, _int_text, conf=None),
-        Field("sentinels", _sentinels),
+        Field("max_conflict_retries", lambda v, what: int_at_least(v, 1, what), _int_text, None),
+        Field("sentinels", lambda v, what: None if v is None else tuple(parse_sentinels(v, what))),
         Field("sentinel_master", _as_is),  # checked with sentinels (_together)
         Field("redlock_urls", lambda v, what: None if v is None else parse_master_urls(v, what)),
         Field("min_replicas", _as_is, _int_text),  # checked with replica_timeout (_together)
@@ -362,11 +333,11 @@ def _together(values: dict[str, object], naming: Naming) -> None:
 
 def read_mapping(get: Callable[[str], object]) -> dict[str, object]:
     """The fields ``get`` (by Celery name) has a value for; ``None`` is not set."""
-    found = {}
-    for field in FIELDS.values():
-        if field.celery is not None and (value := get(field.celery)) is not None:
-            found[field.name] = value
-    return found
+    return {
+        field.name: value
+        for field in FIELDS.values()
+        if field.celery is not None and (value := get(field.celery)) is not None
+    }
 
 
 def disabled_by_env(environ: Mapping[str, str] | None = None) -> bool:

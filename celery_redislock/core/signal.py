@@ -19,7 +19,6 @@ R = TypeVar("R", bound=Receiver)
 class Signal:
     """Named hook with ``connect``/``disconnect``/``send``.
 
-    >>> from celery_redislock.core.signal import Signal
     >>> started = Signal("started")
     >>> @started.connect
     ... def note(sender, **kw):

@@ -34,20 +34,20 @@ __all__ = [
 RedisClient = redis.Redis | RedisCluster
 
 
-def backend_error(name: str | None, exc: redis.RedisError) -> LockBackendError:
+def backend_error(name: str | None, exc: redis.RedisError, what: str = "lock") -> LockBackendError:
     """``exc`` as a :class:`LockBackendError` naming the lock (and what an ACL refused)."""
     denied = explain_denial(exc)
     hint = f" ({denied})" if denied else ""
-    return LockBackendError(f"lock {name!r}: Redis failed{hint}: {exc}", name=name)
+    return LockBackendError(f"{what} {name!r}: Redis failed{hint}: {exc}", name=name)
 
 
 @contextmanager
-def backend_errors(name: str | None) -> Iterator[None]:
-    """Turns redis-py's errors into LockBackendError carrying the lock name."""
+def backend_errors(name: str | None, what: str = "lock") -> Iterator[None]:
+    """Turns redis-py's errors into LockBackendError naming the lock (or ``what`` it is)."""
     try:
         yield
     except redis.RedisError as exc:
-        raise backend_error(name, exc) from exc
+        raise backend_error(name, exc, what) from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,8 @@
-"""The task lines' sweeper: a thread in a worker's main process that, every ``interval``
-seconds, hands a lock on when its holder died unseen (a whole worker killed: no ``finally``, no
-parent left to release), publishes hand-overs whose publisher died, and ends tasks past their
-``max_wait``. One for every framework: Celery's worker and RQ's ``LockWorker`` start it.
-
-A thread, because an RQ worker's main thread spends a job's whole run blocked in ``wait4`` on
-its horse, and a Celery worker's main thread is its event loop. It holds nothing a forked child
-needs: the Redis clients reset their pools after a fork."""
+"""The task lines' sweeper, started by Celery's worker and RQ's ``LockWorker``: every
+``interval`` seconds it hands a lock on when its holder died unseen (a whole worker killed),
+publishes hand-overs whose publisher died, and ends tasks past their ``max_wait``. A thread:
+an RQ worker's main thread blocks in ``wait4`` on its horse, a Celery worker's runs its event
+loop; nothing in it is needed by a forked child (Redis clients reset their pools after a fork)."""
 
 from __future__ import annotations
 

@@ -4,21 +4,19 @@ checked once, when the task is defined; the claim it implies lives in :mod:`.cla
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict, get_args
 
 from ..errors import LockConfigError
+from ._validate import one_of
 from .durations import ALLOWANCE, seconds_or_none
 from .options import (
-    ConflictAction,
     KeyFunction,
     LockOptions,
     Scope,
-    check_choice,
     known_options,
-    parse_key,
-    parse_scope,
+    option_what,
+    parse_keying,
 )
 
 __all__ = [
@@ -34,13 +32,8 @@ __all__ = [
 Lifecycle = Literal["until_started", "until_finished", "while_running", "until_and_while_running"]
 OnDuplicate = Literal["existing", "raise", "replace"]
 
-LIFECYCLES: tuple[Lifecycle, ...] = (
-    "until_started",
-    "until_finished",
-    "while_running",
-    "until_and_while_running",
-)
-ON_DUPLICATE: tuple[OnDuplicate, ...] = ("existing", "raise", "replace")
+LIFECYCLES: tuple[Lifecycle, ...] = get_args(Lifecycle)
+ON_DUPLICATE: tuple[OnDuplicate, ...] = get_args(OnDuplicate)
 _RUNS_LOCKED = ("until_finished", "while_running", "until_and_while_running")
 
 
@@ -84,10 +77,6 @@ class UniqueOptions:
         return self.lifecycle == "until_finished"
 
 
-def _error(task: str, option: str, message: str) -> LockConfigError:
-    return LockConfigError(f"task {task!r}: unique option {option!r}: {message}")
-
-
 def parse_unique_option(
     task: str,
     signature: inspect.Signature | None,
@@ -109,62 +98,38 @@ def parse_unique_option(
         return None, lock
     if isinstance(value, str):
         value = {"lifecycle": value}
-    if not isinstance(value, Mapping):
-        raise LockConfigError(
-            f"task {task!r}: unique must be a lifecycle ({', '.join(LIFECYCLES)}) or a dict of "
-            f"options ({', '.join(_ALLOWED)}), got {type(value).__name__}"
-        )
-    opts = known_options(task, "unique", value, _ALLOWED)
-    lifecycle = check_choice(
-        task, "lifecycle", opts.get("lifecycle", "until_finished"), LIFECYCLES, "unique"
-    )
+    shape = f"a lifecycle ({', '.join(LIFECYCLES)})"
+    opts = known_options(task, "unique", value, _ALLOWED, shape)
+
+    def what(option: str) -> str:
+        return option_what(task, option, "unique")
+
+    lifecycle = one_of(opts.get("lifecycle", "until_finished"), LIFECYCLES, what("lifecycle"))
     on_duplicate = opts.get("on_duplicate")
     if on_duplicate is not None:
-        on_duplicate = check_choice(task, "on_duplicate", on_duplicate, ON_DUPLICATE, "unique")
-    allowance = seconds_or_none(
-        opts.get("allowance"), ALLOWANCE, f"task {task!r}: unique option 'allowance':"
-    )
-    keying = _keying(task, signature, opts, lock, lifecycle)
-    unique = UniqueOptions(
-        lifecycle=lifecycle,
-        keying=keying,
-        on_duplicate=on_duplicate,
-        allowance=allowance,
-    )
-    if lifecycle in _RUNS_LOCKED and lock is None:
-        # The run lock is implied, on the same key. A copy queued while another runs
-        # (until_and_while_running) waits its turn by default instead of being skipped.
-        on_conflict: ConflictAction | None = (
-            "retry" if lifecycle == "until_and_while_running" else None
-        )
-        lock = replace(keying, on_conflict=on_conflict)
-    return unique, lock
-
-
-def _keying(
-    task: str,
-    signature: inspect.Signature | None,
-    opts: dict[str, Any],
-    lock: LockOptions | None,
-    lifecycle: str,
-) -> LockOptions:
-    own = {k: opts[k] for k in ("key", "scope") if k in opts}
+        on_duplicate = one_of(on_duplicate, ON_DUPLICATE, what("on_duplicate"))
+    allowance = seconds_or_none(opts.get("allowance"), ALLOWANCE, what("allowance"))
+    # The key: lock='s for a lifecycle that runs under it, else the option's own or lock='s.
+    own = [k for k in ("key", "scope") if k in opts]
     if lock is not None and lifecycle in _RUNS_LOCKED:
         if own:
-            raise _error(
-                task,
-                next(iter(own)),
-                f"lifecycle {lifecycle!r} holds the task's lock= while it runs, so the key comes "
-                "from lock=; set key and scope there",
+            raise LockConfigError(
+                f"{what(own[0])} lifecycle {lifecycle!r} holds the task's lock= while it runs, "
+                "so the key comes from lock=; set key and scope there"
             )
         if lock.mode != "write" or (lock.limit or 1) > 1:
             raise LockConfigError(
                 f"task {task!r}: unique lifecycle {lifecycle!r} needs an exclusive lock= "
                 f"(mode 'write', no limit), got mode {lock.mode!r}, limit {lock.limit!r}"
             )
-        return lock
-    if not own and lock is not None:
-        return LockOptions(key=lock.key, scope=lock.scope, fields=lock.fields)
-    key, fields = parse_key(task, signature, own.get("key"), "unique")
-    scope = parse_scope(task, own.get("scope", "global"), "unique")
-    return LockOptions(key=key, scope=scope, fields=fields)
+        keying = lock
+    elif lock is not None and not own:
+        keying = LockOptions(key=lock.key, scope=lock.scope, fields=lock.fields)
+    else:
+        keying = parse_keying(task, signature, opts, "unique")
+    if lifecycle in _RUNS_LOCKED and lock is None:
+        # The run lock is implied, on the same key. A copy queued while another runs
+        # (until_and_while_running) waits its turn by default instead of being skipped.
+        retry = lifecycle == "until_and_while_running"
+        lock = replace(keying, on_conflict="retry" if retry else None)
+    return UniqueOptions(lifecycle, keying, on_duplicate, allowance), lock

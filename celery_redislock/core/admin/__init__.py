@@ -1,11 +1,7 @@
-"""Operating on locks from outside their holders: list them and their waiters, describe a
-holder, free a lease by its token or its owner's task id, list and free unique tasks' queued
-claims, free a whole namespace. What the CLI, the pytest plugin and the integrations call; never
-imports a framework.
-
-One module per concern: :mod:`.reading` (what a lock's records say), :mod:`.listing` (finding
-locks by pattern), :mod:`.release` (freeing leases), :mod:`.claims` (unique tasks' queued
-claims). Import the names from here.
+"""Operating on locks from outside their holders (the CLI, the pytest plugin, the
+integrations; no framework): :mod:`.reading` what a lock's records say, :mod:`.listing` finding
+locks by pattern, :mod:`.release` freeing leases (by token, task id, or a whole namespace),
+:mod:`.claims` unique tasks' queued claims. Import the names from here.
 
 >>> from celery_redislock.core import admin
 >>> [s.name for s in admin.list_locks(redis.Redis(), "sync:*")]   # doctest: +SKIP

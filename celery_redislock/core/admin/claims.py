@@ -6,15 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..claims import release_claim
 from ..keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
-from ..protocol import ReleaseClaimArgs, ReleaseClaimReply, text
-from ..scripts import run
+from ..protocol import text
 from ..store import RedisClient, backend_errors
-from .listing import check_pattern, glob_escape
+from .listing import scan_names
 
 __all__ = ["ClaimState", "force_release_claim", "iter_claims", "list_claims"]
-
-_SCAN_COUNT = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,14 +29,7 @@ def iter_claims(
     client: RedisClient, namespace: str = DEFAULT_NAMESPACE, pattern: str = "*"
 ) -> Iterator[str]:
     """Keys (lock names) of ``namespace`` that a queued unique task claims, found with SCAN."""
-    check_namespace(namespace)
-    match = f"{glob_escape(namespace)}:{{{check_pattern(pattern)}}}:queued"
-    head, tail = f"{namespace}:{{", "}:queued"
-    with backend_errors(None):
-        for raw in client.scan_iter(match=match, count=_SCAN_COUNT):
-            key = text(raw)
-            if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail):
-                yield key[len(head) : -len(tail)]
+    return scan_names(client, namespace, pattern, "queued")
 
 
 def _claim_state(client: RedisClient, namespace: str, name: str) -> ClaimState | None:
@@ -90,12 +81,4 @@ def force_release_claim(
         return None
     if dry_run:
         return state
-    keys = LockKeys.of(namespace, name)
-    with backend_errors(name):
-        raw = run(
-            "unique_release",
-            client,
-            [keys.queued, keys.replaced],
-            ReleaseClaimArgs(task_id=state.task_id).encode(),
-        )
-    return state if ReleaseClaimReply.decode(raw).superseded_by is None else None
+    return state if release_claim(client, namespace, name, state.task_id) is None else None

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ...errors import LockConfigError
-from ..keys import DEFAULT_NAMESPACE, check_namespace, name_from_leases_key
+from ..keys import DEFAULT_NAMESPACE, check_namespace
 from ..protocol import text
 from ..store import RedisClient, backend_errors
 from .reading import LockState, describe_lock
 
-__all__ = ["check_pattern", "glob_escape", "iter_locks", "list_locks"]
+__all__ = ["check_pattern", "glob_escape", "iter_locks", "list_locks", "scan_names"]
 
 _SCAN_COUNT = 500
 
@@ -28,6 +28,18 @@ def check_pattern(pattern: object) -> str:
     return pattern
 
 
+def scan_names(client: RedisClient, namespace: str, pattern: str, suffix: str) -> Iterator[str]:
+    """Names in ``namespace`` matching the glob ``pattern`` that have a ``suffix`` key (SCAN)."""
+    check_namespace(namespace)
+    match = f"{glob_escape(namespace)}:{{{check_pattern(pattern)}}}:{suffix}"
+    head, tail = f"{namespace}:{{", f"}}:{suffix}"
+    with backend_errors(None):
+        for raw in client.scan_iter(match=match, count=_SCAN_COUNT):
+            key = text(raw)
+            if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail):
+                yield key[len(head) : -len(tail)]
+
+
 def iter_locks(
     client: RedisClient, namespace: str = DEFAULT_NAMESPACE, pattern: str = "*"
 ) -> Iterator[str]:
@@ -40,13 +52,7 @@ def iter_locks(
     >>> sorted(iter_locks(redis.Redis()))   # doctest: +SKIP
     ['nightly-report', 'sync:42']
     """
-    check_namespace(namespace)
-    match = f"{glob_escape(namespace)}:{{{check_pattern(pattern)}}}:leases"
-    with backend_errors(None):
-        for key in client.scan_iter(match=match, count=_SCAN_COUNT):
-            name = name_from_leases_key(namespace, text(key))
-            if name is not None:
-                yield name
+    return scan_names(client, namespace, pattern, "leases")
 
 
 def list_locks(

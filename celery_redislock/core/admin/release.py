@@ -44,12 +44,11 @@ def force_release(
     ``everything=True``, every live lease. Exactly one of the three.
 
     Each release is checked in Redis, in the same step, against the token or the task id, so a
-    lease taken meanwhile by someone else is never freed. The lock is handed on as by a worker
-    parent freeing a dead child's lease (the same script and hand-over): blocked waiters are
-    woken, and the next tasks in the lock's task line are published by ``handover`` (a
-    framework's publisher, as a lock's ``handover``; ``handover_window`` as the lock's). Without
-    one, a worker's sweeper publishes them at its next sweep. The holders whose leases go find
-    them lost at their next renewal. ``dry_run`` frees nothing and returns what would be freed.
+    lease taken meanwhile by someone else is never freed. The lock is handed on as by any
+    release: blocked waiters are woken, and the next tasks in its task line are published by
+    ``handover`` (a framework's publisher, ``handover_window`` as a lock's; without one, by a
+    worker's sweeper at its next sweep). The holders find their leases lost at their next
+    renewal. ``dry_run`` frees nothing and returns what would be freed.
 
     >>> force_release(redis.Redis(), "sync:42", task_id="9b1c…").holders   # doctest: +SKIP
     [Holder(token='…', mode='write', ...)]

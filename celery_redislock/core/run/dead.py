@@ -1,7 +1,6 @@
 """A run whose process died (a Celery pool child, an RQ work horse): the worker's parent
 releases the lease it held at once, matched by task id, host and the dead process's pid (never a
-lease of another delivery or another process). The release hands the lock on to the task line,
-as every release does."""
+lease of another delivery or another process)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""What a :class:`~celery_redislock.core.run.run.LockedRun` is built from: the task's parsed
-options (:class:`TaskSpec`), the facts of one delivery (:class:`Delivery`), the rules of the
-framework that delivered it (:class:`Framework`), the settings it reads (:class:`RunSettings`)
-and the signals it sends (:class:`Signals`). Adapters fill them in; nothing here imports a
-framework."""
+"""What a :class:`~celery_redislock.core.run.run.LockedRun` is built from, filled in by the
+adapters: a task's parsed options, one delivery's facts, its framework's rules, the settings
+it reads and the signals it sends."""
 
 from __future__ import annotations
 

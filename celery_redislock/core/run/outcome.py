@@ -1,7 +1,6 @@
-"""What :meth:`LockedRun.take <celery_redislock.core.run.run.LockedRun.take>` answers: one value
-per way a delivery can go on. The run has logged it, signalled it and kept or ended its unique
-claim already; an adapter only turns it into its framework's answer (Celery's ``Ignore``,
-``Retry``, ``Reject``; RQ's return value or ``Retry``)."""
+"""What :meth:`LockedRun.take <celery_redislock.core.run.run.LockedRun.take>` answers, one value
+per way a delivery goes on (already logged and signalled): an adapter turns it into its
+framework's answer (Celery's ``Ignore``, ``Retry``, ``Reject``; RQ's return value or ``Retry``)."""
 
 from __future__ import annotations
 

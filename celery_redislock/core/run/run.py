@@ -1,19 +1,16 @@
-"""One locked run: what a delivery of a task with ``lock=``, ``unique=`` or ``rate=`` takes
-before its body runs, and gives back after, for every framework.
-
-:meth:`LockedRun.take` takes what the options ask for (a rate slot, the lease or a place in the
-lock's task line, the give-up of the queued unique claim) and answers with an
-:mod:`~celery_redislock.core.run.outcome` value; :meth:`LockedRun.release` gives the lease back
-with the record that the job finished. Each outcome is logged (:mod:`celery_redislock.core.
-outcomes`), signalled, and its unique claim kept or ended here, once: an adapter only turns
-the answer into its framework's.
-"""
+"""One locked run, for every framework: :meth:`LockedRun.take` takes what a task's ``lock=``,
+``unique=`` and ``rate=`` ask for before its body runs and answers with an
+:mod:`~celery_redislock.core.run.outcome` value, logged, signalled and with its unique claim
+kept or ended here, once; :meth:`LockedRun.release` gives the lease back after."""
 
 from __future__ import annotations
 
 import logging
 import math
 import time
+from collections.abc import Sequence
+from functools import cached_property
+from logging import ERROR, INFO, WARNING
 from typing import Any, Literal
 
 from ...errors import (
@@ -35,7 +32,7 @@ from ..lock import Lock
 from ..options import LockOptions
 from ..rate import RateLimit
 from ..redlock import lock_factory
-from .delivery import Delivery, Framework, RunSettings, Signals, TaskSpec
+from .delivery import Delivery, Framework, RunSettings, SignalLike, Signals, TaskSpec
 from .outcome import (
     AwaitFirst,
     Fail,
@@ -76,10 +73,8 @@ def make_lock(
 
 
 class LockedRun:
-    """One delivery of a locked task, in the process that runs it.
-
-    ``max_conflict_retries``: the conflict retries allowed when the lock gives no
-    ``max_retries`` (``None``: no limit).
+    """One delivery of a locked task, in the process that runs it. ``max_conflict_retries``:
+    the conflict retries allowed when the lock gives no ``max_retries`` (``None``: no limit).
 
     >>> run = LockedRun(spec, delivery, settings, client, signals, framework)  # doctest: +SKIP
     >>> outcome = run.take()                                                  # doctest: +SKIP
@@ -107,22 +102,17 @@ class LockedRun:
         self.max_conflict_retries = max_conflict_retries
         self.who = f"{framework.word} {spec.name}[{delivery.id}]"
         self.lease: Lease | None = None
-        self.lock: Lock | None = None
         self.taken = 0.0
         self._finish = False  # a finished run is recorded as such when its lease goes
-        self._lock_name: str | None = None
         self._claim_ended = False
 
     # -- names -----------------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def lock_name(self) -> str:
         """The name of the lock this call takes."""
-        if self._lock_name is None:
-            assert self.spec.lock is not None
-            d = self.delivery
-            self._lock_name = self.spec.name_of(self.spec.lock, d.args, d.kwargs)
-        return self._lock_name
+        assert self.spec.lock is not None
+        return self._name_of(self.spec.lock)
 
     def unique_name(self) -> str:
         """The unique key of this call (the lock's name when both are keyed alike)."""
@@ -133,38 +123,29 @@ class LockedRun:
             options.scope,
         ):
             return self.lock_name
-        d = self.delivery
-        return self.spec.name_of(unique.keying, d.args, d.kwargs)
+        return self._name_of(unique.keying)
+
+    def _name_of(self, keying: LockOptions) -> str:
+        return self.spec.name_of(keying, self.delivery.args, self.delivery.kwargs)
 
     # -- taking ----------------------------------------------------------------------------------
 
     def take(self) -> Outcome:
         """Takes what the options ask for, in order: the rate slot, the lease (or a place in the
         line), the give-up of the queued unique claim; returns how the delivery goes on."""
-        unlocked: BaseException | None = None
-        if self.spec.rate is not None:
-            instead = self._rate_slot()
+        unlocked: RunUnlocked | None = None
+        for wanted, step in ((self.spec.rate, self._rate_slot), (self.spec.lock, self._lease)):
+            instead = None if wanted is None else step()
             if isinstance(instead, RunUnlocked):
-                unlocked = instead.error
+                unlocked = instead
             elif instead is not None:
                 return instead
-        if self.spec.lock is not None:
-            instead = self._lease()
-            if isinstance(instead, RunUnlocked):
-                unlocked = instead.error
-            elif instead is not None:
-                return instead
-        unique = self.spec.unique
-        if unique is not None and unique.queued and self.delivery.queued:
-            superseded = self._start_claim()
-            if superseded is not None:
-                return superseded
-        return Held(self.lease) if unlocked is None else RunUnlocked(unlocked)
+        return self._start_claim() or unlocked or Held(self.lease)
 
     def _rate_slot(self) -> Outcome | None:
         options, d, fw = self.spec.rate, self.delivery, self.framework
         assert options is not None
-        name = self.spec.name_of(options.keying, d.args, d.kwargs)
+        name = self._name_of(options.keying)
         try:
             limit = RateLimit(
                 self.client, name, options.reserved, namespace=self.settings.namespace
@@ -175,13 +156,11 @@ class LockedRun:
         except LockBackendError as exc:
             return self._backend_down(name, exc)
         if not slot.granted:
-            self._conflict_signal(name, "rate", [])
-            return self._fail(
-                LockNotAcquired(
-                    f"{self.who}: rate limit {name!r} ({options.rate}) has no start free for "
-                    f"{slot.delay:.1f}s, past max_delay ({options.max_delay}s)",
-                    name=name,
-                )
+            self._conflict_signal(name, "rate")
+            return self._not_acquired(
+                f": rate limit {name!r} ({options.rate}) has no start free for "
+                f"{slot.delay:.1f}s, past max_delay ({options.max_delay}s)",
+                name,
             )
         # A run brought back for its slot came early on purpose: it waits the rest in place.
         in_place = fw.rate_wait_in_place + (fw.rate_back_early if d.rate_came_back else 0.0)
@@ -189,8 +168,14 @@ class LockedRun:
             if slot.delay:
                 time.sleep(slot.delay)
             return None
-        outcomes.rate_full(self.spec.name, d.id, name, options.rate, slot.delay)
-        self._conflict_signal(name, "rate", [])
+        self._say(
+            INFO,
+            ": rate limit %r (%s) is full; it comes back for its slot in %.2fs",
+            name,
+            options.rate,
+            slot.delay,
+        )
+        self._conflict_signal(name, "rate")
         back = slot.delay - fw.rate_back_early
         if fw.whole_seconds:  # (the scheduler looks once a second: back 1 to 2 s early)
             back = float(max(1, math.floor(back)))
@@ -205,9 +190,16 @@ class LockedRun:
         info = {"task_id": d.id, "task": self.spec.name}
         asked = time.monotonic()
         try:
-            lock = self.lock = make_lock(self.settings, self.client, options, name, self.handover)
-            if d.line_ended:
-                return self._line_expired(lock)
+            lock = make_lock(self.settings, self.client, options, name, self.handover)
+            if d.line_ended:  # its wait in line passed max_wait: it fails, not run
+                error = LockNotAcquired(
+                    f"{self.who}: waited in the task line of lock {name!r} longer than max_wait "
+                    f"({options.max_wait:g}s); not run",
+                    name=name,
+                    timeout=options.max_wait,
+                )
+                msg = " not run: it waited in the task line of lock %r longer than max_wait (%gs)"
+                return self._refused(lock, "expired", error, msg, options.max_wait)
             got: Lease | Place
             if d.queued and d.payload is not None and (action == "queue" or d.line_token):
                 # A run that waited in the line goes on through it, whatever its lock says now.
@@ -234,14 +226,12 @@ class LockedRun:
                     job=d.finish_job,
                 )
         except JobFinished:
-            outcomes.dropped(self.spec.name, d.id, name)
+            self._say(INFO, " dropped: a copy of it already ran to its end under lock %r", name)
             self._conflict_signal(name, "drop", [d.id])
             return Finished(name, [d.id])
         except LineFull as exc:
-            holders = self._holders(lock)
-            outcomes.line_full(self.spec.name, d.id, name, exc.parked)
-            self._conflict_signal(name, "full", holders)
-            return self._fail(exc, "full", name, holders)
+            msg = " not run: the task line of lock %r is full (%d parked)"
+            return self._refused(lock, "full", exc, msg, exc.parked)
         except LockNotAcquired as exc:
             if exc.owner_expires_in is not None:  # another delivery of this very task holds it
                 return self._await_first(lock, exc.owner_expires_in)
@@ -250,38 +240,32 @@ class LockedRun:
             return self._backend_down(name, exc)
         if isinstance(got, Place):
             holders = self._holders(lock)
-            outcomes.parked(self.spec.name, d.id, name, got.parked, holders)
+            self._say(
+                INFO,
+                " parked in the task line of lock %r (%d waiting): held by %s",
+                name,
+                got.parked,
+                outcomes.held_by(holders),
+            )
             self._conflict_signal(name, "queue", holders)
             self._keep_claim(options.max_wait + self.settings.line_handover_window)
             return Parked(got, name, holders, options.max_wait)
-        self._held(got, d.line_waited + time.monotonic() - asked)
+        self.lease, self.taken = got, time.monotonic()
+        self._finish = d.finish_job is not None
+        max_hold = options.max_hold if options.max_hold is not None else d.max_hold
+        Heartbeat.current().register(got, on_lost=self._on_lost, max_hold=max_hold)
+        waited = d.line_waited + self.taken - asked
+        self._signal(self.signals.acquired, lock=got.name, lease=got, waited=waited)
         return None
 
-    def _held(self, lease: Lease, waited: float) -> None:
-        options, d = self.spec.lock, self.delivery
-        assert options is not None
-        self.lease = lease
-        self._finish = d.finish_job is not None
-        self.taken = time.monotonic()
-        max_hold = options.max_hold if options.max_hold is not None else d.max_hold
-        Heartbeat.current().register(lease, on_lost=self._on_lost, max_hold=max_hold)
-        acquired = self.signals.acquired
-        if acquired.receivers:  # (no cost without receivers)
-            acquired.send(
-                sender=self.signals.sender,
-                task_id=d.id,
-                lock=lease.name,
-                lease=lease,
-                waited=waited,
-            )
-
     def _on_lost(self, lost: Lease, error: BaseException | None) -> None:
-        outcomes.lease_lost(self.spec.name, self.delivery.id, lost.name, error)
-        lock_lost = self.signals.lost
-        if lock_lost.receivers:
-            lock_lost.send(
-                sender=self.signals.sender, task_id=self.delivery.id, lease=lost, error=error
-            )
+        self._say(
+            ERROR,
+            ": lease on lock %r lost%s; the task goes on without it",
+            lost.name,
+            f" ({error})" if error else "",
+        )
+        self._signal(self.signals.lost, lease=lost, error=error)
 
     # -- not running now ---------------------------------------------------------------------
 
@@ -306,97 +290,79 @@ class LockedRun:
         why = f"lock {lock.name!r} is held by {held_by}"
         self._conflict_signal(lock.name, action, holders)
         if action == "skip":
-            outcomes.skipped(self.spec.name, d.id, lock.name, holders)
+            self._say(INFO, " skipped: %s", why)
             self.end_claim()
             return Skip("skipped", lock.name, holders)
         if action == "retry":
             return self._retry(lock.name, why, "conflict")
-        waited = f" after waiting {options.timeout}s" if action == "wait" else ""
-        return self._fail(
-            LockNotAcquired(
-                f"{self.who}: {why}{waited}",
-                name=lock.name,
-                timeout=options.timeout if action == "wait" else None,
+        if action == "wait":
+            return self._not_acquired(
+                f": {why} after waiting {options.timeout}s", lock.name, options.timeout
             )
-        )
+        return self._not_acquired(f": {why}", lock.name)
 
     def _retry(self, name: str, why: str, cause: Literal["conflict", "backend"]) -> Outcome:
         """Comes back later as the same job, within ``max_retries`` conflict retries."""
-        options, d, fw = self.spec.lock or LockOptions(), self.delivery, self.framework
+        options, d = self.spec.lock or LockOptions(), self.delivery
         conflicts = d.conflicts
+        error: LockNotAcquired | None = None
         if options.count_retries:
             error = LockNotAcquired(f"{self.who}: {why}", name=name)
-            if not fw.own_retries:  # the framework's retry policy decides on the failure
+            if not self.framework.own_retries:  # the framework's retry policy decides
                 return self._fail(error)
-            delay = self._seconds(conflict_delay(options.countdown, conflicts))
-            outcomes.retries(self.spec.name, d.id, delay, why)
-            return RetryAfter(delay, cause, why, conflicts, own=True, error=error)
-        limit = options.max_retries
-        if limit is None:
-            limit = self.max_conflict_retries
-        if limit is not None and conflicts >= limit:
-            return self._fail(
-                LockNotAcquired(
-                    f"{self.who}: gave up after {conflicts} conflict retries: {why}", name=name
+        else:
+            limit = options.max_retries
+            if limit is None:
+                limit = self.max_conflict_retries
+            if limit is not None and conflicts >= limit:
+                return self._not_acquired(
+                    f": gave up after {conflicts} conflict retries: {why}", name
                 )
-            )
-        if not d.queued:
-            return self._fail(LockNotAcquired(f"{self.who} (eager): {why}", name=name))
+            if not d.queued:
+                return self._not_acquired(f" (eager): {why}", name)
         delay = self._seconds(conflict_delay(options.countdown, conflicts))
-        outcomes.retries(self.spec.name, d.id, delay, why)
+        self._say(INFO, " retries in %.1fs: %s", delay, why)
+        if error is not None:
+            return RetryAfter(delay, cause, why, conflicts, own=True, error=error)
         if cause != "backend":  # (with Redis down, the claim could not be kept either)
             self._keep_claim_coming_back(delay)
         return RetryAfter(delay, cause, why, conflicts)
 
     def _await_first(self, lock: Lock, expires_in: float) -> Outcome:
-        """Another delivery of this very task holds the lease (the acquire script said so, in
-        the same step that refused it): it still runs (a visibility timeout, a requeue), or its
-        worker died and the lease has yet to lapse. Which, nobody can tell yet, so this copy is
-        neither run beside it nor dropped: it looks again once that lease may have lapsed (or
-        sooner, as a live holder may finish any moment). Then it is dropped if the first
-        delivery finished, and run if it did not."""
+        """Another delivery of this very task holds the lease: it still runs (a visibility
+        timeout, a requeue), or its worker died and the lease has yet to lapse. Nobody can tell
+        yet, so this copy looks again once that lease may have lapsed (or sooner), then is
+        dropped if the first delivery finished, and run if it did not."""
         d = self.delivery
         if not d.queued:
-            return self._fail(
-                LockNotAcquired(
-                    f"{self.who} (eager): another delivery holds lock {lock.name!r}",
-                    name=lock.name,
-                )
-            )
+            eager = f" (eager): another delivery holds lock {lock.name!r}"
+            return self._not_acquired(eager, lock.name)
         delay = self._seconds(first_delivery_delay(lock.ttl, expires_in, d.waits))
-        outcomes.awaits_first(self.spec.name, d.id, lock.name, delay)
+        self._say(
+            INFO,
+            ": another copy of it holds lock %r (running, or its worker died); this one looks "
+            "again in %.1fs",
+            lock.name,
+            delay,
+        )
         self._keep_claim_coming_back(delay)
         self._conflict_signal(lock.name, "await", [d.id])
         return AwaitFirst(delay, d.waits)
 
-    def _line_expired(self, lock: Lock) -> Outcome:
-        """Its wait in line passed ``max_wait``: it fails, not run."""
-        options, d = self.spec.lock, self.delivery
-        assert options is not None
-        outcomes.line_expired(self.spec.name, d.id, lock.name, options.max_wait)
+    def _refused(
+        self, lock: Lock, mark: str, error: BaseException, msg: str, *args: object
+    ) -> Outcome:
+        """It fails without running, its line place refused or over (logged at WARNING)."""
+        self._say(WARNING, msg, lock.name, *args)
         holders = self._holders(lock)
-        self._conflict_signal(lock.name, "expired", holders)
-        error = LockNotAcquired(
-            f"{self.who}: waited in the task line of lock {lock.name!r} longer than max_wait "
-            f"({options.max_wait:g}s); not run",
-            name=lock.name,
-            timeout=options.max_wait,
-        )
-        return self._fail(error, "expired", lock.name, holders)
+        self._conflict_signal(lock.name, mark, holders)
+        return self._fail(error, mark, lock.name, holders)
 
     def _backend_down(self, name: str, exc: LockBackendError) -> Outcome:
         policy = self.settings.on_backend_error
-        signal = self.signals.backend_error
-        if signal.receivers:
-            signal.send(
-                sender=self.signals.sender,
-                task_id=self.delivery.id,
-                lock=name,
-                error=exc,
-                policy=policy,
-            )
+        self._signal(self.signals.backend_error, lock=name, error=exc, policy=policy)
         if policy == "run":
-            outcomes.runs_unlocked(self.spec.name, self.delivery.id, name, exc)
+            self._say(ERROR, " runs WITHOUT lock %r: Redis failed: %s", name, exc)
             return RunUnlocked(exc)
         if policy == "retry":
             return self._retry(name, f"Redis for lock {name!r} failed: {exc}", "backend")
@@ -408,22 +374,25 @@ class LockedRun:
         self.end_claim()  # the job is over
         return Fail(error, mark, lock, list(holders))
 
+    def _not_acquired(self, why: str, name: str, timeout: float | None = None) -> Fail:
+        return self._fail(LockNotAcquired(f"{self.who}{why}", name=name, timeout=timeout))
+
     def _holders(self, lock: Lock) -> list[str]:
         try:
             return [str(h.info.get("task_id", h.token)) for h in lock.holders()]
         except LockBackendError:
             return []
 
-    def _conflict_signal(self, name: str, action: str, holders: list[str]) -> None:
-        signal = self.signals.conflict
-        if signal.receivers:
-            signal.send(
-                sender=self.signals.sender,
-                task_id=self.delivery.id,
-                lock=name,
-                action=action,
-                holders=holders,
-            )
+    def _say(self, level: int, words: str, *args: object) -> None:
+        """Logs how this run goes on, worded alike for every framework."""
+        outcomes.log.log(level, "task %s[%s]" + words, self.spec.name, self.delivery.id, *args)
+
+    def _signal(self, signal: SignalLike, **named: Any) -> None:
+        if signal.receivers:  # (no cost without receivers)
+            signal.send(sender=self.signals.sender, task_id=self.delivery.id, **named)
+
+    def _conflict_signal(self, name: str, action: str, holders: Sequence[str] = ()) -> None:
+        self._signal(self.signals.conflict, lock=name, action=action, holders=list(holders))
 
     def _seconds(self, delay: float) -> float:
         return float(max(1, round(delay))) if self.framework.whole_seconds else delay
@@ -435,7 +404,9 @@ class LockedRun:
         so a job unique until finished is never free in between: a producer sees it queued,
         then running). A copy replaced meanwhile (its revoke may be on its way, or lost), or
         that outlived its claim while a newer copy was queued, does not run: the newer does."""
-        d = self.delivery
+        unique, d = self.spec.unique, self.delivery
+        if unique is None or not unique.queued or not d.queued:
+            return None
         name = self.unique_name()
         try:
             holder = release_claim(self.client, self.settings.namespace, name, d.id)
@@ -445,7 +416,7 @@ class LockedRun:
         if holder is None or d.republished:
             return None  # a retry runs even though a newer copy was queued after it started
         self.release(finished=False)
-        outcomes.superseded(self.spec.name, d.id, holder, name)
+        self._say(INFO, " skipped: superseded by %s under unique key %r", holder, name)
         self._conflict_signal(name, "superseded", [holder])
         return Skip("superseded", name, [holder])
 
@@ -498,26 +469,15 @@ class LockedRun:
         """Gives the lease back (if held); for a run that ended for good (``finished``) with a
         finish record to make, records it in the same step, so a copy delivered again finds
         either the lease or the record, never neither. Sends ``lock_released``. Never raises."""
-        d = self.delivery
-        record, self._finish = self._finish, False
-        job = d.finish_job if finished and record else None
-        keep = self.settings.completion_ttl if job is not None else None
+        record, self._finish = self._finish, False  # (only a run holding its lease records)
         lease, self.lease = self.lease, None
         if lease is None:
-            if job is not None and self.lock is not None:
-                try:
-                    self.lock.finish_job(job, keep=self.settings.completion_ttl)
-                except LockBackendError as exc:
-                    log.warning(
-                        "%s: could not record that it finished (a redelivery of its message "
-                        "would run it again): %s",
-                        self.who,
-                        exc,
-                    )
             return
         Heartbeat.current().unregister(lease)
         if lease.released:
             return
+        job = self.delivery.finish_job if finished and record else None
+        keep = self.settings.completion_ttl if job is not None else None
         try:
             lease.release(finish_job=job, keep=keep)
         except LockBackendError as exc:
@@ -529,12 +489,5 @@ class LockedRun:
         except Exception:  # never mask how the task itself ended
             log.exception("lock %r: release failed, the lease lapses within its ttl", lease.name)
         else:
-            released = self.signals.released
-            if released.receivers:
-                released.send(
-                    sender=self.signals.sender,
-                    task_id=d.id,
-                    lock=lease.name,
-                    lease=lease,
-                    held=time.monotonic() - self.taken,
-                )
+            held = time.monotonic() - self.taken
+            self._signal(self.signals.released, lock=lease.name, lease=lease, held=held)

@@ -102,13 +102,9 @@ def send_unique(
         return Sent(publish())
     name = spec.name_of(unique.keying, *call)
     action = unique.on_duplicate or settings.on_duplicate
-    kind = (
-        ClaimKind.REPUBLISH
-        if republish
-        else ClaimKind.REPLACE
-        if action == "replace"
-        else ClaimKind.NEW
-    )
+    kind = ClaimKind.REPLACE if action == "replace" else ClaimKind.NEW
+    if republish:
+        kind = ClaimKind.REPUBLISH
     what = f"{by.word} {spec.name}[{call_id}]"
     try:
         found, result = publish_claimed(

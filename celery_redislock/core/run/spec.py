@@ -44,17 +44,15 @@ class Spec:
     @classmethod
     def from_json(cls, task: str, text: str | bytes) -> Spec | None:
         raw = json.loads(text)
-        if raw.get("lifecycle") not in LIFECYCLES or raw.get("on_duplicate") not in (
-            None,
-            *ON_DUPLICATE,
-        ):
+        on_duplicate = raw.get("on_duplicate")
+        if raw.get("lifecycle") not in LIFECYCLES or on_duplicate not in (None, *ON_DUPLICATE):
             return None  # written by another version: do not guess
         key = raw.get("key")
         signature = _signature(raw.get("params"))
         unique = UniqueOptions(
             lifecycle=raw["lifecycle"],
             keying=LockOptions(key=key if isinstance(key, str) else None, scope=raw["scope"]),
-            on_duplicate=raw.get("on_duplicate"),
+            on_duplicate=on_duplicate,
             allowance=raw.get("allowance"),
         )
         derivable = not isinstance(key, dict) and raw.get("params") is not None

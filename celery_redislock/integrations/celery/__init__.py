@@ -1,9 +1,5 @@
-"""The Celery integration: the task base class that reads ``lock=`` and ``unique=``, its
-settings, the worker parent's release of a dead child's lease, signals and helpers.
-
-Its ``__all__`` is the public Celery API: the entry points (also exported by the top-level
-package), the ``Request`` base class a custom request class must derive from, and the Celery
-signals (RQ's same-named signals are in :mod:`celery_redislock.integrations.rq`).
+"""The Celery integration; its ``__all__`` is the public Celery API (also exported by the
+top-level package), with the ``Request`` base a custom request class must derive from.
 
 >>> from celery import Celery                                  # doctest: +SKIP
 >>> from celery_redislock.integrations.celery import install   # doctest: +SKIP

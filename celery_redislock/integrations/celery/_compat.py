@@ -1,8 +1,5 @@
-"""Every use of Celery internals, in one place, each with the versions it was checked on.
-
-Checked on Celery 5.3.6 (the lowest supported, tested in CI) and 5.7.0 (the newest at the time
-of writing, tested in CI). A Celery upgrade that breaks one of these breaks a test named here.
-"""
+"""Every use of Celery internals, in one place, each checked on Celery 5.3.6 (the lowest
+supported) to 5.7.0 (both tested in CI): an upgrade that breaks one breaks the test named here."""
 
 from __future__ import annotations
 
@@ -23,40 +20,33 @@ __all__ = [
     "wrap_revoke_command",
 ]
 
-# Our task base named as a string in `task_cls`: Celery resolves it lazily with
-# symbol_by_name, so a string that names it ("celery_redislock:LockedTask", or a user's
-# subclass "proj.base:LockedTask") is all we can see before the app builds its Task.
-_LOCKED_TASK_SUFFIX = ":LockedTask"
-
 SettingLookups = dict[str, tuple[str, ...]]
 
 
 def names_locked_task(task_cls: object) -> bool:
-    """Whether an app's ``task_cls`` setting is a string that names a LockedTask class.
-    (tests/test_celery_options.py: test_a_worker_with_good_settings_starts)"""
-    return isinstance(task_cls, str) and task_cls.endswith(_LOCKED_TASK_SUFFIX)
+    """Whether an app's ``task_cls`` is a string naming a LockedTask class (Celery resolves it
+    lazily: "proj.base:LockedTask" is all we see before the app builds its Task).
+    (tests/celery/test_celery_options.py)"""
+    return isinstance(task_cls, str) and task_cls.endswith(":LockedTask")
 
 
 def forget_task_base(app: Any) -> None:
-    """Drops the app's cached task base class (``app.Task`` is a cached property, kept in the
-    instance ``__dict__`` in 5.3 to 5.7), so that a new ``task_cls`` takes effect for tasks
-    made after this. (tests/test_celery_options.py: install on an app already used)"""
+    """Drops the app's cached task base (``app.Task``, a cached property in the instance
+    ``__dict__``), so that a new ``task_cls`` takes effect. (tests/celery/test_celery_options.py)"""
     app.__dict__.pop("Task", None)
 
 
 def is_test_worker(worker: object) -> bool:
-    """Whether ``worker`` was started by ``celery.contrib.testing.worker.start_worker`` (the
-    class is made there, named TestWorkController in 5.3 to 5.7). Such a worker runs inside a
-    test process whose tests may go on changing ``app.conf``.
-    (tests/test_testing_plugin.py: the in-process worker tests)"""
+    """Whether ``worker`` was started by ``celery.contrib.testing.worker.start_worker`` (its
+    class TestWorkController), in a test process whose tests may go on changing ``app.conf``.
+    (tests/contrib/test_testing_plugin.py)"""
     return type(worker).__name__ == "TestWorkController"
 
 
 def held_request(state: Any, task_id: str) -> Any:
     """The request of a message this worker holds: reserved (``worker_state.requests``), or
-    waiting for its ETA (kept on the consumer's timer as an entry whose last item is a
-    callable partial over the request; Celery 5.7 also lists those in
-    ``scheduled_requests``). (tests/test_celery_unique.py: the revoke tests)"""
+    waiting for its ETA (on the consumer's timer, an entry whose last item is a partial over
+    the request). (tests/celery/test_celery_unique.py: the revoke tests)"""
     request = worker_state.requests.get(task_id)
     if request is not None:
         return request
@@ -71,7 +61,7 @@ def held_request(state: Any, task_id: str) -> Any:
 def wrap_revoke_command(after: Callable[[Any, str], None]) -> None:
     """Replaces the worker's ``revoke`` remote control command (``control.Panel.data``) with
     one that runs Celery's, then ``after(state, task_id)`` for each id. Idempotent.
-    (tests/test_celery_unique.py: test_revoke_of_a_message_still_in_the_broker_...)"""
+    (tests/celery/test_celery_unique.py: the revoke tests)"""
     revoke = control.Panel.data.get("revoke")
     if revoke is None or getattr(revoke, "_redislock", False):
         return
@@ -99,11 +89,10 @@ class _Probe:
 
 
 def setting_lookups(conf: Any, names: Iterable[str]) -> SettingLookups | None:
-    """Setting name -> the keys Celery's lookup (``app.conf.get``) reads for it, in its order:
-    the app's namespace prefix applied (a Django project's ``CELERY_REDISLOCK_TTL``) and old
-    names. ``None`` if ``conf`` is not what this expects: Celery's ``Settings``, a
-    ChainMap-like view whose ``copy()`` keeps the prefix rules and whose ``maps`` list can be
-    swapped (5.3 to 5.7). (tests/test_settings_namespace.py)"""
+    """Setting name -> the keys ``app.conf.get`` reads for it, in order (the namespace prefix
+    applied, old names). ``None`` unless ``conf`` is Celery's ChainMap-like ``Settings``, whose
+    ``copy()`` keeps the prefix rules and whose ``maps`` can be swapped.
+    (tests/celery/test_settings_namespace.py)"""
     try:
         view = conf.copy()  # the same prefix and old-name rules, over a probe instead of maps
         probe = _Probe()

@@ -1,6 +1,5 @@
-"""``celery -A proj redislock ...``: the operator commands (see :mod:`celery_redislock.cli`) on
-the Redis and namespace of the app's lock settings. Registered through Celery's
-``celery.commands`` entry point, so Celery's own ``-A``/``--config`` pick the app.
+"""``celery -A proj redislock ...`` (a ``celery.commands`` entry point): the operator commands of
+:mod:`celery_redislock.cli` on the Redis and namespace of the app's lock settings.
 
 >>> # celery -A proj redislock show sync:42          # doctest: +SKIP
 """

@@ -1,12 +1,7 @@
-"""The guard against a forgotten ``install(app)``: Celery accepts unknown task options, so an
-app that never made :class:`LockedTask` its task class declares ``lock=``, ``unique=`` and
-``rate=`` without complaint, and its worker would run those tasks with no lock at all. Such a
-worker refuses to start instead, naming the tasks and the fix.
-
-The receiver is connected when Celery loads the ``celery redislock`` command (the
-``celery.commands`` entry point, loaded by every ``celery`` command), so it guards every worker
-started with ``celery worker`` or ``app.worker_main()`` whether ``install()`` ran or not.
-"""
+"""The guard against a forgotten ``install(app)``: Celery accepts unknown task options, so such an
+app's worker would run tasks declaring ``lock=``, ``unique=`` or ``rate=`` with no lock at all. It
+refuses to start instead. The receiver is connected when Celery loads the ``celery redislock``
+command (an entry point every ``celery`` command loads): it guards every worker."""
 
 from __future__ import annotations
 
@@ -32,8 +27,7 @@ _PARSERS: dict[str, Any] = {
 
 
 def _declares(name: str, option: str, value: object) -> bool:
-    """Whether ``value`` reads as our ``option`` (an unrelated class attribute of that name, a
-    threading lock say, does not)."""
+    """Whether ``value`` reads as our ``option`` (not so an unrelated attribute: a lock, say)."""
     if value is None or value is False or callable(getattr(value, "acquire", None)):
         return False
     try:

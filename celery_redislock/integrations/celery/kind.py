@@ -22,21 +22,15 @@ __all__ = [
     "is_locked_task",
 ]
 
-# Message header counting conflict retries (kept apart from the task's own ``retries``); such a
-# re-publish is the same job.
+# Headers of the same job published again: the conflict retries it had (kept apart from the
+# task's own ``retries``); the line hand-over it claims, and whether its wait ended; when it
+# first joined a line (time.time()); the request id holding its reserved rate slot; how often a
+# delivery finding another delivery of the task holding its lease waited to learn its end.
 CONFLICTS_HEADER = "redislock_conflicts"
-# Message header of a task published again from its lock's task line (the same job; the
-# token of the hand-over it claims).
 LINE_HEADER = "redislock_line"
-# Set on a parked task published because its wait deadline passed: it ends, it does not run.
 LINE_EXPIRED_HEADER = "redislock_line_expired"
-# When the task first joined a line (time.time()), for the seconds it waited.
 LINE_SINCE_HEADER = "redislock_line_since"
-# Message header of a task published again to start at its reserved slot of a rate limit (the
-# same job; the request id that holds the slot).
 RATE_HEADER = "redislock_rate"
-# Message header counting re-publishes of a delivery that found another delivery of the same
-# task holding its lease (it waits to learn whether that one finished); the same job too.
 REDELIVERY_HEADER = "redislock_redelivered"
 
 
@@ -50,6 +44,12 @@ class LockAware:
     rate_options: ClassVar[RateOptions | None] = None
     """``rate=`` as parsed: a fleet-wide rate limit on the task's starts."""
     call_signature: ClassVar[inspect.Signature | None] = None
+
+    @classmethod
+    def declares(cls) -> bool:
+        """Whether the task declares ``lock=``, ``unique=`` or ``rate=``."""
+        return (cls.lock_options, cls.unique_options, cls.rate_options) != (None, None, None)
+
     # What the modules below the task class read of a task (Celery's Task has them; declared
     # here for the type checker only, so that nothing below imports the task class).
     if TYPE_CHECKING:

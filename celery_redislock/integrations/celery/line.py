@@ -18,7 +18,7 @@ def uses_line(app: Celery) -> bool:
     """Whether any of the app's tasks may park (so its workers sweep)."""
     default = settings_for(app).on_conflict
     for task in list(app.tasks.values()):
-        options = getattr(task, "lock_options", None) if is_locked_task(task) else None
+        options = task.lock_options if is_locked_task(task) else None
         if options is not None and (options.on_conflict or default) == "queue":
             return True
     return False
@@ -36,13 +36,9 @@ def start_sweeping(sender: object = None, **_: object) -> None:
     settings = settings_for(app)
     if settings.disabled:
         return
-    sweeper = LineSweeper(
-        client_for(app, settings),  # made here, not in the thread (fork safety)
-        settings.namespace,
-        handover_for(app),
-        settings.line_sweep_interval,
-        settings.line_handover_window,
-    )
+    client = client_for(app, settings)  # made here, not in the thread (fork safety)
+    interval, window = settings.line_sweep_interval, settings.line_handover_window
+    sweeper = LineSweeper(client, settings.namespace, handover_for(app), interval, window)
     sweeper.start()
     _sweepers.append(sweeper)
 

@@ -23,16 +23,21 @@ log = logging.getLogger(__name__)
 _CHILD_DEATHS = (Terminated, TimeLimitExceeded, WorkerLostError, SystemExit, KeyboardInterrupt)
 
 
-_watch = ChildWatch()
-_prepared: weakref.WeakSet[Any] = weakref.WeakSet()  # apps whose lock client exists here
+class _Parent:
+    """What this worker's parent process keeps: its child watch, and the apps whose lock
+    client exists here (made before the watch thread needs it: fork safety)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.watch = ChildWatch()
+        self.prepared: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _reset_after_fork() -> None:
-    global _watch
-    _watch = ChildWatch()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+_PARENT = _Parent()
+# A forked process (a pool child) is no parent of the children it did not fork.
+os.register_at_fork(after_in_child=_PARENT.reset)
 
 
 def watched_tasks() -> list[str]:
@@ -42,7 +47,7 @@ def watched_tasks() -> list[str]:
     >>> watched_tasks()  # in a process that runs no pool
     []
     """
-    return _watch.watching()
+    return _PARENT.watch.watching()
 
 
 class LockRequest(Request):  # type: ignore[misc]
@@ -53,17 +58,19 @@ class LockRequest(Request):  # type: ignore[misc]
     Subclass it (and set ``Request`` on your task class) if you need a request class of your own.
     """
 
-    # Set (in the main thread) once Celery reports the child dead or being killed: the watch
-    # then keeps the request until the child is gone, though Celery has finished with it.
+    # Set once Celery reports the child dead or being killed: the watch then keeps the request
+    # until the child is gone, though Celery has finished with it.
     child_dying = False
 
     def on_accepted(self, pid: int, time_accepted: float) -> None:
         super().on_accepted(pid, time_accepted)
         if getattr(self.task, "lock_options", None) is not None and pid != os.getpid():
-            if self.task.app not in _prepared:
+            if self.task.app not in _PARENT.prepared:
                 client_for(self.task.app)  # made here, not in the watch thread (fork safety)
-                _prepared.add(self.task.app)
-            _watch.watch(self.id, pid, self)  # (solo and threads pools have no child to watch)
+                _PARENT.prepared.add(self.task.app)
+            _PARENT.watch.watch(
+                self.id, pid, self
+            )  # (solo and threads pools have no child to watch)
 
     def terminate(self, pool: Any, signal: Any = None) -> None:
         # revoke(terminate=True): Celery counts the task done at once, before the child is

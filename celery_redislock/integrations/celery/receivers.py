@@ -44,11 +44,9 @@ LOCK_REQUEST = "celery_redislock.integrations.celery.parent:LockRequest"
 
 
 def check_request_class(name: str, request: Any, *, final: bool) -> None:
-    """Raises :class:`LockConfigError` if ``request``, the ``Request`` class of the task
-    ``name`` that declares a lock, does not derive from :class:`LockRequest`: the worker's
-    parent would then never release the lease of a killed child (it would lapse only after
-    ``ttl``). A class named by a string that cannot be imported yet (its module still being
-    imported) is checked when the worker starts (``final=True``)."""
+    """Raises :class:`LockConfigError` if ``request``, the ``Request`` class of the locked task
+    ``name``, does not derive from :class:`LockRequest` (no parent-side release of a killed
+    child's lease). A class named by a string not importable yet is checked at ``final=True``."""
     if request == LOCK_REQUEST:
         return
     if isinstance(request, str):
@@ -68,21 +66,20 @@ def check_request_class(name: str, request: Any, *, final: bool) -> None:
         )
 
 
-_connected = False
+_connected = threading.Event()
 _connecting = threading.Lock()
 
 
 def connect_receivers() -> None:
     """Connects every receiver (idempotent; cheap after the first call)."""
-    global _connected
-    if _connected:
+    if _connected.is_set():
         return
     with _connecting:
-        if _connected:
+        if _connected.is_set():
             return
         for signal, receiver in (
             (task_postrun, _release_after_run),
-            (worker_process_shutdown, _release_at_shutdown),
+            (worker_process_shutdown, release_all_held),
             (worker_init, _freeze_settings),
             (worker_init, _check_at_worker_start),
             (celeryd_after_setup, _check_lock_redis),
@@ -95,22 +92,17 @@ def connect_receivers() -> None:
         ):
             uid = f"celery_redislock.{receiver.__name__}"
             signal.connect(receiver, weak=False, dispatch_uid=uid)
-        _connected = True
+        _connected.set()
 
 
 def _release_after_run(
     sender: Any = None, task_id: Any = None, args: Any = (), kwargs: Any = None, **info: Any
 ) -> None:
-    # Normally released already (__call__); this covers a run whose body never started, and
-    # an acks_late delivery, released here with the record that it finished.
-    # task_postrun fires for every ending, RETRY, IGNORED and REJECTED included (after_return
-    # does not), in the process that ran the task, while its request is still current.
+    # Released here: a run whose body never started, and an acks_late delivery (with its finish
+    # record). task_postrun fires for every ending, RETRY, IGNORED and REJECTED included
+    # (after_return does not), where the task ran, while its request is still current.
     if is_locked_task(sender):
         end_run(sender, task_id, args, kwargs or {}, info.get("state"))
-
-
-def _release_at_shutdown(**_: Any) -> None:
-    release_all_held()
 
 
 def _freeze_settings(sender: Any = None, **_: Any) -> None:
@@ -132,15 +124,19 @@ def check_tasks(app: Celery) -> None:
             check_request_class(task.name, task.Request, final=True)
 
 
-def _uses_locks(app: Celery) -> bool:
-    """Whether ``app`` is one of ours: installed, or its task base (or a task) is a LockedTask."""
+def _locked_base(app: Celery) -> bool:
+    """Whether ``app`` is installed, or its task base is a LockedTask."""
     task_cls = getattr(app, "task_cls", None)
     return (
         getattr(app, "_redislock_installed", False)
         or (isinstance(task_cls, type) and issubclass(task_cls, LockAware))
         or names_locked_task(task_cls)
-        or any(is_locked_task(task) for task in app.tasks.values())
     )
+
+
+def _uses_locks(app: Celery) -> bool:
+    """Whether ``app`` is one of ours: a locked task base, or a locked task."""
+    return _locked_base(app) or any(is_locked_task(task) for task in app.tasks.values())
 
 
 def check_worker_app(app: Celery) -> None:
@@ -150,15 +146,7 @@ def check_worker_app(app: Celery) -> None:
     check_tasks(app)
     if not _uses_locks(app):
         return
-    needs_redis = any(
-        is_locked_task(task)
-        and (
-            task.lock_options is not None
-            or task.unique_options is not None
-            or task.rate_options is not None
-        )
-        for task in app.tasks.values()
-    )
+    needs_redis = any(is_locked_task(task) and task.declares() for task in app.tasks.values())
     for warning in check_app(app, needs_redis=needs_redis):
         log.warning("%s", warning)
     if settings.settings_for(app).redlock_urls and uses_line(app):
@@ -182,8 +170,8 @@ def _check_at_worker_start(sender: Any = None, **_: Any) -> None:
 
 
 def _check_lock_redis(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    # celeryd_after_setup: in the worker's main process, once its logging is set up (it is
-    # not yet at worker_init, where an INFO line went nowhere) and before its pool starts.
+    # celeryd_after_setup: in the main process, once its logging is set up (not yet at
+    # worker_init) and before its pool starts.
     app = getattr(instance, "app", None)
     if not isinstance(app, Celery) or not _uses_locks(app):
         return
@@ -205,17 +193,10 @@ def _check_lock_redis(sender: Any = None, instance: Any = None, **_: Any) -> Non
         client, policy=conf.on_backend_error, setting="redislock_on_backend_error", also=also
     )
     if answered:
-        # Producers that cannot import a unique task (beat, services sending by name) read
-        # its options from Redis: publish them.
-        publish_specs(app)
+        publish_specs(app)  # for producers that cannot import a unique task (beat)
 
 
 def _beat_publishes_unique(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    task_cls = getattr(app, "task_cls", None)
-    if isinstance(app, Celery) and (
-        getattr(app, "_redislock_installed", False)
-        or (isinstance(task_cls, type) and issubclass(task_cls, LockAware))
-        or names_locked_task(task_cls)
-    ):
+    if isinstance(app, Celery) and _locked_base(app):
         wrap_send_task(app)

@@ -34,10 +34,6 @@ def spec_of(task: LockAware) -> Spec | None:
     return Spec(task.name, unique, task.call_signature, expires)
 
 
-# -- the registry: what the workers know of their unique tasks, for producers that cannot
-#    import them (beat or a service sending by name) ---------------------------------------------
-
-
 def publish_specs(app: Celery) -> None:
     """Writes the app's unique tasks to Redis (run as a worker starts)."""
     specs = {
@@ -54,36 +50,31 @@ def publish_specs(app: Celery) -> None:
         log.warning("could not publish unique task specs to Redis: %s", exc)
 
 
-class _Registry:
-    """Per app: task name -> (read at, spec or None), read from Redis on first use."""
-
-    def __init__(self) -> None:
-        self.cache: weakref.WeakKeyDictionary[Celery, dict[str, tuple[float, Spec | None]]] = (
-            weakref.WeakKeyDictionary()
-        )
-        self.guard = threading.Lock()
-
-    def lookup(self, app: Celery, name: str, settings: Settings) -> Spec | None:
-        now = time.monotonic()
-        with self.guard:
-            hit = self.cache.setdefault(app, {}).get(name)
-        if hit is not None and now - hit[0] < _REGISTRY_CACHE_S:
-            return hit[1]
-        try:
-            raw = client_for(app, settings).hget(registry_key(settings.namespace), name)
-        except Exception as exc:
-            if settings.url is None and settings.client_factory is None:
-                return None  # no Redis for locks at all: nothing can be unique here
-            raise LockBackendError(
-                f"task {name!r}: could not read whether it is unique: {exc}", name=None
-            ) from exc
-        spec = Spec.from_json(name, raw) if raw else None
-        with self.guard:
-            self.cache[app][name] = (now, spec)
-        return spec
+# Per app: task name -> (read at, spec or None), read from Redis on first use.
+_cache: weakref.WeakKeyDictionary[Celery, dict[str, tuple[float, Spec | None]]] = (
+    weakref.WeakKeyDictionary()
+)
+_guard = threading.Lock()
 
 
-_registry = _Registry()
+def _lookup(app: Celery, name: str, settings: Settings) -> Spec | None:
+    now = time.monotonic()
+    with _guard:
+        hit = _cache.setdefault(app, {}).get(name)
+    if hit is not None and now - hit[0] < _REGISTRY_CACHE_S:
+        return hit[1]
+    try:
+        raw = client_for(app, settings).hget(registry_key(settings.namespace), name)
+    except Exception as exc:
+        if settings.url is None and settings.client_factory is None:
+            return None  # no Redis for locks at all: nothing can be unique here
+        raise LockBackendError(
+            f"task {name!r}: could not read whether it is unique: {exc}", name=None
+        ) from exc
+    spec = Spec.from_json(name, raw) if raw else None
+    with _guard:
+        _cache[app][name] = (now, spec)
+    return spec
 
 
 def spec_for(app: Celery, name: str) -> Spec | None:
@@ -95,7 +86,7 @@ def spec_for(app: Celery, name: str) -> Spec | None:
         return None
     settings = settings_for(app)
     try:
-        return _registry.lookup(app, name, settings)
+        return _lookup(app, name, settings)
     except LockBackendError as exc:
         if settings.on_backend_error != "run":
             raise

@@ -1,9 +1,8 @@
-"""A locked task in the process that runs it: the facts of the delivery in (its request and
-headers), the core's :class:`~celery_redislock.core.run.LockedRun` takes what the options ask
-for in ``before_start`` (where Celery honours ``Ignore``, ``Retry`` and ``Reject``), and its
-outcome out as Celery's answer. The lease goes back as the body ends (an ``acks_late`` or line
-delivery: once its result is stored, with the record that it finished), at a retry, and at the
-process's shutdown. Also ``lock_for``, and how a parked task is published again."""
+"""A locked task in the process that runs it: the facts of the delivery in (request, headers),
+the core's :class:`~celery_redislock.core.run.LockedRun` decides in ``before_start`` (where
+Celery honours ``Ignore``, ``Retry`` and ``Reject``), its outcome out as Celery's answer. The
+lease goes back as the body ends (``acks_late`` or line delivery: after its result is stored,
+with the finish record), at a retry, and at shutdown. Also ``lock_for``; the line's re-publish."""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ from celery import Celery
 from celery.exceptions import Ignore, Reject, Retry
 from kombu.utils.json import dumps, loads
 
-from ...core.lease import Lease
 from ...core.line import Handed, Handover
 from ...core.lock import Lock
 from ...core.run import (
@@ -52,7 +50,6 @@ from .settings import client_for, settings_for
 from .signals import lock_acquired, lock_backend_error, lock_conflict, lock_lost, lock_released
 
 __all__ = [
-    "HELD",
     "SKIPPED",
     "current_run",
     "end_claim",
@@ -108,9 +105,6 @@ _handovers: weakref.WeakKeyDictionary[Celery, Handover] = weakref.WeakKeyDiction
 
 def handover_for(app: Celery) -> Handover:
     """Publishes a parked task of ``app`` again (one function per app)."""
-    found = _handovers.get(app)
-    if found is not None:
-        return found
 
     def publish(handed: Handed) -> None:
         signature = app.signature(loads(handed.payload))  # type: ignore[no-untyped-call]
@@ -120,8 +114,7 @@ def handover_for(app: Celery) -> Handover:
         else:
             signature.apply_async()
 
-    _handovers[app] = publish
-    return publish
+    return _handovers.setdefault(app, publish)
 
 
 def _payload(task: LockAware, token: str) -> str:
@@ -190,8 +183,8 @@ def start(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:
     outcome = run.take()
     if isinstance(outcome, Held | RunUnlocked):
         if run.lease is not None:
-            with HELD.guard:
-                HELD.runs.add(run)
+            with _HELD.guard:
+                _HELD.runs.add(run)
         return
     _answer(task, run, outcome)
 
@@ -240,27 +233,19 @@ def _store_skipped(task: LockAware, task_id: str, name: str, holders: list[str])
 
 
 class _Held:
-    """The runs holding a lease in this process now, for release at process shutdown."""
+    """The runs holding a lease in this process now, released at process shutdown."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.runs: set[LockedRun] = set()
         self.guard = threading.Lock()
 
-    def drain(self) -> list[LockedRun]:
-        with self.guard:
-            out, self.runs = list(self.runs), set()
-            return out
 
-
-HELD = _Held()
-
-
-def _reset_after_fork() -> None:
-    # The parent's leases are the parent's; a forked child holds none yet.
-    HELD.__init__()  # type: ignore[misc]
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+_HELD = _Held()
+# The parent's leases are the parent's; a forked child holds none yet (nor the guard).
+os.register_at_fork(after_in_child=_HELD.reset)
 
 
 def current_run(task: LockAware) -> LockedRun | None:
@@ -269,14 +254,9 @@ def current_run(task: LockAware) -> LockedRun | None:
     return run if isinstance(run, LockedRun) else None
 
 
-def held_lease(task: LockAware) -> Lease | None:
-    run = current_run(task)
-    return run.lease if run is not None else None
-
-
 def _release(run: LockedRun, finished: bool) -> None:
-    with HELD.guard:
-        HELD.runs.discard(run)
+    with _HELD.guard:
+        _HELD.runs.discard(run)
     run.release(finished)
 
 
@@ -301,9 +281,8 @@ def release_for_retry(task: LockAware) -> None:
 
 def end_run(task: LockAware, task_id: str, args: Any, kwargs: Any, state: str | None) -> None:
     """``task_postrun`` (the result is stored): gives the lease back if still held, with the
-    record that the job finished if it ended for good (a retry, whose message carries the job
-    on, or a requeued rejection is not an end); a job that failed gives up its queued claim.
-    Never raises."""
+    finish record if the job ended for good (not at a retry or a requeued rejection); a job
+    that failed gives up its queued claim. Never raises."""
     run = current_run(task)
     setattr(task.request, _ATTR, None)
     if run is not None:
@@ -316,9 +295,12 @@ def end_run(task: LockAware, task_id: str, args: Any, kwargs: Any, state: str | 
             end_claim(task, task_id, args, kwargs)
 
 
-def release_all_held() -> None:
-    """Releases every lease this process's tasks hold (worker process shutdown)."""
-    for run in HELD.drain():
+def release_all_held(**_: Any) -> None:
+    """Releases every lease this process's tasks hold (``worker_process_shutdown``)."""
+    with _HELD.guard:
+        runs = list(_HELD.runs)
+        _HELD.runs.clear()
+    for run in runs:
         run.release(False)
 
 

@@ -1,9 +1,6 @@
-"""Celery's source of the lock settings: ``app.conf`` (all named ``redislock_*``, the app's
-namespace prefix applied) read into the core :class:`~celery_redislock.core.settings.Settings`,
-the Redis client they give, and the checks a worker runs as it starts.
-
-What this module keeps for an app (its settings as last read, what they were read from, which
-keys Celery reads for each) lives on one :class:`_AppState` per app."""
+"""Celery's source of the lock settings: ``app.conf`` (``redislock_*``, the app's namespace prefix
+applied) read into the core :class:`~celery_redislock.core.settings.Settings`, the Redis client
+they give, and the checks a worker runs as it starts."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ import redis
 from celery import Celery
 from redis.exceptions import RedisClusterException
 
-from ...core.clients import CLIENTS
+from ...core.client_cache import CLIENTS
 from ...core.lease import RedisClient
 from ...core.settings import (
     BACKEND_POLICIES,
@@ -54,8 +51,6 @@ _READ_KEYS = (
 )
 # Every setting this package reads: another name with the prefix is most likely a typo.
 KNOWN_SETTINGS = frozenset(name for name in _READ_KEYS if name.startswith("redislock_"))
-# app.conf.broker_url reads this first (Celery's Settings.broker_url).
-_BROKER_URL_ENV = "CELERY_BROKER_URL"
 _MISSING = object()
 
 
@@ -74,7 +69,8 @@ def _read(app: Celery) -> Settings:
 
 
 class _AppState:
-    """What this module keeps for one app."""
+    """What this module keeps for one app: its settings as last read, what they were read
+    from, which keys Celery reads for each."""
 
     __slots__ = ("lookups", "seen", "settings")
 
@@ -87,24 +83,25 @@ class _AppState:
 
 
 class _Apps:
-    """Each app's :class:`_AppState`, and whether configuration is final: in a worker it is
-    once it has started, and settings are then read once per app (reading app.conf costs more
-    than the rest of taking a lock, Redis aside)."""
+    """Each app's :class:`_AppState`; and whether configuration is final: in a worker it is once
+    it has started, and settings are then read once per app (reading app.conf costs more than
+    the rest of taking a lock, Redis aside)."""
 
     def __init__(self) -> None:
         self.frozen = False
-        self._states: weakref.WeakKeyDictionary[Celery, _AppState] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-
-    def of(self, app: Celery) -> _AppState:
-        state = self._states.get(app)
-        if state is None:
-            with self._lock:
-                state = self._states.setdefault(app, _AppState())
-        return state
+        self.states: weakref.WeakKeyDictionary[Celery, _AppState] = weakref.WeakKeyDictionary()
+        self.lock = threading.Lock()
 
 
 _APPS = _Apps()
+
+
+def _state(app: Celery) -> _AppState:
+    state = _APPS.states.get(app)
+    if state is None:
+        with _APPS.lock:
+            state = _APPS.states.setdefault(app, _AppState())
+    return state
 
 
 def freeze() -> None:
@@ -112,19 +109,17 @@ def freeze() -> None:
     _APPS.frozen = True
 
 
-# Outside a worker, settings may change at any time (tests, scripts): they are read again
-# whenever a value behind them changed. Reading them all through app.conf to see that would
-# cost every publish of a unique task and every locked run some 50-100 us (Celery's lookup
-# raises a KeyError for each name and map it misses). So Celery's lookup is asked once which
-# keys it reads for each setting (the app's namespace prefix applied, as in a Django project's
-# CELERY_REDISLOCK_TTL, and old names), and the fingerprint looks those up in app.conf's maps.
+# Outside a worker, settings are read again whenever a value behind them changed. Seeing that
+# through app.conf would cost each publish and run 50-100 us (a KeyError per name and map
+# missed): Celery's lookup is asked once which keys it reads (prefix, old names), and the
+# fingerprint looks those up in app.conf's maps.
 
 
 def _lookups_of(app: Celery) -> tuple[SettingLookups, tuple[str, ...]] | None:
     """What Celery reads for each setting, and all those keys once each (kept per app)."""
     conf = app.conf
     identity = (id(conf), getattr(conf, "prefix", None))
-    state = _APPS.of(app)
+    state = _state(app)
     cached = state.lookups
     if cached is not None and cached[0] == identity:
         return cached[1], cached[2]
@@ -145,7 +140,7 @@ def _fingerprint(app: Celery) -> tuple[object, ...] | None:
     raw: list[object] = [
         id(conf),
         len(maps),
-        os.environ.get(_BROKER_URL_ENV),
+        os.environ.get("CELERY_BROKER_URL"),  # (app.conf.broker_url reads it first)
         os.environ.get(DISABLED_ENV),
     ]
     for key in lookups[1]:
@@ -171,7 +166,7 @@ def set_setting(app: Celery, name: str, value: object) -> None:
 
 def settings_for(app: Celery) -> Settings:
     """The app's lock settings, checked (a bad value raises :class:`LockConfigError`)."""
-    state = _APPS.of(app)
+    state = _state(app)
     if _APPS.frozen:
         if state.settings is None:
             state.settings = _read(app)

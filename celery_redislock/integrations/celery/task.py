@@ -15,7 +15,7 @@ from .kind import LockAware
 from .publish import wrap_send_task
 from .receivers import LOCK_REQUEST, check_request_class, connect_receivers
 from .registry import Spec, spec_of
-from .run import held_lease, release_at_body_end, release_for_retry, start
+from .run import current_run, release_at_body_end, release_for_retry, start
 
 __all__ = ["LockedTask"]
 
@@ -83,31 +83,24 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
     def lease(self) -> Lease | None:
         """The lease the current run holds (``None`` outside a locked run). ``lease.check()``
         raises :class:`LockLost` if the heartbeat found it lost."""
-        return held_lease(self)
+        run = current_run(self)
+        return run.lease if run is not None else None
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        if (
-            self.lock_options is not None
-            or self.unique_options is not None
-            or self.rate_options is not None
-        ):
+        if self.declares():
             start(self, task_id, args, kwargs)
         super().before_start(task_id, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.called_directly:
             return super().__call__(*args, **kwargs)  # a plain function call: no lock
-        # Run by the worker (the request is already pushed): release as the body ends, before
-        # the result is stored, so whoever waits on the result finds the lock free (an
-        # acks_late delivery: just after, with the record that it finished; see end_run).
+        # Run by the worker (the request is already pushed): released as the body ends.
         try:
             return self.run(*args, **kwargs)
         finally:
             release_at_body_end(self)
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
-        # Give the lock back before the retry is published, so the retried run cannot find it
-        # still held by this very run and be skipped as a duplicate. A job unique until it
-        # finishes first claims its key as queued, so no other copy slips in between.
+        # The lock goes back before the retry is published (see release_for_retry).
         release_for_retry(self)
         return super().retry(*args, **kwargs)

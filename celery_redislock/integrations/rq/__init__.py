@@ -1,17 +1,10 @@
-"""The RQ integration: the same ``lock=`` and ``unique=`` options as on Celery tasks, for RQ
-jobs, on the same lock core.
+"""The RQ integration: the ``lock=``, ``unique=`` and ``rate=`` options of Celery tasks, for RQ
+jobs. Enqueue through :class:`UniqueQueue`; run ``-w celery_redislock.integrations.rq.LockWorker``
+to free a killed horse's leases at once and sweep the task lines. The signals have Celery's names.
 
 >>> from celery_redislock.integrations.rq import locked, UniqueQueue
 >>> @locked(lock="sync:{customer_id}", unique="until_finished")
 ... def sync_customer(customer_id: int) -> None: ...
-
-Enqueue through :class:`UniqueQueue` for enqueue-time uniqueness; run workers with
-``-w celery_redislock.integrations.rq.LockWorker`` to free a killed horse's leases at once and
-to sweep the task lines of ``on_conflict="queue"``.
-
-Its ``__all__`` is the public RQ API. The signals here are RQ's (a small signal class of this
-package), with the names and arguments of Celery's in
-:mod:`celery_redislock.integrations.celery`.
 """
 
 from .job import JobSpec, lock_for, locked, spec_of

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rq import get_current_job
 from rq.job import Job, Retry
 from rq.worker import Worker
 
@@ -25,18 +24,10 @@ __all__ = [
     "Retry",
     "SpawnWorker",
     "Worker",
-    "current_job",
     "enqueue_again",
-    "retries_left",
     "retry_after",
     "save_meta",
 ]
-
-
-def current_job() -> Job | None:
-    """The job this process runs now (set by the worker in the horse, or by a synchronous
-    queue); ``None`` when the function is called directly."""
-    return get_current_job()
 
 
 def retry_after(job: Job, seconds: float) -> Retry:
@@ -46,12 +37,6 @@ def retry_after(job: Job, seconds: float) -> Retry:
     retries after failures too). A delayed retry needs the RQ scheduler (``--with-scheduler``)."""
     done = int(job.number_of_retries or 0)
     return Retry(max=done + 1, interval=max(1, round(seconds)))
-
-
-def retries_left(job: Job) -> int:
-    """Retries RQ still grants this job after a failure (its ``retry=`` option)."""
-    left: Any = job.retries_left
-    return int(left or 0)
 
 
 def save_meta(job: Job) -> None:

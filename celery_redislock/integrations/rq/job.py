@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -11,14 +10,12 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from ...core.lease import RedisClient
 from ...core.line import Handover
 from ...core.lock import Lock
-from ...core.naming import lock_name
-from ...core.options import LockOptionDict, LockOptions, call_signature, parse_lock_option
-from ...core.rate_options import RateOptionDict, RateOptions, parse_rate_option
+from ...core.options import LockOptionDict, call_signature, parse_lock_option
+from ...core.rate_options import RateOptionDict, parse_rate_option
 from ...core.run import TaskSpec, make_lock
 from ...core.unique_options import (
     Lifecycle,
     UniqueOptionDict,
-    UniqueOptions,
     parse_unique_option,
 )
 from ...errors import LockConfigError
@@ -34,17 +31,11 @@ SPEC_ATTR = "redislock"
 
 
 @dataclass(frozen=True, slots=True)
-class JobSpec:
-    """What ``@locked`` declared on a job function."""
+class JobSpec(TaskSpec):
+    """What ``@locked`` declared on a job function: its options (``name`` is the function's
+    import path, as RQ records it), and the settings it was given."""
 
-    name: str
-    """The function's import path, as RQ records it (``module.qualname``)."""
-    lock: LockOptions | None
-    unique: UniqueOptions | None
-    signature: inspect.Signature | None
-    own_settings: Settings | None
-    rate: RateOptions | None = None
-    """``rate=``: a fleet-wide rate limit on the job's starts."""
+    own_settings: Settings | None = None
 
     @property
     def settings(self) -> Settings:
@@ -52,11 +43,11 @@ class JobSpec:
 
     def lock_name(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         assert self.lock is not None
-        return lock_name(self.name, self.lock, self.signature, args, kwargs)
+        return self.name_of(self.lock, args, kwargs)
 
     def unique_name(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         assert self.unique is not None
-        return lock_name(self.name, self.unique.keying, self.signature, args, kwargs)
+        return self.name_of(self.unique.keying, args, kwargs)
 
     def make_lock(
         self,
@@ -70,9 +61,7 @@ class JobSpec:
         (:class:`.line.PutBack`; without one, their short hand-overs lapse at once and a
         sweeper does)."""
         assert self.lock is not None
-        if settings is None:
-            settings = self.settings
-        return make_lock(settings, client, self.lock, name, handover)
+        return make_lock(settings or self.settings, client, self.lock, name, handover)
 
 
 def locked(
@@ -117,12 +106,11 @@ def locked(
         rate_opts = parse_rate_option(name, signature, rate)
         if lock_opts is None and unique_opts is None and rate_opts is None:
             raise LockConfigError(f"job {name!r}: @locked needs lock=, unique= or rate=")
-        spec = JobSpec(name, lock_opts, unique_opts, signature, settings, rate_opts)
-        task = TaskSpec(name, lock_opts, unique_opts, rate_opts, signature)
+        spec = JobSpec(name, lock_opts, unique_opts, rate_opts, signature, settings)
 
         @functools.wraps(fun)
         def run_locked(*args: P.args, **kwargs: P.kwargs) -> R:
-            result: R = run(task, spec.settings, fun, args, kwargs)
+            result: R = run(spec, spec.settings, fun, args, kwargs)
             return result
 
         setattr(run_locked, SPEC_ATTR, spec)
@@ -158,6 +146,5 @@ def lock_for_job(job: Any) -> Lock | None:
     settings = spec.settings
     client = client_for(settings, job.connection)
     put_back = PutBack(job.connection, job.serializer, client, settings.line_handover_window)
-    return spec.make_lock(
-        client, spec.lock_name(job.args or (), job.kwargs or {}), settings, put_back
-    )
+    name = spec.lock_name(job.args or (), job.kwargs or {})
+    return spec.make_lock(client, name, settings, put_back)

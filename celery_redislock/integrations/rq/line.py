@@ -1,13 +1,7 @@
-"""``on_conflict="queue"`` for RQ, the side that puts a parked job back on its queue.
-
-A job that found its lock taken was parked by its horse in the lock's task line (see
-:mod:`celery_redislock.core.line` and :mod:`.running`) and left in RQ's scheduled registry by
-the ``Retry`` it returned (due long after its wait could end: a fallback only). When the lock is
-handed to it, whoever frees the lock (the releasing horse, a ``LockWorker`` parent after a horse
-died, a sweeper) moves it from there to the front of its queue, marked with the hand-over it is
-to claim, in one transaction watched on the registry: two hand-overs of one entry queue the job
-once.
-"""
+"""``on_conflict="queue"`` for RQ: a job parked in its lock's task line waits in RQ's scheduled
+registry (its ``Retry`` is due long after its wait could end: a fallback only). Whoever hands
+the lock to it moves it to the front of its queue, marked with the hand-over it is to claim, in
+one transaction watched on the registry: two hand-overs of one entry queue the job once."""
 
 from __future__ import annotations
 
@@ -36,9 +30,8 @@ LINE_META = "redislock_line"
 "handed" | "expired", "until": <wall-clock end of its wait>, "since": <when it first parked>}``;
 dropped once it claims the lock."""
 
-# A horse parks its job, then returns the Retry that RQ turns into a scheduled registry entry a
-# moment later: a hand-over that comes in between waits this long for the job to land there
-# (past it, the entry comes back after the core's publish window and is handed over again).
+# A hand-over that comes between a horse parking its job and RQ scheduling its Retry waits this
+# long for it (past it, the entry comes back after the core's publish window, handed again).
 SETTLE_S = 5.0
 _ENDED = ("finished", "failed", "canceled", "stopped")
 
@@ -71,12 +64,10 @@ def line_of(job: Job) -> dict[str, Any] | None:
 
 
 class PutBack:
-    """A lock's ``handover`` for RQ jobs (see the module's docstring): puts the parked job the
-    lock was handed to at the front of its queue (arrival order is the line's; at the front
-    because it waited its turn in the queue once already, and the lock idles until it starts).
-    A job deleted or ended meanwhile gives its turn to the next in line at once.
-
-    ``connection``/``serializer``: the RQ Redis the jobs live in; ``lock_client``: the locks'.
+    """A lock's ``handover`` for RQ jobs: puts the parked job the lock was handed to at the front
+    of its queue (it waited its turn once already; the lock idles until it starts). A job deleted
+    or ended meanwhile gives its turn to the next in line at once. ``connection``/``serializer``:
+    the RQ Redis the jobs live in; ``lock_client``: the locks'.
 
     >>> put_back = PutBack(rq_redis, None, client)                       # doctest: +SKIP
     >>> lock = Lock(client, "sync:42", ttl=30, handover=put_back)        # doctest: +SKIP
@@ -93,9 +84,8 @@ class PutBack:
         self.serializer = serializer
         self.lock_client = lock_client
         self.handover_window = handover_window
-        # Entries whose job stayed "being parked" past SETTLE_S once (its horse died in the
-        # middle, and nobody marked the job failed yet): looked at again without waiting, so
-        # that a long-lived sweeper does not stall on them at every sweep.
+        # Entries whose job stayed "being parked" past SETTLE_S once (its horse died meanwhile):
+        # looked at again without waiting, so that a sweeper does not stall on them each sweep.
         self._stuck: set[str] = set()
 
     def __call__(self, handed: Handed) -> None:
@@ -155,8 +145,7 @@ class PutBack:
                     continue
 
     def _elsewhere(self, job_id: str, token: str) -> _Found:
-        """The job is not in the scheduled registry: still being parked, queued already, or
-        gone."""
+        """The job is not in the scheduled registry: being parked, queued already, or gone."""
         try:
             job = Job.fetch(job_id, connection=self.connection, serializer=self.serializer)
         except NoSuchJobError:
@@ -172,17 +161,8 @@ class PutBack:
     def _give_up_turn(self, ref: dict[str, Any], handed: Handed) -> None:
         """Drops the lease handed to a job that will never come: the lock goes to the next in
         line now, not at the end of the hand-over window."""
-        spec = ref["lock"]
         lock = Lock(
-            self.lock_client,
-            spec["name"],
-            ttl=spec["ttl"],
-            mode=spec["mode"],
-            limit=spec["limit"],
-            namespace=spec["namespace"],
-            fence_keep=spec["fence_keep"],
-            handover=self,
-            handover_window=self.handover_window,
+            self.lock_client, **ref["lock"], handover=self, handover_window=self.handover_window
         )
         try:
             dropped = drop_hand_over(lock, handed.token)

@@ -1,25 +1,23 @@
-"""This package's log lines in an RQ worker's log. ``rq worker`` gives handlers to its own
-loggers (``rq.worker``, ``rq.job``) and none to the root logger, so another library's INFO line
-goes nowhere (Python's last resort prints WARNING and above, unformatted): a job skipped on its
-lock showed only RQ's ``Job OK``, where a Celery worker logs why. In a process whose logging
-nobody configured, our lines go to the handlers of RQ's worker log, at its level."""
+"""This package's log lines in an RQ worker's log: ``rq worker`` gives handlers to its own loggers
+only, so another library's INFO line goes nowhere (a job skipped on its lock showed only RQ's
+``Job OK``). In a process whose logging nobody configured, ours go to RQ's worker log handlers."""
 
 from __future__ import annotations
 
 import logging
+import threading
 
 __all__ = ["to_worker_log"]
 
 _OURS = logging.getLogger("celery_redislock")
-_routed = False
+_routed = threading.Event()
 
 
 def to_worker_log() -> None:
     """Routes this package's lines to RQ's worker log handlers, unless logging was configured
     (a root handler: the application's own) or RQ's was not set up (not in a worker). Cheap
     once done; a forked horse inherits it."""
-    global _routed
-    if _routed or _OURS.hasHandlers():
+    if _routed.is_set() or _OURS.hasHandlers():
         return
     worker_log = logging.getLogger("rq.worker")
     if not worker_log.handlers:
@@ -30,4 +28,4 @@ def to_worker_log() -> None:
         _OURS.setLevel(worker_log.getEffectiveLevel())
     # As RQ does for its own: a root handler added later would print each line twice.
     _OURS.propagate = False
-    _routed = True
+    _routed.set()

@@ -11,10 +11,9 @@ from typing import Any
 from rq import Queue
 from rq.exceptions import NoSuchJobError
 
-from ...core.run.delivery import TaskSpec
 from ...core.run.send import Duplicate, Sender, send_unique
 from ._compat import Job
-from .job import JobSpec, spec_of
+from .job import spec_of
 from .running import republished
 from .settings import client_for
 from .signals import lock_conflict
@@ -41,34 +40,27 @@ class UniqueQueue(Queue):
     """
 
     def _enqueue_job(self, job: Job, *args: Any, **kwargs: Any) -> Job:
-        spec = spec_of(job.func) if job.func_name else None
-        if spec is None or spec.unique is None or not spec.unique.queued:
-            return super()._enqueue_job(job, *args, **kwargs)
         return self._claim_and(
-            job, spec, 0.0, lambda: super(UniqueQueue, self)._enqueue_job(job, *args, **kwargs)
+            job, 0.0, lambda: super(UniqueQueue, self)._enqueue_job(job, *args, **kwargs)
         )
 
     def schedule_job(self, job: Job, datetime: dt.datetime, *args: Any, **kwargs: Any) -> Job:
-        spec = spec_of(job.func) if job.func_name else None
-        if spec is None or spec.unique is None or not spec.unique.queued:
-            return super().schedule_job(job, datetime, *args, **kwargs)
         # A naive time is local time to RQ's scheduled registry, and to astimezone().
         delay = max(0.0, (datetime.astimezone() - dt.datetime.now(dt.UTC)).total_seconds())
         return self._claim_and(
             job,
-            spec,
             delay,
             lambda: super(UniqueQueue, self).schedule_job(job, datetime, *args, **kwargs),
         )
 
-    def _claim_and(self, job: Job, spec: JobSpec, delay: float, enqueue: Any) -> Job:
-        unique = spec.unique
-        assert unique is not None
-        settings = spec.settings
-        if settings.disabled:
+    def _claim_and(self, job: Job, delay: float, enqueue: Any) -> Job:
+        spec = spec_of(job.func) if job.func_name else None
+        unique = spec.unique if spec is not None else None
+        if spec is None or unique is None or not unique.queued or spec.settings.disabled:
             return enqueue()  # type: ignore[no-any-return]
+        settings = spec.settings
         sent = send_unique(
-            TaskSpec(spec.name, spec.lock, unique, spec.rate, spec.signature),
+            spec,
             unique,
             job.id,
             (job.args or (), job.kwargs or {}),

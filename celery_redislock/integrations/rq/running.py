@@ -1,23 +1,19 @@
 """A locked job in the process that runs it (RQ's work horse): the facts of the call in, the
-core's :class:`~celery_redislock.core.run.LockedRun` takes what the options ask for, and its
-outcome out as RQ's answer: the job's return value (``SKIPPED``), RQ's ``Retry`` (a conflict
-retry, a wait for its first copy, a rate slot ahead, a place in the task line), or an error.
-The lease goes back however the call ends (the horse leaves with ``os._exit``: ``atexit``
-never runs, so the ``finally`` here is the release).
-
-A parked job (``on_conflict="queue"``) returns a ``Retry`` too: what a job returns is all RQ
-lets it decide (a return value finishes it, an exception fails it, a ``Retry`` keeps it), and a
-``Retry`` with a delay parks it the same way on RQ 2.1 and 3.0: status ``scheduled``, off the
-queue, due only long after its wait could have ended (a fallback); whoever frees the lock puts
-it back on its queue at once (:class:`.line.PutBack`)."""
+core's :class:`~celery_redislock.core.run.LockedRun` decides, and its outcome out as RQ's answer:
+a return value (``SKIPPED``), a ``Retry`` (a conflict retry, a wait for its first copy, a rate
+slot ahead, a place in the task line: status ``scheduled``, on RQ 2.1 and 3.0 alike), or an
+error. The horse leaves with ``os._exit`` (no ``atexit``): the ``finally`` here is the release."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from rq import get_current_job
 
 from ...core.run import (
     AwaitFirst,
@@ -35,7 +31,7 @@ from ...core.run import (
     Skip,
     TaskSpec,
 )
-from ._compat import Job, Retry, current_job, retries_left, retry_after, save_meta
+from ._compat import Job, Retry, retry_after, save_meta
 from .line import LINE_META, PutBack, line_of, payload_of
 from .logs import to_worker_log
 from .settings import Settings, client_for
@@ -58,9 +54,8 @@ _WAITS_META = "redislock_waits"
 # RQ's default job timeout; the parent kills a horse 60 s past its job's timeout.
 _RQ_DEFAULT_TIMEOUT = 180
 _KILL_GRACE = 60
-# A parked job nobody puts back (its line lost with the lock Redis, no sweeper running) is run
-# by RQ's scheduler this long after its wait and hand-over window would have ended; it then
-# ends as expired.
+# A parked job nobody puts back (line lost, no sweeper) is run by RQ's scheduler this long after
+# its wait and hand-over window would have ended; it then ends as expired.
 FALLBACK_MARGIN_S = 60.0
 
 # RQ's scheduler brings a job back in whole seconds and looks every second: a rate slot at most
@@ -103,8 +98,8 @@ def _delivery(job: Job | None, args: Any, kwargs: Any) -> Delivery:
     if job is None:  # called directly: no queue, no claim, no record
         return Delivery(uuid.uuid4().hex, args, kwargs, queued=False, rate_request=uuid.uuid4().hex)
     meta = job.meta or {}
-    line = line_of(job)
-    state = line.get("state") if line is not None else None
+    line = line_of(job) or {}
+    state, now = line.get("state"), time.time()
     timeout = job.timeout or _RQ_DEFAULT_TIMEOUT
     return Delivery(
         job.id,
@@ -114,14 +109,9 @@ def _delivery(job: Job | None, args: Any, kwargs: Any) -> Delivery:
         conflicts=int(meta.get(_CONFLICTS_META, 0)),
         waits=int(meta.get(_WAITS_META, 0)),
         republished=bool(job.number_of_retries) or _CONFLICTS_META in meta or _WAITS_META in meta,
-        line_token=line["token"] if line is not None else None,
-        line_ended=line is not None
-        and (
-            state == "expired" or (state == "parked" and time.time() > float(line.get("until", 0)))
-        ),
-        line_waited=max(0.0, time.time() - float(line.get("since", time.time())))
-        if line is not None
-        else 0.0,
+        line_token=line.get("token"),
+        line_ended=state == "expired" or (state == "parked" and now > float(line.get("until", 0))),
+        line_waited=max(0.0, now - float(line.get("since", now))),
         payload=lambda lock, _token: payload_of(job, lock),
         rate_request=str(meta.get(RATE_META) or f"{job.id}.{uuid.uuid4().hex[:12]}"),
         rate_came_back=RATE_META in meta,
@@ -174,10 +164,14 @@ def _answer(run: LockedRun, job: Job | None, outcome: Outcome) -> Any:
 def _mark(job: Job, outcome: str, what: Skip | Finished | Fail | Parked) -> None:
     """Records in the job's meta why it did not run (RQ stores what it returns, SKIPPED)."""
     job.meta[OUTCOME_META] = {"outcome": outcome, "lock": what.lock, "holders": what.holders}
+    _save_meta(job, "record its outcome")
+
+
+def _save_meta(job: Job, what: str) -> None:
     try:
         save_meta(job)
-    except Exception as exc:  # the outcome is informative; the job's ending must not fail
-        log.warning("job %s: could not record its outcome: %s", job.id, exc)
+    except Exception as exc:  # informative only: the job's run or ending must not fail on it
+        log.warning("job %s: could not %s: %s", job.id, what, exc)
 
 
 def _left_line(job: Job) -> None:
@@ -190,23 +184,15 @@ def _left_line(job: Job) -> None:
         del meta[OUTCOME_META]
         changed = True
     if changed:
-        try:
-            save_meta(job)
-        except Exception as exc:  # informative only; the job runs
-            log.warning("job %s: could not update its meta: %s", job.id, exc)
+        _save_meta(job, "update its meta")
 
 
-_said_disabled = False
-
-
+@functools.cache  # said once
 def _say_disabled() -> None:
-    global _said_disabled
-    if not _said_disabled:
-        _said_disabled = True
-        log.error(
-            "celery_redislock is DISABLED (REDISLOCK_DISABLED or Settings(disabled=True)): "
-            "jobs run without their locks and unique claims"
-        )
+    log.error(
+        "celery_redislock is DISABLED (REDISLOCK_DISABLED or Settings(disabled=True)): "
+        "jobs run without their locks and unique claims"
+    )
 
 
 def run(
@@ -222,7 +208,7 @@ def run(
     if settings.disabled:
         _say_disabled()
         return fun(*args, **kwargs)
-    job = current_job()
+    job = get_current_job()
     client = client_for(settings, job.connection if job is not None else None)
     put_back = None
     if job is not None:  # its release hands the lock on to parked jobs, and puts them back
@@ -251,6 +237,6 @@ def run(
         finished = not isinstance(result, Retry)  # the job's own Retry: it runs again
         return result
     finally:
-        if not finished and job is not None and retries_left(job) > 0:
+        if not finished and job is not None and (job.retries_left or 0) > 0:
             call.keep_claim_for_retry()  # RQ retries the failed job: still a duplicate meanwhile
         call.release(finished)

@@ -1,16 +1,12 @@
-"""The RQ side's settings: the core :class:`~celery_redislock.core.settings.Settings`, built
-from keyword arguments or from the environment (``REDISLOCK_*``), and the Redis client they give.
-
-RQ has no app object to hang settings on, and a work horse (or a ``SpawnWorker`` child) sees
-the worker's environment, so the environment is where a whole fleet is configured; a job's
-decorator may pass its own :class:`Settings`.
-"""
+"""The RQ side's settings: the core :class:`~celery_redislock.core.settings.Settings`, from the
+environment (``REDISLOCK_*``: RQ has no app object, and a horse sees its worker's environment)
+or given to a job's decorator, and the Redis client they give."""
 
 from __future__ import annotations
 
 import os
 
-from ...core.clients import CLIENTS
+from ...core.client_cache import CLIENTS
 from ...core.lease import RedisClient
 from ...core.replicas import require_replicas
 from ...core.settings import FIELDS, KWARGS, BackendPolicy, Settings
@@ -19,30 +15,23 @@ from ...errors import LockConfigError
 __all__ = ["BackendPolicy", "Settings", "client_for", "default_settings"]
 
 
-class _FromEnvironment:
-    """This process's settings from the environment, read again whenever a ``REDISLOCK_*``
-    variable changed (which costs a few dictionary look-ups per job)."""
-
-    _NAMES = tuple(f.env for f in FIELDS.values() if f.env is not None)
-
-    def __init__(self) -> None:
-        self._seen: tuple[tuple[str | None, ...], Settings] | None = None
-
-    def settings(self) -> Settings:
-        seen = tuple(os.environ.get(name) for name in self._NAMES)
-        cached = self._seen
-        if cached is None or cached[0] != seen:
-            cached = self._seen = (seen, Settings.from_env())
-        return cached[1]
+_NAMES = tuple(f.env for f in FIELDS.values() if f.env is not None)
 
 
-_ENVIRONMENT = _FromEnvironment()
+class _FromEnv:
+    """The settings last read from the environment, with the values they were read from."""
+
+    seen: tuple[tuple[str | None, ...], Settings] | None = None
 
 
 def default_settings() -> Settings:
     """This process's settings from the environment (read again whenever a ``REDISLOCK_*``
-    variable changed)."""
-    return _ENVIRONMENT.settings()
+    variable changed, which costs a few dictionary look-ups per job)."""
+    values = tuple(os.environ.get(name) for name in _NAMES)
+    seen = _FromEnv.seen
+    if seen is None or seen[0] != values:
+        seen = _FromEnv.seen = (values, Settings.from_env())
+    return seen[1]
 
 
 def client_for(settings: Settings, connection: RedisClient | None) -> RedisClient:

@@ -30,13 +30,9 @@ _DEATH_WAIT_S = 5.0
 class ReleasesDeadHorses:
     """Mix into an RQ worker class with work horses (``Worker``, ``SpawnWorker``): when a horse
     ends without its ``finally`` having run (SIGKILL, OOM, the kill past the job timeout, a
-    stop-job command, a cold shutdown), releases the leases it held for its job. Each is matched
-    by job id, host and the horse's pid: never a lease of another copy of the job. The release
-    hands the lock on to the jobs parked in its task line (``on_conflict="queue"``).
-
-    The worker's main process also sweeps the task lines (a thread, every
-    ``line_sweep_interval`` seconds): a lock whose holder died with its whole worker goes to the
-    next parked job once its lease lapses, and a job past its ``max_wait`` ends."""
+    stop-job command, a cold shutdown), releases the leases it held for its job (matched by job
+    id, host and pid), handing the lock on to its task line. The main process also sweeps the
+    task lines every ``line_sweep_interval`` seconds (holders that died unseen, waits ended)."""
 
     _redislock_horse = 0
     _redislock_status: int | None = None
@@ -73,33 +69,22 @@ class ReleasesDeadHorses:
         )
 
     def _redislock_sweeper(self, settings: Settings) -> LineSweeper | None:
-        """Starts sweeping the task lines of the environment's settings (their namespace, on
-        their lock Redis), so that a lock whose holder died unseen goes to the next in line."""
-        connection: Any = self.connection  # type: ignore[attr-defined]
+        worker: Any = self  # (an RQ Worker, mixed in)
         try:
-            client = client_for(settings, connection)
+            client = client_for(settings, worker.connection)
         except LockConfigError as exc:
             log.error("task lines are not swept by this worker: %s", exc)
             return None
-        put_back = PutBack(
-            connection,
-            self.serializer,  # type: ignore[attr-defined]
-            client,
-            settings.line_handover_window,
-        )
+        window = settings.line_handover_window
+        put_back = PutBack(worker.connection, worker.serializer, client, window)
         sweeper = LineSweeper(
-            client,
-            settings.namespace,
-            put_back,
-            settings.line_sweep_interval,
-            settings.line_handover_window,
+            client, settings.namespace, put_back, settings.line_sweep_interval, window
         )
         sweeper.start()
         return sweeper
 
     def fork_work_horse(self, job: Job, queue: Any, *args: Any, **kwargs: Any) -> None:
-        # Read here, before the fork, so that each horse inherits them instead of reading
-        # the environment again (it is read again only when a REDISLOCK_* variable changed).
+        # Read before the fork, so that each horse inherits them instead of reading them again.
         default_settings()
         super().fork_work_horse(job, queue, *args, **kwargs)  # type: ignore[misc]
         self._redislock_horse = self.horse_pid  # type: ignore[attr-defined]

@@ -1,0 +1,525 @@
+"""The conformance table (scenarios.py) played against real Celery workers and real RQ workers:
+each row, under each framework, must show the same outcome, state, signal actions and log line.
+
+A rule missing from one framework fails that framework's row. One worker set per framework
+serves the module (each test uses a key of its own); the rows that need a worker configured
+apart (the lock Redis unreachable) start their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from helpers import free_port, wait_for, wait_until_queued
+
+from celery_redislock import DuplicateTask, LockBackendError
+from celery_redislock.contrib.redis_server import RedisServer
+from celery_redislock.core.admin import force_release
+
+from .adapters import FINAL, Adapter
+from .scenarios import SCENARIOS, Expect, Scenario
+
+# Rows whose worker has a lock Redis of the test's own (started and stopped by the test).
+OWN_PLAYS = ("backend_down", "down_at_release")
+SHARED = [case for s in SCENARIOS if s.play not in OWN_PLAYS for case in s.cases()]
+OWN = [case for s in SCENARIOS if s.play in OWN_PLAYS for case in s.cases()]
+
+# Generous: a loaded 2-core machine may be slow; a condition met returns at once.
+DEADLINE_S = 30.0
+
+
+# An error message names its run first, in each framework's words ("task NAME[ID]: ", "job
+# module.function[ID]: ", without the id at send): what follows must be the same.
+RUN_PREFIX = re.compile(r"^(task|job) [^\s\[]+?(\[[^\]]+\])?: ")
+
+
+def lock_name(row: Scenario, key: str) -> str:
+    """The lock a call of ``key`` takes (``scope="host"``: this host's)."""
+    return f"conf:{key}@{socket.gethostname()}" if row.params.get("host") else f"conf:{key}"
+
+
+@contextmanager
+def held(adapter: Adapter, row: Scenario, key: str) -> Iterator[None]:
+    """The call's lock, held from outside by the test (holder id "the-test"): one lease, or
+    ``count`` leases, in the ``mode`` and under the ``limit`` of the row's params."""
+    options = {k: row.params[k] for k in ("mode", "limit") if k in row.params}
+    lock = adapter.lock(lock_name(row, key), **options)
+    leases = [
+        lock.acquire(owner=f"test{n}", info={"task_id": "the-test"})
+        for n in range(row.params.get("count", 1))
+    ]
+    try:
+        yield
+    finally:
+        for lease in leases:
+            lease.release()
+
+
+@contextmanager
+def captured() -> Iterator[list[str]]:
+    """This process's log lines of the package (a producer's), as a worker's are written."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(f"{record.levelname} {record.name} {record.getMessage()}")
+
+    logger, handler = logging.getLogger("celery_redislock"), Keep()
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def settle(adapter: Adapter, run_id: str, timeout: float = DEADLINE_S) -> str:
+    wait_for(lambda: adapter.state(run_id)[0] in FINAL, f"run {run_id} ended", timeout)
+    return adapter.state(run_id)[0]
+
+
+def outcome_line(run_id: str, line: str, lock: str) -> re.Pattern[str]:
+    """``line`` (a row's ``log``: "LEVEL phrase") as the outcomes logger writes it for the run;
+    a ``line`` starting with ``^`` is a whole line's regex ("{id}": the run's id)."""
+    if line.startswith("^"):
+        whole = line.replace("{lock}", re.escape(lock)).replace("{id}", re.escape(run_id))
+        return re.compile(whole, re.MULTILINE)
+    level, phrase = line.split(" ", 1)
+    return re.compile(
+        rf"^{level} celery_redislock\.core\.outcomes task \S+"
+        + re.escape(f"[{run_id}]")
+        + " ?"
+        + phrase.replace("{lock}", re.escape(lock)),
+        re.MULTILINE,
+    )
+
+
+def logged(adapter: Adapter, run_id: str, line: str, lock: str, timeout: float = 5) -> bool:
+    """Whether the worker logged ``line`` (a row's ``log``) for the run, from the outcomes
+    logger, within ``timeout`` seconds."""
+    pattern = outcome_line(run_id, line, lock)
+    deadline = time.monotonic() + timeout
+    while not pattern.search(adapter.log()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def observe(
+    adapter: Adapter,
+    row: Scenario,
+    key: str,
+    run_id: str,
+    *,
+    also: tuple[str, ...] = (),
+    same_id: bool | None = None,
+    state: tuple[str, str | None] | None = None,
+    meanwhile: str | None = None,
+    first: str | None = None,
+    text: str | None = None,
+    said_at_send: tuple[str, str] | None = None,
+) -> Expect:
+    """What the run ``run_id`` showed, in the row's terms (the fields the row leaves open are
+    left out)."""
+    want = row.expect
+    got_state, error = state or adapter.state(run_id)
+    says = None
+    if want.says is not None:
+        said = RUN_PREFIX.sub("", text if text is not None else adapter.error_text(run_id), 1)
+        pattern = want.says.replace("{lock}", re.escape(lock_name(row, key)))
+        says = want.says if re.fullmatch(pattern, said) else said
+    ids = dict.fromkeys((run_id, *also))  # each id once, in order
+    seen = counted([a for rid in ids for a in adapter.actions(rid)])
+    lease = counted([a for rid in ids for a in adapter.lease(rid)])
+    log = None
+    if want.log is not None:
+        found = logged(adapter, run_id, want.log, lock_name(row, key))
+        log = want.log if found else "<not logged>"
+    return Expect(
+        state=got_state,
+        runs=adapter.runs(key),
+        actions=seen,
+        error=error if want.error is not None else None,
+        log=log,
+        same_id=same_id if want.same_id is not None else None,
+        meanwhile=meanwhile if want.meanwhile is not None else None,
+        first=first if want.first is not None else None,
+        says=says,
+        lease=lease,
+        record=recorded(adapter, row, key, run_id) if want.record is not None else None,
+        send_log=sent_line(row, key, said_at_send),
+    )
+
+
+def sent_line(row: Scenario, key: str, said: tuple[str, str] | None) -> str | None:
+    """The row's ``send_log`` if the producer logged it for the call (``said``: its id and what
+    the producer logged), else what it logged."""
+    want = row.expect.send_log
+    if want is None or said is None:
+        return None
+    run_id, text = said
+    return want if outcome_line(run_id, want, lock_name(row, key)).search(text) else text
+
+
+# Actions a run may signal more than once (a conflict retry per conflict, a look per await).
+REPEATABLE = frozenset({"retry", "await"})
+
+
+def counted(signals: list[str]) -> frozenset[str]:
+    """The signals as a set, each repeat of one that must come once marked ("name#2")."""
+    out: list[str] = []
+    for signal_ in signals:
+        if signal_ in REPEATABLE and signal_ in out:
+            continue
+        n = sum(1 for s in out if s == signal_ or s.startswith(f"{signal_}#")) + 1
+        out.append(signal_ if n == 1 else f"{signal_}#{n}")
+    return frozenset(out)
+
+
+def recorded(adapter: Adapter, row: Scenario, key: str, run_id: str) -> tuple[str, ...] | None:
+    """The holders a skipped run recorded, if it recorded its own lock's name too."""
+    record = adapter.skip_record(run_id)
+    if record.get("lock") != lock_name(row, key):
+        return ("<lock>", repr(record))
+    return tuple(record.get("holders") or ())
+
+
+# -- plays: how a row is played (the row's `play`) ------------------------------------------------
+
+
+def held_throughout(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    with held(adapter, row, key):
+        run_id = adapter.send(row.job, key)
+        settle(adapter, run_id)
+    return observe(adapter, row, key, run_id)
+
+
+def released_after_action(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    action = row.params["action"]
+    with held(adapter, row, key):
+        run_id = adapter.send(row.job, key)
+        wait_for(lambda: action in adapter.actions(run_id), f"action {action!r}", DEADLINE_S)
+        if row.expect.meanwhile is not None:  # the state comes just after the signal
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: adapter.state(run_id)[0] == row.expect.meanwhile, "", 5)
+        meanwhile = adapter.state(run_id)[0]
+        assert adapter.runs(key) == 0
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id, meanwhile=meanwhile)
+
+
+def released_once_it_waits(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    lock = adapter.lock(lock_name(row, key))
+    with held(adapter, row, key):
+        run_id = adapter.send(row.job, key)
+        wait_until_queued(adapter.lock_client, lock)  # it waits in the lock's line
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id)
+
+
+def line_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    with held(adapter, row, key):
+        parked = adapter.send(row.job, key)
+        wait_for(lambda: "queue" in adapter.actions(parked), "the first parked", DEADLINE_S)
+        run_id = adapter.send(row.job, key)
+        settle(adapter, run_id)
+    assert settle(adapter, parked) == "ran"  # the one parked runs once the holder released
+    return observe(adapter, row, key, run_id)
+
+
+DELAY_S = 2.0  # long enough to send the second call while the first is still queued
+
+
+def duplicate_while_parked(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    with held(adapter, row, key):
+        first = adapter.send(row.job, key)
+        wait_for(lambda: "queue" in adapter.actions(first), "the first parked", DEADLINE_S)
+        sent = str(uuid.uuid4())
+        second = adapter.send(row.job, key, run_id=sent)
+    settle(adapter, first)
+    if second != first:
+        settle(adapter, second)
+    return observe(adapter, row, key, first, also=(sent,), same_id=second == first)
+
+
+def kill_runner_with_line(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    first = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
+    pid = adapter.pid(key)
+    run_id = adapter.send(row.job, key)
+    wait_for(lambda: "queue" in adapter.actions(run_id), "the second parked", DEADLINE_S)
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: adapter.runs(key) == 2, "the parked call runs", DEADLINE_S)
+    # At once (the parent hands the lock on), not after a lapse: the lease's ttl is 30 s.
+    assert time.monotonic() - killed < 5.0
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id, first=settle(adapter, first))
+
+
+def forced_release_with_line(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """An operator frees the lock of a running call (the framework-free admin call, which
+    publishes nothing): the call parked behind it is put back by a sweep, and runs."""
+    first = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
+    run_id = adapter.send(row.job, key)
+    wait_for(lambda: "queue" in adapter.actions(run_id), "the second parked", DEADLINE_S)
+    released = force_release(adapter.lock_client, lock_name(row, key), task_id=first)
+    assert released.holders, released
+    wait_for(lambda: adapter.runs(key) == 2, "the parked call runs", DEADLINE_S)
+    settle(adapter, run_id)
+    adapter.stop(key)
+    return observe(adapter, row, key, run_id, first=settle(adapter, first))
+
+
+def lease_taken_away(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """The run's lease is freed behind its back (an operator's forced release): its heartbeat
+    reports it lost, and the run goes on to its end."""
+    run_id = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the call runs", DEADLINE_S)
+    assert force_release(adapter.lock_client, lock_name(row, key), task_id=run_id).holders
+    wait_for(lambda: "lost" in adapter.lease(run_id), "the loss signalled", DEADLINE_S)
+    adapter.stop(key)
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id)
+
+
+def duplicate_while_queued(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    first = adapter.send(row.job, key, delay=DELAY_S)
+    sent = str(uuid.uuid4())  # the second call's own id: what a producer signals names it
+    try:
+        with captured() as said:
+            second = adapter.send(row.job, key, delay=DELAY_S, run_id=sent)
+    except DuplicateTask as exc:
+        assert exc.task_id == first
+        ended = settle(adapter, first)
+        failed = ("failed", "DuplicateTask")
+        return observe(
+            adapter, row, key, first, also=(sent,), state=failed, first=ended, text=str(exc)
+        )
+    settle(adapter, second)
+    ended = settle(adapter, first)  # ran, skipped or (replaced) canceled
+    return observe(
+        adapter,
+        row,
+        key,
+        second,
+        also=(first, sent),
+        same_id=second == first,
+        first=ended,
+        said_at_send=(sent, "\n".join(said)),
+    )
+
+
+def duplicate_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    first = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
+    sent = str(uuid.uuid4())
+    second = adapter.send(row.job, key, run_id=sent)
+    if second != first:
+        wait_for(
+            lambda: adapter.state(second)[0] in FINAL or adapter.actions(second),
+            "the second call ended or met the first",
+            DEADLINE_S,
+        )
+    adapter.stop(key)
+    ended = settle(adapter, first)
+    settle(adapter, second)
+    return observe(adapter, row, key, second, also=(sent,), same_id=second == first, first=ended)
+
+
+def send_after_finished(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    first = adapter.send(row.job, key)
+    ended = settle(adapter, first)
+    sent = str(uuid.uuid4())
+    second = adapter.send(row.job, key, run_id=sent)
+    settle(adapter, second)
+    return observe(adapter, row, key, second, also=(sent,), same_id=second == first, first=ended)
+
+
+def failed_then_sent_again(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """A call whose body fails gives its lease and key back: the same call sent again runs."""
+    first = adapter.send(row.job, key, -1.0)
+    ended = settle(adapter, first)
+    assert not adapter.lock(lock_name(row, key)).locked()
+    sent = str(uuid.uuid4())
+    second = adapter.send(row.job, key, run_id=sent)
+    settle(adapter, second)
+    return observe(adapter, row, key, second, also=(sent,), same_id=second == first, first=ended)
+
+
+def rate_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    first = adapter.send(row.job, key)
+    settle(adapter, first)
+    second = adapter.send(row.job, key)
+    settle(adapter, second)
+    starts = adapter.started_at(key)
+    if len(starts) == 2:  # never two starts within the rate's period
+        assert starts[1] - starts[0] >= row.params["per"] * 0.8, starts
+    return observe(adapter, row, key, second)
+
+
+def copy_of_finished(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    run_id = adapter.send(row.job, key)
+    settle(adapter, run_id)
+    adapter.send_copy(row.job, key, run_id)
+    wait_for(
+        lambda: "drop" in adapter.actions(run_id) or adapter.runs(key) > 1,
+        "the copy dropped (or run)",
+        DEADLINE_S,
+    )
+    return observe(adapter, row, key, run_id, state=(settle(adapter, run_id), None))
+
+
+def copy_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    run_id = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
+    adapter.send_copy(row.job, key, run_id)
+    wait_for(
+        lambda: "await" in adapter.actions(run_id) or adapter.runs(key) > 1,
+        "the copy meets its first",
+        DEADLINE_S,
+    )
+    adapter.stop(key)
+    wait_for(
+        lambda: "drop" in adapter.actions(run_id) or adapter.runs(key) > 1,
+        "the copy dropped (or run) once its first finished",
+        DEADLINE_S,
+    )
+    return observe(adapter, row, key, run_id, state=(settle(adapter, run_id), None))
+
+
+def kill_runner(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    run_id = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the call runs", DEADLINE_S)
+    lock = adapter.lock(lock_name(row, key))
+    assert lock.locked()
+    os.kill(adapter.pid(key), signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: not lock.locked(), "the killed runner's lease released", DEADLINE_S)
+    # At once (by the parent), not by a lapse: the lease's ttl is 30 s.
+    assert time.monotonic() - killed < 5.0
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id)
+
+
+def send_while_down(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    sent = str(uuid.uuid4())
+    with adapter.producer_lock_down(url, row.params["policy"]):
+        try:
+            run_id = adapter.send(row.job, key, run_id=sent)
+        except LockBackendError as exc:
+            failed = ("failed", "LockBackendError")
+            return observe(adapter, row, key, sent, state=failed, text=str(exc))
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id, also=(sent,))
+
+
+def backend_down(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """The worker's lock Redis (``adapter.lock_server``) is down as the call starts; under
+    ``retry`` it comes back once the retry was logged, and the call then runs."""
+    run_id = adapter.send(row.job, key)
+    try:
+        if row.params["policy"] == "retry":
+            assert row.expect.log is not None and adapter.lock_server is not None
+            wait_for(
+                lambda: (
+                    logged(adapter, run_id, row.expect.log or "", f"conf:{key}", 0)
+                    or adapter.state(run_id)[0] in FINAL
+                ),
+                "the retry logged (or the run ended)",
+                DEADLINE_S,
+            )
+            adapter.lock_server.start()
+        settle(adapter, run_id)
+        return observe(adapter, row, key, run_id)
+    finally:
+        adapter.forget(run_id)
+
+
+def down_at_release(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """The lock Redis stops while the call holds its lease: the call ends as its body does."""
+    assert adapter.lock_server is not None
+    run_id = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the call runs", DEADLINE_S)
+    adapter.lock_server.stop()
+    adapter.stop(key)
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id)
+
+
+PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
+    f.__name__: f
+    for f in (
+        held_throughout,
+        released_after_action,
+        released_once_it_waits,
+        line_full,
+        duplicate_while_queued,
+        duplicate_while_running,
+        send_after_finished,
+        failed_then_sent_again,
+        rate_full,
+        copy_of_finished,
+        copy_while_running,
+        kill_runner,
+        kill_runner_with_line,
+        forced_release_with_line,
+        lease_taken_away,
+        duplicate_while_parked,
+        send_while_down,
+        backend_down,
+        down_at_release,
+    )
+}
+
+
+def play(adapter: Adapter, row: Scenario) -> None:
+    key = f"{row.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        observed = PLAYS[row.play](adapter, row, key)
+    finally:
+        adapter.stop(key)  # whatever still holds ends at once
+    assert observed == row.expect
+
+
+@pytest.mark.parametrize(("shared", "row"), SHARED, indirect=["shared"], scope="module")
+def test_conformance(shared: Adapter, row: Scenario) -> None:
+    play(shared, row)
+
+
+@pytest.mark.faults
+@pytest.mark.slow  # workers of its own, per row: about 5 s each on a loaded machine
+@pytest.mark.parametrize(("name", "row"), OWN)
+def test_conformance_with_the_lock_redis_down(
+    name: str, row: Scenario, own_adapter: Callable[..., Adapter]
+) -> None:
+    locks = RedisServer(port=free_port())  # not started: nothing listens there yet
+    url, policy = locks.url, row.params["policy"]
+    env = (
+        {"CONF_LOCK_URL": url, "CONF_BACKEND_POLICY": policy}
+        if name == "celery"
+        else {"REDISLOCK_URL": url, "REDISLOCK_ON_BACKEND_ERROR": policy}
+    )
+    try:
+        if row.params.get("started"):
+            locks.start()
+        adapter = own_adapter(name, env)
+        adapter.lock_server = locks
+        play(adapter, row)
+    finally:
+        locks.close()
