@@ -415,13 +415,7 @@ class Lock:
                 "release_where needs at least one field to match (e.g. task_id=..., pid=...)",
                 name=self.name,
             )
-        return self._release_where(
-            ReleaseWhereArgs(
-                spec=self.spec,
-                match=json.dumps({k: str(v) for k, v in match.items()}),
-                request=os.urandom(8).hex(),
-            )
-        )
+        return self._release_where(json.dumps({k: str(v) for k, v in match.items()}))
 
     def release_tokens(self, tokens: Sequence[str]) -> list[str]:
         """Releases the leases ``tokens``, each whatever its re-entry count, and hands the lock
@@ -438,12 +432,10 @@ class Lock:
             )
         if not tokens:
             return []
-        request = ReleaseWhereArgs(
-            spec=self.spec, match="{}", request=os.urandom(8).hex(), tokens=tokens
-        )
-        return self._release_where(request)
+        return self._release_where("{}", tokens)
 
-    def _release_where(self, request: ReleaseWhereArgs) -> list[str]:
+    def _release_where(self, match: str, tokens: Sequence[str] = ()) -> list[str]:
+        request = ReleaseWhereArgs(self.spec, match, os.urandom(8).hex(), tokens)
         with backend_errors(self.name):
             reply = self.store.release_where(self, request.encode())
             self._notify(reply.granted)
