@@ -26,14 +26,13 @@ from .protocol import (
     AcquireReply,
     AcquireStatus,
     HoldersReply,
-    ReleaseArgs,
     ReleaseReply,
     ReleaseWhereReply,
 )
 from .redlock_masters import gather, on_each, quorum
 from .replicas import ReplicaPolicy, pipelined
 from .scripts import run
-from .server_store import renew_calls, spread
+from .server_store import give_back, renew_calls, spread
 from .store import Holder, LeaseView, LockView, Renewals
 
 __all__ = ["QuorumStore", "drift"]
@@ -217,7 +216,8 @@ class QuorumStore:
         def undo(settled: Future[AcquireReply]) -> None:
             found = what(settled)
             if found is not None:
-                _give_back(lock, master, found[0], whole=found[1])
+                with contextlib.suppress(redis.RedisError):  # unreachable: it lapses in a ttl
+                    give_back(lock, master, found[0], whole=found[1])
 
         if not future.done():
             future.add_done_callback(undo)
@@ -349,13 +349,6 @@ class QuorumStore:
                 name=lock.name,
             )
         return good
-
-
-def _give_back(lock: LockView, master: redis.Redis, token: str, *, whole: bool) -> None:
-    request = token if whole else os.urandom(8).hex()
-    args = ReleaseArgs(token=token, spec=lock.spec, whole=whole, request=request).encode()
-    with contextlib.suppress(redis.RedisError):  # unreachable: it lapses within its ttl
-        run("release", master, lock.encoded_keys, args)
 
 
 def _replies(futures: Sequence[Future[T]]) -> list[T]:

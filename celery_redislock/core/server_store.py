@@ -30,7 +30,7 @@ from .replicas import ReplicaPolicy, acknowledged, pipelined, refresh
 from .scripts import run
 from .store import Holder, LeaseView, LockView, RedisClient, Renewals, backend_errors
 
-__all__ = ["ServerStore", "renew_calls", "spread"]
+__all__ = ["ServerStore", "give_back", "renew_calls", "spread"]
 
 
 class ServerStore:
@@ -76,16 +76,12 @@ class ServerStore:
             # Fails closed: the lock drops a new lease (args[0] is its token) before the error
             # reaches the caller; an owner's re-entry into its lease is undone here, one level.
             if reply.token != args[0]:
-                undo = ReleaseArgs(
-                    token=reply.token, spec=lock.spec, whole=False, request=os.urandom(8).hex()
-                )
-                run("release", self.client, lock.encoded_keys, undo.encode())
+                give_back(lock, self.client, reply.token, whole=False)
             self.replicas.check(acks, lock.name, "acquire")
         return reply
 
     def abandon(self, lock: LockView, token: str) -> None:
-        abandon = ReleaseArgs(token=token, spec=lock.spec, whole=True, request=token)
-        run("release", self.client, lock.encoded_keys, abandon.encode())
+        give_back(lock, self.client, token, whole=True)
 
     def await_push(self, lock: LockView, key: str, seconds: float, tries: int) -> Any | None:
         with backend_errors(lock.name):
@@ -119,6 +115,14 @@ class ServerStore:
             expiries = _renew(self.client, group, ttl)
         valid = [sent + (lease.lock.ttl if ttl is None else ttl) for lease in group]
         return Renewals(expiries, valid, None)
+
+
+def give_back(lock: LockView, client: RedisClient, token: str, *, whole: bool) -> None:
+    """``release.lua`` for ``token``: the whole lease (the token the request id: sent twice, it
+    counts once), or one re-entry level."""
+    request = token if whole else os.urandom(8).hex()
+    args = ReleaseArgs(token=token, spec=lock.spec, whole=whole, request=request).encode()
+    run("release", client, lock.encoded_keys, args)
 
 
 def renew_calls(
