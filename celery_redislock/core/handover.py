@@ -11,10 +11,9 @@ from typing import NamedTuple, Protocol
 
 import redis
 
-from .keys import LockKeys
 from .protocol import Grant
 from .scripts import run
-from .store import RedisClient
+from .store import LockView, RedisClient
 
 __all__ = [
     "DEFAULT_HANDOVER_WINDOW",
@@ -59,32 +58,21 @@ Handover = Callable[[Handed], None]
 """Publishes one parked task again (raises if it could not)."""
 
 
-class Handing(Protocol):
+class Handing(LockView, Protocol):
     """What a hand-over reads of the lock it hands on (a :class:`~.lock.Lock` is one)."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def client(self) -> RedisClient: ...
-    @property
-    def keys(self) -> LockKeys: ...
-    @property
-    def encoded_keys(self) -> list[bytes]: ...
-    @property
-    def handover(self) -> Handover | None: ...
-    @property
-    def handover_window(self) -> float: ...
+    client: RedisClient
+    handover: Handover | None
+    handover_window: float
 
 
 def hand_over(lock: Handing, granted: Sequence[Grant], expired: Sequence[str] = ()) -> None:
     """Publishes the parked tasks a script handed the lock to (``granted``, from its reply) or
     that expired, then confirms them. Never raises: what is not confirmed goes back in line when
-    its short lease lapses.
-
-    A lock with no ``handover`` (an operator's release through a command that knows no
-    framework) cannot publish: the leases it handed over lapse at once (``line_lapse.lua``), so
-    that the next call on the lock or a sweeper hands them over again and publishes them,
-    instead of the lock idling for the publish window. Expired entries wait for a sweeper."""
+    its short lease lapses. A lock with no ``handover`` (an operator's command knows no
+    framework) cannot publish: the leases it handed over lapse at once (``line_lapse.lua``), for
+    the next call on the lock or a sweeper to hand over and publish, instead of the lock idling
+    for the publish window. Expired entries wait for a sweeper."""
     if lock.handover is None:
         _lapse(lock, granted)
         return

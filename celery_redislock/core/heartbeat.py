@@ -1,15 +1,12 @@
-"""The heartbeat: one thread per process keeps every lease it was given alive, renewing them in
-batches (its calls to Redis made on helper threads, so that a Redis that hangs delays no loss
-notice), and says at once when one is lost. Each lease is renewed by its lock's store: a
-RedLock lease on all its masters at once, renewed only when a majority renewed it within its
-validity."""
+"""The heartbeat: one thread per process keeps every lease it was given alive, each renewed by
+its lock's store in batches, and says at once when one is lost."""
 
 from __future__ import annotations
 
 import _thread
+import functools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +15,7 @@ from dataclasses import dataclass, field
 from ..errors import LockBackendError
 from .durations import MAX_HOLD, seconds
 from .lock import Lease
+from .redlock_masters import submit
 from .repeated import RepeatedFailure
 from .store import Renewals, Store
 
@@ -40,30 +38,12 @@ class _Entry:
 
 @dataclass(eq=False)
 class _Call:
-    """One batch renewal call, made on a helper thread; the heartbeat thread applies its answer:
-    for each lease its new expiry (server ms; 0: lost; -1: not known, try again) and the end of
-    its validity."""
+    """One batch renewal call, made on a helper thread; the heartbeat thread applies its answer."""
 
     store: Store  # the first lease's: it renews the leases of every store with its key
     entries: list[_Entry]
     results: Renewals | None = None
     error: BaseException | None = None
-
-
-class _Helper:
-    """A daemon thread making the renewal calls handed to it, one at a time.
-
-    Not a ThreadPoolExecutor: its threads are joined at interpreter exit, and one stuck on a
-    frozen Redis (no socket timeout) would hang the process's exit.
-    """
-
-    def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        threading.Thread(target=self._work, name="redislock-renewal-call", daemon=True).start()
-
-    def _work(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            job()
 
 
 def _no_answer(lease: Lease) -> LockBackendError:
@@ -102,10 +82,8 @@ class Heartbeat:
         # When the thread next wakes by itself (monotonic). A lease registered as due later
         # needs no wake-up: each task start would otherwise cost the thread a wake-up.
         self._wake_at = 0.0
-        # Calls answered (or failed) and not yet applied; helpers waiting for a call. Neither
-        # outlives a fork: the child makes a Heartbeat of its own (_forget_after_fork).
+        # Calls answered (or failed) and not yet applied.
         self._answered: list[_Call] = []
-        self._idle: list[_Helper] = []
         # Per Redis: its renewals failing, logged once then summed up (not every 0.5 s).
         self._failures: dict[object, RepeatedFailure] = {}
 
@@ -139,11 +117,9 @@ class Heartbeat:
         with self._cond:
             self._entries[lease.token] = entry
             if not self._started:
-                # A bare thread: threading.Thread.start() waits until the new thread runs,
-                # which costs the first registration in each forked process (an RQ work horse,
-                # a pool child) about half a millisecond. This one runs as soon as it is
-                # scheduled, long before its first lease falls due (ttl/3). It dies with the
-                # process, as a daemon thread does.
+                # A bare thread: threading.Thread.start() waits until the thread runs, half a
+                # millisecond of the first registration in each forked process (an RQ work
+                # horse, a pool child). It dies with the process, as a daemon thread does.
                 _thread.start_new_thread(self._run_thread, ())
                 self._started = True
             if entry.due < self._wake_at:
@@ -163,9 +139,6 @@ class Heartbeat:
         """Stops the thread; registered leases are then left to expire."""
         with self._cond:
             self._stopped = True
-            for helper in self._idle:
-                helper.jobs.put(None)
-            self._idle.clear()
             self._cond.notify()
         if self._started:
             self._ended.wait(timeout=5)
@@ -304,25 +277,17 @@ class Heartbeat:
         return wake
 
     def _start(self, call: _Call) -> None:
-        with self._cond:
-            helper = self._idle.pop() if self._idle else None
-        if helper is None:
-            helper = _Helper()  # one per call out at once: a frozen Redis holds up no other
-        helper.jobs.put(lambda: self._call(helper, call))
+        # On a helper thread of its own while it is out: a frozen Redis holds up no other call.
+        submit(functools.partial(self._call, call))
 
-    def _call(self, helper: _Helper, call: _Call) -> None:
-        leases = [e.lease for e in call.entries]
+    def _call(self, call: _Call) -> None:
         try:
-            call.results = call.store.renew(leases, None)
+            call.results = call.store.renew([e.lease for e in call.entries], None)
         except Exception as exc:
             call.error = exc
         finally:
             with self._cond:
                 self._answered.append(call)
-                if self._stopped:
-                    helper.jobs.put(None)
-                else:
-                    self._idle.append(helper)
                 self._cond.notify()
 
     def _report(self, e: _Entry, error: BaseException | None) -> None:

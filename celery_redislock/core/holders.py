@@ -1,5 +1,5 @@
 """Reading a lock's live leases (``holders.lua``) as :class:`~celery_redislock.Holder` records:
-one function, shared by :meth:`Lock.holders` and the admin API, so both report a lease alike."""
+shared by :meth:`Lock.holders` and the admin API, so both report a lease alike."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .protocol import HoldersReply
 from .scripts import run
 from .store import Holder, RedisClient, backend_errors
 
-__all__ = ["LiveHolders", "read_holders"]
+__all__ = ["LiveHolders", "holders_of", "read_holders"]
 
 
 class LiveHolders(NamedTuple):
@@ -21,11 +21,8 @@ class LiveHolders(NamedTuple):
     server_ms: int
 
 
-def read_holders(client: RedisClient, keys: LockKeys, name: str) -> LiveHolders:
-    """The live leases of the lock ``name`` whose keys are ``keys``, read in one script call
-    (expiry by the server's clock); a Redis failure is a ``LockBackendError`` naming ``name``."""
-    with backend_errors(name):
-        reply = HoldersReply.decode(run("holders", client, [keys.leases, keys.meta], []))
+def holders_of(reply: HoldersReply) -> list[Holder]:
+    """The leases of one ``holders.lua`` reply, oldest fence first (expiry by its clock)."""
     holders = [
         Holder(
             token=live.token,
@@ -38,5 +35,12 @@ def read_holders(client: RedisClient, keys: LockKeys, name: str) -> LiveHolders:
         )
         for live in reply.leases
     ]
-    holders.sort(key=lambda h: h.fence)
-    return LiveHolders(holders, reply.now_ms)
+    return sorted(holders, key=lambda h: h.fence)
+
+
+def read_holders(client: RedisClient, keys: LockKeys, name: str) -> LiveHolders:
+    """The live leases of the lock ``name`` whose keys are ``keys``, read in one script call;
+    a Redis failure is a ``LockBackendError`` naming ``name``."""
+    with backend_errors(name):
+        reply = HoldersReply.decode(run("holders", client, [keys.leases, keys.meta], []))
+    return LiveHolders(holders_of(reply), reply.now_ms)

@@ -1,8 +1,6 @@
 """The lock and its leases: a set of leases in a store (one Redis server, or a quorum of
-masters), taken and given back by Lua scripts, each operation written once here.
-
-Over 300 lines: the two classes that refer to each other (a lock makes leases; a lease gives
-itself back to its lock), and the batch renewal a lease's own renewal is one case of.
+masters), taken and given back by Lua scripts, each operation written once here (over 300
+lines: a lock makes leases, a lease gives itself back to its lock, and the batch renewal).
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ from .protocol import (
 from .replicas import ReplicaPolicy, check_policy, policy_of
 from .scripts import run
 from .server_store import ServerStore
-from .store import Holder, RedisClient, Store, backend_error, backend_errors
+from .store import Holder, RedisClient, Store, backend_errors
 
 __all__ = ["DEFAULT_FENCE_KEEP", "Lease", "Lock", "LockExtras", "RenewReport", "renew_leases"]
 
@@ -146,8 +144,6 @@ class Lock:
         self.mode: Mode = mode
         self.limit = limit
         self.fair = fair
-        # Publishes parked tasks this lock's calls hand the lock to (core/line.py); None: their
-        # short hand-overs lapse at once, for the next call on the lock or a sweeper to publish.
         self.handover = more.get("handover")
         self.handover_window = _positive_seconds(
             more.get("handover_window", DEFAULT_HANDOVER_WINDOW), "handover_window", self.name
@@ -158,9 +154,9 @@ class Lock:
         self.fence_keep = _positive_seconds(
             more.get("fence_keep", DEFAULT_FENCE_KEEP), "fence_keep", self.name
         )
-        # Encoded once: every lock script takes it. Readers are unbounded unless a limit is
-        # given; writers default to one at a time.
-        self.spec = LockSpec(
+        # Encoded once: every lock script takes it (``_spec``: the task line's and tests' name).
+        # Readers are unbounded unless a limit is given; writers default to one at a time.
+        self.spec = self._spec = LockSpec(
             mode=mode,
             limit=limit if limit is not None else (0 if mode == "read" else 1),
             ttl_ms=self.ttl_ms,
@@ -168,17 +164,11 @@ class Lock:
             entry_ms=_QUEUE_ENTRY_MS,
             keep_ms=max(1, round(self.fence_keep * 1000)),
         ).encode()
-        self.encoded_keys = [
-            key.encode() for key in self.keys.all
-        ]  # KEYS of every lock script, encoded once (the hot path)
+        # KEYS of every lock script, encoded once (the hot path).
+        self.encoded_keys = [key.encode() for key in self.keys.all]
         self._entered = threading.local()
         # How long a lease is counted on after its acquire was sent.
         self._validity = self.ttl - self.store.drift(self.ttl)
-
-    @property
-    def _spec(self) -> str:
-        """:attr:`spec`, by the name the task line and the tests use."""
-        return self.spec
 
     def __repr__(self) -> str:
         return f"Lock({self.name!r}, mode={self.mode!r}, limit={self.limit}, ttl={self.ttl})"
@@ -214,7 +204,14 @@ class Lock:
         have made is dropped before the error reaches the caller (or, with Redis unreachable,
         lapses within ``ttl``).
         """
-        self._check_acquire_args(blocking, timeout, owner)
+        if timeout is not None:
+            seconds_or_none(timeout, TIMEOUT, "timeout", name=self.name)  # no inf, NaN, > 1 day
+            if not blocking:
+                raise LockConfigError("timeout makes no sense with blocking=False", name=self.name)
+        if owner is not None and (not isinstance(owner, str) or not owner):
+            raise LockConfigError(
+                f"owner must be a non-empty string, got {owner!r}", name=self.name
+            )
         if not isinstance(reentrant, bool):
             raise LockConfigError(
                 f"reentrant must be True or False, got {reentrant!r}", name=self.name
@@ -246,11 +243,9 @@ class Lock:
         tries = 0
         while True:
             sent = time.monotonic()
-            try:
+            with backend_errors(self.name):
                 reply = self.store.acquire(self, args)
                 self._notify(reply.granted)
-            except redis.RedisError as exc:
-                raise backend_error(self.name, exc) from exc
             status = reply.status
             if status is AcquireStatus.JOB_FINISHED:
                 raise JobFinished(
@@ -318,16 +313,6 @@ class Lock:
                 self.name,
                 self.ttl,
                 exc,
-            )
-
-    def _check_acquire_args(self, blocking: bool, timeout: float | None, owner: str | None) -> None:
-        if timeout is not None:
-            seconds_or_none(timeout, TIMEOUT, "timeout", name=self.name)  # no inf, NaN, > 1 day
-            if not blocking:
-                raise LockConfigError("timeout makes no sense with blocking=False", name=self.name)
-        if owner is not None and (not isinstance(owner, str) or not owner):
-            raise LockConfigError(
-                f"owner must be a non-empty string, got {owner!r}", name=self.name
             )
 
     def _await_grant(self, seconds: float, token: str, owner: str | None) -> Lease | None:
@@ -406,11 +391,9 @@ class Lock:
             request=os.urandom(8).hex(),
             finish=None if finish_job is None else self._finish_args(finish_job, keep),
         )
-        try:
+        with backend_errors(self.name):
             reply = self.store.release(self, request.encode())
             self._notify(reply.granted)
-        except redis.RedisError as exc:
-            raise backend_error(self.name, exc) from exc
         if not reply.released:
             lease.released = True
             raise LockNotOwned(
@@ -432,13 +415,7 @@ class Lock:
                 "release_where needs at least one field to match (e.g. task_id=..., pid=...)",
                 name=self.name,
             )
-        return self._release_where(
-            ReleaseWhereArgs(
-                spec=self.spec,
-                match=json.dumps({k: str(v) for k, v in match.items()}),
-                request=os.urandom(8).hex(),
-            )
-        )
+        return self._release_where(json.dumps({k: str(v) for k, v in match.items()}))
 
     def release_tokens(self, tokens: Sequence[str]) -> list[str]:
         """Releases the leases ``tokens``, each whatever its re-entry count, and hands the lock
@@ -455,12 +432,10 @@ class Lock:
             )
         if not tokens:
             return []
-        request = ReleaseWhereArgs(
-            spec=self.spec, match="{}", request=os.urandom(8).hex(), tokens=tokens
-        )
-        return self._release_where(request)
+        return self._release_where("{}", tokens)
 
-    def _release_where(self, request: ReleaseWhereArgs) -> list[str]:
+    def _release_where(self, match: str, tokens: Sequence[str] = ()) -> list[str]:
+        request = ReleaseWhereArgs(self.spec, match, os.urandom(8).hex(), tokens)
         with backend_errors(self.name):
             reply = self.store.release_where(self, request.encode())
             self._notify(reply.granted)
@@ -512,8 +487,7 @@ class Lock:
         tb: TracebackType | None,
     ) -> None:
         lease: Lease = self._entered.stack.pop()
-        if not lease.released:
-            _release_on_exit(lease, exc)
+        lease.__exit__(exc_type, exc, tb)
 
 
 def _store_of(client: RedisClient | Store, more: LockExtras, name: str) -> Store:
@@ -521,8 +495,6 @@ def _store_of(client: RedisClient | Store, more: LockExtras, name: str) -> Store
     ``min_replicas`` sets, else the client's), or the store given."""
     min_replicas = more.get("min_replicas")
     if isinstance(client, redis.Redis | RedisCluster):
-        # After each acquire and renewal, this many replicas must acknowledge the lease (see
-        # core/replicas.py); None: the client's policy (require_replicas), else none.
         replicas = (
             policy_of(client)
             if min_replicas is None
@@ -585,13 +557,8 @@ class Lease:
 
         Raises :class:`LockLost` if the lease had already lapsed or was removed.
         """
-        report = renew_leases([self], ttl=ttl)
-        if report.lost:
-            raise LockLost(
-                f"lease {self.token} of lock {self.name!r} was lost",
-                name=self.name,
-                token=self.token,
-            )
+        if renew_leases([self], ttl=ttl).lost:
+            raise self._lost()
 
     def check(self) -> None:
         """Raises :class:`LockLost` if the lease is known lost or may have lapsed, and
@@ -603,11 +570,12 @@ class Lease:
                 token=self.token,
             )
         if self.lost or time.monotonic() >= self.valid_until:
-            raise LockLost(
-                f"lease {self.token} of lock {self.name!r} was lost",
-                name=self.name,
-                token=self.token,
-            )
+            raise self._lost()
+
+    def _lost(self) -> LockLost:
+        return LockLost(
+            f"lease {self.token} of lock {self.name!r} was lost", name=self.name, token=self.token
+        )
 
     def __enter__(self) -> Lease:
         return self
@@ -618,20 +586,18 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if not self.released:
-            _release_on_exit(self, exc)
-
-
-def _release_on_exit(lease: Lease, exc: BaseException | None) -> None:
-    """Leaving a ``with`` block: a failed release raises on a clean exit, but never hides the
-    exception the body raised (it is logged instead, as redis-py's Lock does)."""
-    if exc is None:
-        lease.release()
-        return
-    try:
-        lease.release()
-    except RedisLockError as error:
-        log.warning("lock %r: release after the block raised %r failed: %s", lease.name, exc, error)
+        # A failed release raises on a clean exit, but never hides the exception the body
+        # raised (it is logged instead, as redis-py's Lock does).
+        if self.released:
+            return
+        try:
+            self.release()
+        except RedisLockError as error:
+            if exc is None:
+                raise
+            log.warning(
+                "lock %r: release after the block raised %r failed: %s", self.name, exc, error
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -660,11 +626,7 @@ def renew_leases(leases: Iterable[Lease], *, ttl: float | None = None) -> RenewR
     why = ""
     by_store: dict[object, list[Lease]] = {}
     for lease in leases:
-        key = lease.lock.store.key
-        group = by_store.get(key)
-        if group is None:
-            group = by_store[key] = []
-        group.append(lease)
+        by_store.setdefault(lease.lock.store.key, []).append(lease)
     for group in by_store.values():
         got = group[0].lock.store.renew(group, ttl)
         for i, (lease, expiry, valid_until) in enumerate(

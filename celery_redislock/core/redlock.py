@@ -1,13 +1,6 @@
-"""RedLock: one lock over several independent Redis masters (3 or 5), held while a majority of
-them hold its lease. A :class:`~celery_redislock.core.lock.Lock` whose store is a quorum of
-masters (:class:`~celery_redislock.core.redlock_store.QuorumStore`): the same API
-(``acquire``/``release``, leases the heartbeat renews, ``holders``, ``locked``, ``with``), each
-operation run on every master and counted there. ``limit`` above 1 and ``fair`` are refused
-(see docs/topologies.md).
-
->>> masters = master_clients(["redis://a", "redis://b", "redis://c"])   # doctest: +SKIP
->>> with RedLock(masters, "report", ttl=30).acquire(timeout=5) as lease:  # doctest: +SKIP
-...     print(lease.fence)
+"""RedLock: a :class:`~celery_redislock.core.lock.Lock` whose store is a quorum of independent
+Redis masters (:class:`~celery_redislock.core.redlock_store.QuorumStore`), held while a majority
+of them hold its lease; ``limit`` above 1 and ``fair`` are refused (see docs/topologies.md).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The masters of a RedLock: one client per independent Redis master, checked (at least 3, an
-odd number, no server twice), and the fan-out that sends one call to every master at once.
+odd number, no server twice), and the daemon helper threads that call every master at once (an
+acquire waits only until its outcome is decided, never for a master that hangs; a forked child
+starts with none of its parent's helpers).
 
->>> urls = ["redis://a:6379", "redis://b:6379", "redis://c:6379"]
->>> masters = master_clients(urls)  # doctest: +SKIP
->>> RedLock(masters, "nightly-report", ttl=30)  # doctest: +SKIP
-
-Calls to the masters run on daemon helper threads, one call per thread at a time, reused once
-idle: an acquire waits only as long as its decision needs (a majority granted, or a majority
-out of reach), never for a master that hangs; other calls wait for every master, at most a ttl.
-After ``fork`` a child starts with no helper of its parent's (their threads do not exist
-there).
+>>> masters = master_clients(["redis://a", "redis://b", "redis://c"])  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, TypeVar
 
@@ -38,6 +32,7 @@ __all__ = [
     "on_each",
     "parse_master_urls",
     "quorum",
+    "submit",
 ]
 
 T = TypeVar("T")
@@ -89,30 +84,24 @@ def parse_master_urls(value: object, what: str = "masters") -> tuple[str, ...]:
             f"{what} must be Redis URLs (a list, or one string separated by commas), got {value!r}"
         )
     urls: list[str] = []
+    addresses: list[str | None] = []
     for item in items:
         if not isinstance(item, str) or "://" not in item:
             raise LockConfigError(f"{what}: {item!r} is not a Redis URL (redis://host:port/db)")
         try:
-            redis.connection.parse_url(item)  # type: ignore[no-untyped-call]
+            kwargs = redis.connection.parse_url(item)  # type: ignore[no-untyped-call]
         except ValueError as exc:
             raise LockConfigError(f"{what}: {item!r} is not a Redis URL: {exc}") from exc
         urls.append(item)
+        addresses.append(_address({"host": "localhost", **kwargs}))
     _check_count(len(urls), what)
-    _check_distinct([_address_of_url(url) for url in urls], what)
+    _check_distinct(addresses, what)
     return tuple(urls)
 
 
-def _address_of_url(url: str) -> str:
-    kwargs = redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
-    if "path" in kwargs:
-        return f"unix:{kwargs['path']}"
-    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-
-
-def _address(client: redis.Redis) -> str | None:
-    """The server a client talks to (``host:port`` or ``unix:path``; ``None``: not known, e.g.
-    a Sentinel-managed client)."""
-    kwargs = client.connection_pool.connection_kwargs
+def _address(kwargs: Mapping[str, Any]) -> str | None:
+    """The server a client's connection arguments name (``host:port`` or ``unix:path``;
+    ``None``: not known, e.g. a Sentinel-managed client)."""
     if "path" in kwargs:
         return f"unix:{kwargs['path']}"
     if "host" in kwargs:
@@ -149,7 +138,9 @@ def check_masters(clients: object, *, name: str | None = None) -> tuple[redis.Re
     if len({id(c) for c in clients}) != len(clients):
         raise LockConfigError("masters name the same client more than once", name=name)
     _check_count(len(clients), "masters", name)
-    _check_distinct([_address(c) for c in clients], "masters", name)
+    _check_distinct(
+        [_address(c.connection_pool.connection_kwargs) for c in clients], "masters", name
+    )
     return tuple(clients)
 
 
@@ -163,11 +154,10 @@ def master_clients(
     again in one process (a lock made per task shares them); making them does not connect."""
     parsed = parse_master_urls(urls, what)
     key = (parsed, float(socket_timeout))  # (redis-py's pools reconnect after a fork)
-    here = _here
-    with here.lock:
-        found = here.made.get(key)
+    with _here.lock:
+        found = _here.made.get(key)
         if found is None:
-            found = here.made[key] = tuple(
+            found = _here.made[key] = tuple(
                 redis.Redis.from_url(
                     url,
                     socket_timeout=socket_timeout,
@@ -184,8 +174,7 @@ class _Helper:
     with nothing to do. Not a ThreadPoolExecutor: its threads are joined at interpreter exit,
     and one stuck on a frozen master would hold up the process's exit."""
 
-    def __init__(self, pool: _Pool) -> None:
-        self.pool = pool
+    def __init__(self) -> None:
         self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         threading.Thread(target=self._work, name="redislock-redlock-call", daemon=True).start()
 
@@ -194,46 +183,21 @@ class _Helper:
             try:
                 job = self.jobs.get(timeout=_IDLE_S)
             except queue.Empty:
-                with self.pool.lock:
-                    if self in self.pool.idle:
-                        self.pool.idle.remove(self)
+                with _here.lock:
+                    if self in _here.idle:
+                        _here.idle.remove(self)
                         return
                 continue  # handed a call as it timed out: the call is on its way
             job()
-            with self.pool.lock:
-                self.pool.idle.append(self)
-
-
-class _Pool:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.idle: list[_Helper] = []
-
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
-        future: Future[T] = Future()
-
-        def job() -> None:
-            try:
-                result = fn()
-            except BaseException as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-
-        with self.lock:
-            helper = self.idle.pop() if self.idle else None
-        if helper is None:
-            helper = _Helper(self)
-        helper.jobs.put(job)
-        return future
+            with _here.lock:
+                _here.idle.append(self)
 
 
 class _Process:
     """What RedLock keeps per process: the master clients made from URLs (the locks a framework
-    makes per task share them), the lock guarding them, and the helper threads that call the
-    masters. A forked child starts with a new lock and no helper (the parent's threads do not
-    exist there, and one of them may have held the lock at the fork); redis-py's pools
-    reconnect by themselves."""
+    makes per task share them), the idle helper threads, and the lock guarding both. A forked
+    child starts with a new lock and no helper (the parent's threads do not exist there, and
+    one of them may have held the lock at the fork); redis-py's pools reconnect by themselves."""
 
     def __init__(self) -> None:
         self.made: dict[tuple[tuple[str, ...], float], tuple[redis.Redis, ...]] = {}
@@ -241,17 +205,34 @@ class _Process:
 
     def after_fork(self) -> None:
         self.lock = threading.Lock()
-        self.pool = _Pool()
+        self.idle: list[_Helper] = []
 
 
 _here = _Process()
 os.register_at_fork(after_in_child=_here.after_fork)
 
 
+def submit(fn: Callable[[], T]) -> Future[T]:
+    """Runs ``fn`` on a helper thread (the heartbeat's renewal calls run on them too)."""
+    future: Future[T] = Future()
+
+    def job() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    with _here.lock:
+        helper = _here.idle.pop() if _here.idle else None
+    (helper or _Helper()).jobs.put(job)
+    return future
+
+
 def on_each(masters: Sequence[redis.Redis], call: Callable[[redis.Redis], T]) -> list[Future[T]]:
     """Starts ``call(master)`` for every master at once; one future each, in order."""
-    pool = _here.pool
-    return [pool.submit(functools.partial(call, master)) for master in masters]
+    return [submit(functools.partial(call, master)) for master in masters]
 
 
 def gather(

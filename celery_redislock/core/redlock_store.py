@@ -1,22 +1,15 @@
 """The quorum store (RedLock): a lock's leases on several independent Redis masters (3 or 5),
-held while a majority of them hold them.
-
-Each master runs the lock's own scripts (``acquire.lua``, ``release.lua``, ...) with the same
-ARGV, all masters at once, through clients with retries off and short timeouts, and the answers
-are counted. An acquire holds when a majority granted it within the validity
-``ttl - elapsed - drift`` (drift: 1% of ttl + 2 ms); otherwise what it took is released
-everywhere (a request still in flight is released when it settles). Each try has a token of its
-own: a try's late answer gives back that try's lease only. Fences: the highest fence the
-granting masters gave is raised on a majority before the acquire returns
-(``redlock_fence.lua``), so fences grow strictly from one acquisition to the next.
-
-Over 300 lines: the acquire's vote (counting, the fence agreement, giving back a partial win)
-and the merge of every other script's answers, one method each.
+held while a majority of them hold them. Each master runs the lock's own scripts with the same
+ARGV, all at once, and the answers are counted. An acquire holds when a majority granted it
+within the validity ``ttl - elapsed - drift``, else what it took is given back everywhere; the
+highest fence the granting masters gave is raised on a majority (``redlock_fence.lua``), so
+fences grow strictly. A renewal holds if a majority renewed the lease within its validity.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import time
@@ -28,21 +21,21 @@ from typing import Any, TypeVar
 import redis
 
 from ..errors import LockBackendError, LockConfigError
+from .holders import holders_of
 from .protocol import (
     AcquireReply,
     AcquireStatus,
     HoldersReply,
-    ReleaseArgs,
     ReleaseReply,
     ReleaseWhereReply,
 )
 from .redlock_masters import gather, on_each, quorum
-from .redlock_renew import drift, renew_on_masters
-from .replicas import ReplicaPolicy
+from .replicas import ReplicaPolicy, pipelined
 from .scripts import run
+from .server_store import give_back, renew_calls, spread
 from .store import Holder, LeaseView, LockView, Renewals
 
-__all__ = ["QuorumStore"]
+__all__ = ["QuorumStore", "drift"]
 
 T = TypeVar("T")
 
@@ -53,12 +46,21 @@ _RETRY_BASE_S = 0.01
 _RETRY_CAP_S = 0.2
 
 
+def drift(ttl: float) -> float:
+    """The part of ``ttl`` a lease is not counted on for: ``1% of ttl`` (the masters' clocks
+    may run that much faster than this process's: a lease must be known lost here before any
+    master drops it) ``+ 2 ms`` (timer resolution).
+
+    >>> from celery_redislock.core.redlock_store import drift
+    >>> round(drift(10.0), 3)
+    0.102
+    """
+    return ttl * 0.01 + 0.002
+
+
 class QuorumStore:
     """A lock's leases on ``masters`` (checked clients, see
-    :func:`~celery_redislock.core.redlock_masters.check_masters`), held on a majority.
-
-    Failures: a majority of masters unreachable, or a majority granted only after the validity
-    ran out, raise :class:`LockBackendError` (fail closed)."""
+    :func:`~celery_redislock.core.redlock_masters.check_masters`), held on a majority."""
 
     queues = False
     replicas: ReplicaPolicy | None = None
@@ -214,21 +216,18 @@ class QuorumStore:
         def undo(settled: Future[AcquireReply]) -> None:
             found = what(settled)
             if found is not None:
-                _give_back(lock, master, found[0], whole=found[1])
+                with contextlib.suppress(redis.RedisError):  # unreachable: it lapses in a ttl
+                    give_back(lock, master, found[0], whole=found[1])
 
         if not future.done():
             future.add_done_callback(undo)
             return None
-        found = what(future)
-        if found is None:
-            return None
-        return on_each([master], lambda _: _give_back(lock, master, found[0], whole=found[1]))[0]
+        return None if what(future) is None else on_each([master], lambda _: undo(future))[0]
 
     def abandon(self, lock: LockView, token: str) -> None:
         """Nothing to do: a failed try gave back what it took (the token was its own)."""
 
     def await_push(self, lock: LockView, key: str, seconds: float, tries: int) -> Any | None:
-        """No push crosses masters: pauses for the ``tries``-th retry (at most ``seconds``)."""
         pause = min(_RETRY_CAP_S, _RETRY_BASE_S * 2**tries)
         time.sleep(min(seconds, random.uniform(pause / 2, pause)))
         return None
@@ -241,20 +240,17 @@ class QuorumStore:
     def release(self, lock: LockView, args: list[str]) -> ReleaseReply:
         """Released if a majority released it; :class:`LockBackendError` if too few masters
         answered to tell (what was not released lapses within the ttl)."""
-        replies = self._on_all(
+        replies = self._majority(
             lock,
             lambda master: ReleaseReply.decode(run("release", master, lock.encoded_keys, args)),
+            "release",
         )
-        released = [r for r in replies if isinstance(r, ReleaseReply) and r.released]
-        answered = sum(1 for r in replies if isinstance(r, ReleaseReply))
+        released = [r for r in replies if r.released]
         if len(released) >= self.quorum:
             return ReleaseReply(True, max(r.left for r in released), ())
-        if answered >= self.quorum:
-            return ReleaseReply(False, 0, ())
-        raise self._too_few(lock, replies, "release")
+        return ReleaseReply(False, 0, ())
 
     def release_where(self, lock: LockView, args: list[str]) -> ReleaseWhereReply:
-        """The tokens released on any master (if a majority answered)."""
         replies = self._majority(
             lock,
             lambda master: ReleaseWhereReply.decode(
@@ -267,99 +263,95 @@ class QuorumStore:
         )
 
     def finish(self, lock: LockView, args: list[str]) -> None:
-        """Recorded on a majority (an acquire on any majority then sees it)."""
         self._majority(
             lock, lambda master: run("finish", master, lock.encoded_keys, args), "finish"
         )
 
     def holders(self, lock: LockView) -> list[Holder]:
-        """The leases a majority of the masters hold, oldest fence first; ``expires_in`` is
-        how long a majority still has each (by the masters' clocks)."""
         keys = lock.encoded_keys[:2]
         replies = self._majority(
             lock, lambda master: HoldersReply.decode(run("holders", master, keys, [])), "holders"
         )
         seen: dict[str, list[Holder]] = {}
         for reply in replies:
-            for live in reply.leases:
-                seen.setdefault(live.token, []).append(
-                    Holder(
-                        token=live.token,
-                        mode=live.mode,
-                        fence=live.fence,
-                        owner=live.owner,
-                        info=live.info,
-                        count=live.entered,
-                        expires_in=(live.expires_at_ms - reply.now_ms) / 1000,
-                    )
-                )
+            for holder in holders_of(reply):
+                seen.setdefault(holder.token, []).append(holder)
         out = []
+        nth = self.quorum - 1  # what a majority agreed on (a late master may say more)
         for copies in seen.values():
             if len(copies) < self.quorum:
                 continue  # a stray lease on a minority holds nothing
-            left = sorted((h.expires_in for h in copies), reverse=True)[self.quorum - 1]
-            first = copies[0]
             out.append(
-                Holder(
-                    token=first.token,
-                    mode=first.mode,
-                    # What a majority agreed on (a master that answered late may have more).
-                    fence=sorted((h.fence for h in copies), reverse=True)[self.quorum - 1],
-                    owner=first.owner,
-                    info=first.info,
+                dataclasses.replace(
+                    copies[0],
+                    fence=sorted((h.fence for h in copies), reverse=True)[nth],
                     count=max(h.count for h in copies),
-                    expires_in=left,
+                    expires_in=sorted((h.expires_in for h in copies), reverse=True)[nth],
                 )
             )
         return sorted(out, key=lambda h: h.fence)
 
     def renew(self, leases: Sequence[LeaseView], ttl: float | None) -> Renewals:
-        return renew_on_masters(self.masters, leases, ttl)
+        """Every master renews the whole batch in one call, all at once: a lease is renewed if
+        a majority renewed it before its validity ran out (its expiry then the server time
+        until which a majority has it), lost if a majority no longer has it or the answer came
+        after its validity, else not known (-1)."""
+        need, count = self.quorum, len(self.masters)
+        calls = renew_calls(leases, ttl)  # one per distinct ttl: usually one
+        batch = [(keys, args) for _, keys, args in calls]
+
+        def renew(master: redis.Redis) -> list[int]:
+            return spread(calls, pipelined(master, "renew", batch, None)[0], [0] * len(leases))
+
+        sent = time.monotonic()
+        futures = on_each(self.masters, renew)
+        # Past the last validity nothing can be renewed in time: stop waiting there.
+        gather(futures, lambda: False, max(lease.valid_until for lease in leases))
+        answered = time.monotonic()
+        per_master = _replies(futures)
+        expiries: list[int] = []
+        valid: list[float] = []
+        whys: list[str | None] = []
+        for i, lease in enumerate(leases):
+            renewed = sorted((e[i] for e in per_master if e[i] > 0), reverse=True)
+            gone = sum(1 for e in per_master if e[i] == 0)
+            held_for = ttl if ttl is not None else lease.lock.ttl
+            expiry, valid_until, why = -1, lease.valid_until, None
+            if answered >= lease.valid_until:
+                expiry, why = 0, "the renewal answered after its validity"
+            elif len(renewed) >= need:
+                expiry, valid_until = renewed[need - 1], sent + held_for - drift(held_for)
+            elif gone > count - need:
+                expiry, why = 0, f"{gone} of {count} masters no longer hold it"
+            else:
+                why = (
+                    f"renewed on {len(renewed)} of {count} masters, a majority ({need}) is "
+                    f"needed ({_errors(futures) or 'no answer'})"
+                )
+            expiries.append(expiry)
+            valid.append(valid_until)
+            whys.append(why)
+        return Renewals(expiries, valid, whys)
 
     # -- every master ------------------------------------------------------------------------
 
-    def _on_all(self, lock: LockView, call: Callable[[redis.Redis], T]) -> list[T | BaseException]:
-        """``call`` on every master at once; each one's answer or error. Waits at most a ttl
-        (after that, whatever the call would change has lapsed anyway)."""
+    def _majority(self, lock: LockView, call: Callable[[redis.Redis], T], what: str) -> list[T]:
+        """``call`` on every master at once: the answers, if a majority answered within a ttl
+        (after that, whatever the call would change has lapsed anyway); else
+        :class:`LockBackendError`."""
         futures = on_each(self.masters, call)
         gather(futures, lambda: False, time.monotonic() + lock.ttl)
-        out: list[T | BaseException] = []
-        for future in futures:
-            if not future.done():
-                out.append(TimeoutError("no answer within the ttl"))
-            elif (error := future.exception()) is not None:
-                out.append(error)
-            else:
-                out.append(future.result())
-        return out
-
-    def _majority(self, lock: LockView, call: Callable[[redis.Redis], T], what: str) -> list[T]:
-        """The answers of the masters that answered, if a majority did; else
-        :class:`LockBackendError`."""
-        replies = self._on_all(lock, call)
-        good = [r for r in replies if not isinstance(r, BaseException)]
+        good = _replies(futures)
         if len(good) < self.quorum:
-            raise self._too_few(lock, replies, what)
+            raise LockBackendError(
+                f"lock {lock.name!r}: {what} answered by {len(good)} of {len(self.masters)} "
+                f"RedLock masters, a majority ({self.quorum}) is needed ({_errors(futures)})",
+                name=lock.name,
+            )
         return good
 
-    def _too_few(self, lock: LockView, replies: Sequence[object], what: str) -> LockBackendError:
-        errors = [_describe(r) for r in replies if isinstance(r, BaseException)]
-        return LockBackendError(
-            f"lock {lock.name!r}: {what} answered by {len(replies) - len(errors)} of "
-            f"{len(self.masters)} RedLock masters, a majority ({self.quorum}) is needed "
-            f"({'; '.join(errors)})",
-            name=lock.name,
-        )
 
-
-def _give_back(lock: LockView, master: redis.Redis, token: str, *, whole: bool) -> None:
-    request = token if whole else os.urandom(8).hex()
-    args = ReleaseArgs(token=token, spec=lock.spec, whole=whole, request=request).encode()
-    with contextlib.suppress(redis.RedisError):  # unreachable: it lapses within its ttl
-        run("release", master, lock.encoded_keys, args)
-
-
-def _replies(futures: Sequence[Future[AcquireReply]]) -> list[AcquireReply]:
+def _replies(futures: Sequence[Future[T]]) -> list[T]:
     return [f.result() for f in futures if f.done() and f.exception() is None]
 
 
@@ -369,9 +361,5 @@ def _errors(futures: Sequence[Future[Any]]) -> str:
         if not future.done():
             out.append("no answer yet")
         elif (error := future.exception()) is not None:
-            out.append(_describe(error))
+            out.append(f"{type(error).__name__}: {error}")
     return "; ".join(out)
-
-
-def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"

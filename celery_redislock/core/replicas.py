@@ -1,22 +1,11 @@
 """Replica acknowledgement: after a script that takes or renews a lease, wait until that many
-replicas have the write, so that a failover cannot lose it.
-
-Redis replicates asynchronously: a lease the master alone holds is gone if the master dies
-before its replicas got it, and the lock can then be granted twice. ``WAIT n timeout`` blocks
-until ``n`` replicas acknowledged every write *of the connection it is sent on*, so it goes on
-the same connection as the script, right after it, in one non-transactional pipeline (inside a
-script or ``MULTI`` it would not block). On Redis 7.2+ with the append-only file on, ``WAITAOF``
-is used instead (replicas must have written the lease to their AOF); this is detected once per
-client.
-
-A replica policy belongs to a Redis deployment, so it is attached to the client:
+replicas have the write, so that a failover cannot lose it (Redis replicates asynchronously).
+``WAIT`` (``WAITAOF`` on Redis 7.2+ with the AOF on) counts the writes of its own connection,
+so it follows the script on that connection, in one non-transactional pipeline. Fewer
+acknowledgements fail closed: an acquire drops its lease and raises
+:class:`~celery_redislock.errors.LockBackendError`; a renewal is not counted.
 
 >>> client = require_replicas(redis.Redis(), 1, timeout=0.5)   # doctest: +SKIP
->>> Lock(client, "report", ttl=30).acquire()                   # doctest: +SKIP
-
-Fewer acknowledgements than asked fail closed: an acquire drops the lease it made and raises
-:class:`~celery_redislock.errors.LockBackendError`; a renewal is not counted (the heartbeat tries
-again and reports the lease lost if it lapses meanwhile).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one-server store: a lock's scripts run on one Redis client (plain, Sentinel-managed, or a
-Cluster), in one round trip each; with a replica policy (:mod:`.replicas`), acquires and
-renewals then wait for the replicas' acknowledgement. Renewal batches many leases into one
-script call per client (one per slot, pipelined per node, on a Cluster).
+Cluster), each in one round trip, then wait for the replicas (:mod:`.replicas`) if asked to.
+Renewal batches many leases into one script call per client (per slot, pipelined per node, on
+a Cluster).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .replicas import ReplicaPolicy, acknowledged, pipelined, refresh
 from .scripts import run
 from .store import Holder, LeaseView, LockView, RedisClient, Renewals, backend_errors
 
-__all__ = ["ServerStore"]
+__all__ = ["ServerStore", "give_back", "renew_calls", "spread"]
 
 
 class ServerStore:
@@ -60,32 +60,28 @@ class ServerStore:
                 return float(socket_timeout) / 2
         return float("inf")
 
-    def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
+    def _run(
+        self, lock: LockView, name: str, keys: list[bytes], args: list[str]
+    ) -> tuple[Any, int]:
+        """Script ``name``, then with a replica policy WAIT: the reply and the acknowledgements
+        (0 without a policy)."""
         if self.replicas is None:
-            return AcquireReply.decode(run("acquire", self.client, lock.encoded_keys, args))
-        raw, acks = acknowledged(
-            self.client,
-            "acquire",
-            lock.encoded_keys,
-            args,
-            self.replicas,
-            slot_key=lock.keys.leases,
-        )
+            return run(name, self.client, keys, args), 0
+        return acknowledged(self.client, name, keys, args, self.replicas, slot_key=lock.keys.leases)
+
+    def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
+        raw, acks = self._run(lock, "acquire", lock.encoded_keys, args)
         reply = AcquireReply.decode(raw)
-        if reply.status is AcquireStatus.HELD and acks < self.replicas.count:
+        if self.replicas and reply.status is AcquireStatus.HELD and acks < self.replicas.count:
             # Fails closed: the lock drops a new lease (args[0] is its token) before the error
             # reaches the caller; an owner's re-entry into its lease is undone here, one level.
             if reply.token != args[0]:
-                undo = ReleaseArgs(
-                    token=reply.token, spec=lock.spec, whole=False, request=os.urandom(8).hex()
-                )
-                run("release", self.client, lock.encoded_keys, undo.encode())
+                give_back(lock, self.client, reply.token, whole=False)
             self.replicas.check(acks, lock.name, "acquire")
         return reply
 
     def abandon(self, lock: LockView, token: str) -> None:
-        abandon = ReleaseArgs(token=token, spec=lock.spec, whole=True, request=token)
-        run("release", self.client, lock.encoded_keys, abandon.encode())
+        give_back(lock, self.client, token, whole=True)
 
     def await_push(self, lock: LockView, key: str, seconds: float, tries: int) -> Any | None:
         with backend_errors(lock.name):
@@ -95,17 +91,8 @@ class ServerStore:
     def claim(self, lock: LockView, token: str) -> int:
         renew = RenewArgs(ttl_ms=lock.ttl_ms, tokens=[token]).encode()
         with backend_errors(lock.name):
-            if self.replicas is None:
-                raw = run("renew", self.client, lock.encoded_keys[:2], renew)
-            else:
-                raw, acks = acknowledged(
-                    self.client,
-                    "renew",
-                    lock.encoded_keys[:2],
-                    renew,
-                    self.replicas,
-                    slot_key=lock.keys.leases,
-                )
+            raw, acks = self._run(lock, "renew", lock.encoded_keys[:2], renew)
+            if self.replicas is not None:
                 self.replicas.check(acks, lock.name, "acquire")
         return RenewReply.decode(raw).expiries[0]
 
@@ -125,10 +112,17 @@ class ServerStore:
         sent = time.monotonic()
         group = list(leases)
         with backend_errors(group[0].lock.name if len(group) == 1 else None):
-            expiries = _run(self.client, group, ttl)
-        if ttl is not None:
-            return Renewals(expiries, [sent + ttl] * len(group), None)
-        return Renewals(expiries, [sent + lease.lock.ttl for lease in group], None)
+            expiries = _renew(self.client, group, ttl)
+        valid = [sent + (lease.lock.ttl if ttl is None else ttl) for lease in group]
+        return Renewals(expiries, valid, None)
+
+
+def give_back(lock: LockView, client: RedisClient, token: str, *, whole: bool) -> None:
+    """``release.lua`` for ``token``: the whole lease (the token the request id: sent twice, it
+    counts once), or one re-entry level."""
+    request = token if whole else os.urandom(8).hex()
+    args = ReleaseArgs(token=token, spec=lock.spec, whole=whole, request=request).encode()
+    run("release", client, lock.encoded_keys, args)
 
 
 def renew_calls(
@@ -162,73 +156,59 @@ def _strictest(group: Sequence[LeaseView]) -> ReplicaPolicy | None:
     return ReplicaPolicy(max(p.count for p in policies), max(p.timeout for p in policies))
 
 
-def _run(client: RedisClient, group: list[LeaseView], ttl: float | None) -> list[int]:
-    policy = _strictest(group)
-    if isinstance(client, RedisCluster):
-        try:
-            return _run_cluster(client, group, ttl, policy)
-        except MovedError:
-            # A failover moved slots: ask the cluster where they are now, and try once more
-            # (renewal is safe to run twice).
-            refresh(client)
-            return _run_cluster(client, group, ttl, policy)
-        except (redis.ConnectionError, redis.TimeoutError):
-            refresh(client)  # a node is gone: the next try goes where its slots went
-            raise
-    out = [0] * len(group)
-    calls = renew_calls(group, ttl)
-    if policy is not None:
-        replies = _pipelined(client, [(keys, args) for _, keys, args in calls], group, policy)
-    else:
-        replies = [run("renew", client, keys, args) for _, keys, args in calls]
+def spread(
+    calls: list[tuple[list[int], list[bytes], list[str]]], replies: list[Any], out: list[int]
+) -> list[int]:
+    """The expiries the replies to :func:`renew_calls`' ``calls`` gave, put in ``out`` at their
+    leases' indexes."""
     for (indexes, _, _), raw in zip(calls, replies, strict=True):
         for i, expiry in zip(indexes, RenewReply.decode(raw).expiries, strict=True):
             out[i] = expiry
     return out
 
 
-def _run_cluster(
-    client: RedisCluster, group: list[LeaseView], ttl: float | None, policy: ReplicaPolicy | None
-) -> list[int]:
+def _renew(client: RedisClient, group: list[LeaseView], ttl: float | None) -> list[int]:
+    if not isinstance(client, RedisCluster):
+        return _renew_on_nodes(client, group, ttl)
+    try:
+        return _renew_on_nodes(client, group, ttl)
+    except MovedError:
+        # A failover moved slots: ask the cluster where they are now, and try once more
+        # (renewal is safe to run twice).
+        refresh(client)
+        return _renew_on_nodes(client, group, ttl)
+    except (redis.ConnectionError, redis.TimeoutError):
+        refresh(client)  # a node is gone: the next try goes where its slots went
+        raise
+
+
+def _renew_on_nodes(client: RedisClient, group: list[LeaseView], ttl: float | None) -> list[int]:
+    """Renews ``group`` in one round trip per node (an ASK answer sends its calls on to the
+    node named). With replicas asked for, WAIT follows on each node's connection, and fewer
+    acknowledgements than asked raise :class:`LockBackendError`: the renewal is not counted
+    (its leases are at risk: the heartbeat tries again, and reports them lost if they lapse)."""
     out = [0] * len(group)
-    # A script may touch one slot only: one call per slot, pipelined to each node in one go.
+    policy = _strictest(group)
+    cluster = client if isinstance(client, RedisCluster) else None
     by_node: dict[str, tuple[redis.Redis, dict[int, list[int]]]] = {}
-    for i, lease in enumerate(group):
-        key = lease.lock.keys.leases
-        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
-        entry = by_node.setdefault(node.name, (client.get_redis_connection(node), {}))
-        entry[1].setdefault(client.keyslot(key), []).append(i)  # type: ignore[no-untyped-call]
+    if not isinstance(client, RedisCluster):
+        by_node[""] = (client, {0: list(range(len(group)))})
+    else:
+        # A script may touch one slot only: one call per slot, pipelined to each node.
+        for i, lease in enumerate(group):
+            key = lease.lock.keys.leases
+            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            entry = by_node.setdefault(node.name, (client.get_redis_connection(node), {}))
+            entry[1].setdefault(client.keyslot(key), []).append(i)  # type: ignore[no-untyped-call]
     for node_client, by_slot in by_node.values():
         calls = []
         for indexes in by_slot.values():
             for sub, keys, args in renew_calls([group[i] for i in indexes], ttl):
                 calls.append(([indexes[j] for j in sub], keys, args))
-        replies = _pipelined(
-            node_client,
-            [(keys, args) for _, keys, args in calls],
-            [group[i] for indexes, _, _ in calls for i in indexes],
-            policy,
-            client,
-        )
-        for (indexes, _, _), raw in zip(calls, replies, strict=True):
-            for i, expiry in zip(indexes, RenewReply.decode(raw).expiries, strict=True):
-                out[i] = expiry
+        batch = [(keys, args) for _, keys, args in calls]
+        replies, acks = pipelined(node_client, "renew", batch, policy, cluster=cluster)
+        if policy is not None:
+            names = {group[i].lock.name for indexes, _, _ in calls for i in indexes}
+            policy.check(acks or 0, names.pop() if len(names) == 1 else None, "renewal")
+        spread(calls, replies, out)
     return out
-
-
-def _pipelined(
-    client: redis.Redis,
-    calls: list[tuple[list[bytes], list[str]]],
-    group: list[LeaseView],
-    policy: ReplicaPolicy | None,
-    cluster: RedisCluster | None = None,
-) -> list[Any]:
-    """The renew calls on one node's connection, in one round trip (an ASK answer sends its
-    calls on to the node named). With ``policy``, WAIT follows on the same connection, and fewer
-    acknowledgements than asked raise :class:`LockBackendError`: the renewal is not counted
-    (its leases are at risk: the heartbeat tries again, and reports them lost if they lapse)."""
-    replies, acks = pipelined(client, "renew", calls, policy, cluster=cluster)
-    if policy is not None:
-        names = {lease.lock.name for lease in group}
-        policy.check(acks or 0, names.pop() if len(names) == 1 else None, "renewal")
-    return replies

@@ -1,12 +1,7 @@
 """Where a lock keeps its leases: the :class:`Store` protocol a :class:`~.lock.Lock` runs every
-operation through, and the types the lock's modules share (a lease's :class:`Holder` record,
-the Redis client type, the error translation).
-
-Two stores: one Redis server (:class:`~.server_store.ServerStore`: a plain, Sentinel-managed or
-Cluster client) and a quorum of independent masters (:class:`~.redlock_store.QuorumStore`,
-RedLock). Each operation is written once in the lock; a store runs its script on its server, or
-on every master, counting votes. Nothing here imports the lock: a store sees a lock as a
-:class:`LockView`.
+operation through (one Redis server: :class:`~.server_store.ServerStore`; a quorum of masters:
+:class:`~.redlock_store.QuorumStore`), and the types the lock's modules share. Nothing here
+imports the lock: a store sees a lock as a :class:`LockView`.
 """
 
 from __future__ import annotations
@@ -85,31 +80,22 @@ class Renewals(NamedTuple):
 class LockView(Protocol):
     """What a store reads of a lock (a :class:`~.lock.Lock` is one)."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def ttl(self) -> float: ...
-    @property
-    def ttl_ms(self) -> int: ...
-    @property
-    def keys(self) -> LockKeys: ...
-    @property
-    def encoded_keys(self) -> list[bytes]: ...
-    @property
-    def spec(self) -> str:
-        """:meth:`LockSpec.encode` of the lock's settings (every lock script takes it)."""
-
-    @property
-    def replicas(self) -> ReplicaPolicy | None: ...
+    name: str
+    ttl: float
+    ttl_ms: int
+    keys: LockKeys
+    encoded_keys: list[bytes]
+    spec: str
+    """:meth:`LockSpec.encode` of the lock's settings (every lock script takes it)."""
+    replicas: ReplicaPolicy | None
 
 
 class LeaseView(Protocol):
     """What a store reads of a lease to renew it (a :class:`~.lock.Lease` is one)."""
 
-    @property
-    def token(self) -> str: ...
-    @property
-    def valid_until(self) -> float: ...
+    token: str
+    valid_until: float
+
     @property
     def lock(self) -> LockView: ...
 
