@@ -49,7 +49,7 @@ from .protocol import (
 from .replicas import ReplicaPolicy, check_policy, policy_of
 from .scripts import run
 from .server_store import ServerStore
-from .store import Holder, RedisClient, Store, backend_errors
+from .store import Holder, RedisClient, Store, backend_error, backend_errors
 
 __all__ = ["DEFAULT_FENCE_KEEP", "Lease", "Lock", "LockExtras", "RenewReport", "renew_leases"]
 
@@ -243,9 +243,12 @@ class Lock:
         tries = 0
         while True:
             sent = time.monotonic()
-            with backend_errors(self.name):
+            # (try/except, not the backend_errors context manager: this is the hot path)
+            try:
                 reply = self.store.acquire(self, args)
                 self._notify(reply.granted)
+            except redis.RedisError as exc:
+                raise backend_error(self.name, exc) from exc
             status = reply.status
             if status is AcquireStatus.JOB_FINISHED:
                 raise JobFinished(
@@ -391,9 +394,11 @@ class Lock:
             request=os.urandom(8).hex(),
             finish=None if finish_job is None else self._finish_args(finish_job, keep),
         )
-        with backend_errors(self.name):
+        try:
             reply = self.store.release(self, request.encode())
             self._notify(reply.granted)
+        except redis.RedisError as exc:
+            raise backend_error(self.name, exc) from exc
         if not reply.released:
             lease.released = True
             raise LockNotOwned(

@@ -164,7 +164,7 @@ class AcquireArgs(NamedTuple):
     """Park in the task line rather than fail or wait."""
 
     def encode(self) -> list[str]:
-        flags = _bit(self.wait) + _bit(self.woke) + _bit(self.once)  # e.g. '100'
+        flags = f"{self.wait:d}{self.woke:d}{self.once:d}"  # e.g. '100'
         args = [self.token, self.spec, flags, self.owner or "", self.info, self.job or ""]
         if self.park is not None:
             args[2] += "1"
