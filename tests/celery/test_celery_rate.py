@@ -33,10 +33,13 @@ def test_a_burst_keeps_the_rate_across_workers_and_each_task_is_published_at_mos
     starts = _starts(lockapp, "rated:starts")
     assert len(starts) == 16
     assert most_in_window(starts, 1.0) <= 5  # the promise: 5 a second, fleet-wide
-    # No spinning: a task over the rate goes back to the broker once, for its slot.
+    # No spinning: a task over the rate goes back to the broker once, for its slot. A copy
+    # that comes back more than the slack (0.1 s) after its slot reserves again (docs/rate.md),
+    # which a loaded machine makes happen now and then: a few go round twice, none more.
     deliveries = _deliveries(lockapp)
-    assert len(deliveries) == 16 and max(deliveries) <= 2
-    assert deliveries.count(2) >= 16 - 5 - 5  # most waited for a later slot
+    assert len(deliveries) == 16 and max(deliveries) <= 3
+    assert deliveries.count(3) <= 3
+    assert deliveries.count(2) + deliveries.count(3) >= 16 - 5 - 5  # most waited for a slot
     # The rate is reached, not only respected: 16 starts at 5 a second need a bit over 2 s
     # (slots 1.05 s apart); a generous bound for a loaded machine.
     assert starts[-1] - starts[0] < 8

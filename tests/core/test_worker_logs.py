@@ -164,8 +164,11 @@ def test_an_rq_lock_worker_names_its_unreachable_lock_redis_once(
     port = _free_port()
     url = f"redis://:s3cret@127.0.0.1:{port}/0"
     worker = rq_workers(name="w0", args=RQ_ARGS, env={"REDISLOCK_URL": url})
+    # Said just after RQ's "Listening on" (RQ sets its log up in bootstrap, the check follows).
+    said = unanswered(port, "REDISLOCK_ON_BACKEND_ERROR")
+    wait_for(lambda: lines(worker.log(), said), "the unanswered lock Redis logged", 10)
     log = worker.log()
-    assert len(lines(log, unanswered(port, "REDISLOCK_ON_BACKEND_ERROR"))) == 1, log
+    assert len(lines(log, said)) == 1, log
     assert "s3cret" not in log
 
 
