@@ -257,13 +257,14 @@ CONTENTION_LOCKS = (OURS, "celery_redislock_fair", "redis_py", "python_redis_loc
 
 
 class CountingConnection(redis.Connection):
-    """A connection that counts the commands this process sends through it."""
+    """A connection that counts the writes this process sends through it: a command, or a
+    pipeline's commands sent together (one round trip; a command goes through here too)."""
 
     sent = 0
 
-    def send_command(self, *args: Any, **kwargs: Any) -> None:
+    def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
         CountingConnection.sent += 1
-        super().send_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+        super().send_packed_command(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
 def counting_client(url: str, parser: str) -> redis.Redis:

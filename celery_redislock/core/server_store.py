@@ -115,7 +115,10 @@ class ServerStore:
         group = list(leases)
         with backend_errors(group[0].lock.name if len(group) == 1 else None):
             expiries = _renew(self.client, group, ttl)
-        valid = [sent + (lease.lock.ttl if ttl is None else ttl) for lease in group]
+        if ttl is not None:
+            valid = [sent + ttl] * len(group)
+        else:
+            valid = [sent + lease.lock.ttl for lease in group]
         return Renewals(expiries, valid, None)
 
 
@@ -127,9 +130,11 @@ def give_back(lock: LockView, client: RedisClient, token: str, *, whole: bool) -
     run("release", client, lock.encoded_keys, args)
 
 
-def renew_calls(
-    group: Sequence[LeaseView], ttl: float | None
-) -> list[tuple[list[int], list[bytes], list[str]]]:
+RenewCalls = list[tuple[list[int], list[bytes], list[str]]]
+"""Script calls renewing leases: for each, the indexes of its leases, its keys, its args."""
+
+
+def renew_calls(group: Sequence[LeaseView], ttl: float | None) -> RenewCalls:
     """Script calls renewing ``group``: one per distinct ttl (index list, keys, args)."""
     # One pass, building each call's keys and tokens as it goes: thousands of leases a call.
     fixed = None if ttl is None else max(1, round(ttl * 1000))
@@ -158,9 +163,7 @@ def _strictest(group: Sequence[LeaseView]) -> ReplicaPolicy | None:
     return ReplicaPolicy(max(p.count for p in policies), max(p.timeout for p in policies))
 
 
-def spread(
-    calls: list[tuple[list[int], list[bytes], list[str]]], replies: list[Any], out: list[int]
-) -> list[int]:
+def spread(calls: RenewCalls, replies: list[Any], out: list[int]) -> list[int]:
     """The expiries the replies to :func:`renew_calls`' ``calls`` gave, put in ``out`` at their
     leases' indexes."""
     for (indexes, _, _), raw in zip(calls, replies, strict=True):
@@ -192,21 +195,24 @@ def _renew_on_nodes(client: RedisClient, group: list[LeaseView], ttl: float | No
     out = [0] * len(group)
     policy = _strictest(group)
     cluster = client if isinstance(client, RedisCluster) else None
-    by_node: dict[str, tuple[redis.Redis, dict[int, list[int]]]] = {}
+    nodes: dict[str, tuple[redis.Redis, RenewCalls]] = {}
     if not isinstance(client, RedisCluster):
-        by_node[""] = (client, {0: list(range(len(group)))})
+        nodes[""] = (client, renew_calls(group, ttl))  # one node, one slot: the whole group
     else:
         # A script may touch one slot only: one call per slot, pipelined to each node.
+        by_node: dict[str, tuple[redis.Redis, dict[int, list[int]]]] = {}
         for i, lease in enumerate(group):
             key = lease.lock.keys.leases
             node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
             entry = by_node.setdefault(node.name, (client.get_redis_connection(node), {}))
             entry[1].setdefault(client.keyslot(key), []).append(i)  # type: ignore[no-untyped-call]
-    for node_client, by_slot in by_node.values():
-        calls = []
-        for indexes in by_slot.values():
-            for sub, keys, args in renew_calls([group[i] for i in indexes], ttl):
-                calls.append(([indexes[j] for j in sub], keys, args))
+        for name, (node_client, by_slot) in by_node.items():
+            calls: RenewCalls = []
+            for indexes in by_slot.values():
+                for sub, keys, args in renew_calls([group[i] for i in indexes], ttl):
+                    calls.append(([indexes[j] for j in sub], keys, args))
+            nodes[name] = (node_client, calls)
+    for node_client, calls in nodes.values():
         batch = [(keys, args) for _, keys, args in calls]
         replies, acks = pipelined(node_client, "renew", batch, policy, cluster=cluster)
         if policy is not None:
