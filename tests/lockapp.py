@@ -253,7 +253,10 @@ def _unique_run(self: Any, name: str, seconds: float, retry_countdown: float | N
     _sleep(seconds, name)
     if retry_countdown is not None and self.request.retries == 0:
         raise self.retry(countdown=retry_countdown)
-    r.rpush(f"ended:{name}", f"{self.request.id}:{self.request.retries}")
+    with r.pipeline() as notes:
+        notes.rpush(f"ended:{name}", f"{self.request.id}:{self.request.retries}")
+        notes.rpush(f"ended-at:{name}", repr(time.time()))
+        notes.execute()
     return "ran"
 
 
