@@ -9,8 +9,8 @@ LOWEST ?= .venv-lowest
 # workers, leases and timeouts, not on CPU, so three share two cores well.
 TEST_PROCESSES ?= 3
 
-.PHONY: demo demo-core demo-docs test quick test-main test-quick test-lowest test-topologies lint \
-	lua-check bench bench-celery bench-rq soak clean docs
+.PHONY: demo demo-core demo-docs test quick test-main coverage test-quick test-lowest \
+	test-topologies lint lua-check bench bench-celery bench-rq soak clean docs
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -82,7 +82,7 @@ endef
 
 # Lint, the docs build (warnings as errors, doctests), every test against each Redis found
 # (redis-server on PATH and the embedded 6.2), the Redis topologies, then the Celery and RQ tests
-# once more on the lowest supported versions: about 15 minutes on 2 cores.
+# once more on the lowest supported versions: about 20 minutes on 2 cores.
 test:
 	$(call phases,lint docs test-main test-topologies test-lowest)
 
@@ -91,6 +91,11 @@ quick:
 	$(call phases,lint test-quick)
 
 test-main: $(VENV)/.dev
+	$(BIN)/pytest -n $(TEST_PROCESSES) -m "not topology" $(ARGS)
+
+# test-main with branch coverage of the package, worker subprocesses included: about a quarter
+# slower, so `make test` leaves it out.
+coverage: $(VENV)/.dev
 	$(BIN)/pytest -n $(TEST_PROCESSES) -m "not topology" --cov --cov-report=term-missing:skip-covered $(ARGS)
 
 test-quick: $(VENV)/.dev
