@@ -43,8 +43,8 @@ Run from the repository root::
 
 A full run takes about 2 minutes on 2 cores and ``--quick`` about 30 s. ``--json`` writes
 ``jobs_per_s`` (best round per worker kind and variant), ``ratio`` (locked / plain, best and
-median), ``cpu_ms_per_job``, ``recovery_s`` (median per worker class), ``recovery_s_max`` and
-``ttl``.
+median), ``cpu_ms_per_job``, ``faults_per_job`` (minor page faults of the worker and its
+horses), ``recovery_s`` (median per worker class), ``recovery_s_max`` and ``ttl``.
 
 Every worker runs in its own process group and is killed (all of it, its horses too) on exit,
 Ctrl-C and SIGTERM included. Against ``--url`` the keys created (each contains the run id) are
@@ -128,13 +128,21 @@ class Worker:
     process: subprocess.Popen[bytes]
     log: Path
 
+    def _stat(self) -> list[str]:
+        try:
+            return Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return ["0"] * 20
+
     def cpu_s(self) -> float:
         """User + system CPU of the worker and of its horses that ended (reaped by it)."""
-        try:
-            stat = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return sum(int(x) for x in stat[11:15]) / CLOCK_TICKS  # utime stime cutime cstime
+        return sum(int(x) for x in self._stat()[11:15]) / CLOCK_TICKS  # utime stime cutime cstime
+
+    def faults(self) -> int:
+        """Minor page faults of the worker and of its horses that ended: in a forked horse,
+        mostly the pages of its parent's memory it wrote to and so got its own copy of."""
+        stat = self._stat()
+        return int(stat[7]) + int(stat[8])  # minflt cminflt
 
     def tail(self, lines: int = 30) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -208,6 +216,7 @@ class Fleet:
 class Round:
     jobs_per_s: float
     worker_cpu_ms: float  # per job
+    faults: float  # minor page faults of the worker and its horses, per job
     redis_cpu_ms: float
     client_cpu_ms: float
 
@@ -256,6 +265,7 @@ class Bench:
         self.client.delete(rq_jobs.done_key(self.run, variant))
         queue = self.queue(worker.queue)
         cpu_before = (worker.cpu_s(), redis_cpu_s(self.client), time.process_time())
+        faults_before = worker.faults()
         start = time.perf_counter()
         ids = self.enqueue(queue, variant, count)
         deadline = time.monotonic() + 60 + count / 10
@@ -268,12 +278,13 @@ class Bench:
             time.sleep(0.005)
         elapsed = time.perf_counter() - start
         cpu_after = (worker.cpu_s(), redis_cpu_s(self.client), time.process_time())
+        faults = (worker.faults() - faults_before) / count
         self.check_finished(worker, variant, ids, count)
         worker_ms, redis_ms, client_ms = (
             (after - before) / count * 1000
             for before, after in zip(cpu_before, cpu_after, strict=True)
         )
-        return Round(count / elapsed, worker_ms, redis_ms, client_ms)
+        return Round(count / elapsed, worker_ms, faults, redis_ms, client_ms)
 
     def check_finished(self, worker: Worker, variant: str, ids: list[str], count: int) -> None:
         """Not timed: every job finished, and each body ran exactly once."""
@@ -409,7 +420,7 @@ def print_throughput(rates: dict[str, dict[str, Rounds]], counts: dict[str, int]
     print(
         f"  {'worker':<15}{'variant':<9}{'class':<13}{'jobs':>5}{'jobs/s':>8}{'vs plain':>10}"
         f"{'paired':>8}{'ms/job extra':>14}{'CPU ms/job':>12}{'worker':>8}{'redis':>7}"
-        f"{'client':>8}  all rounds (jobs/s)"
+        f"{'client':>8}{'faults':>8}  all rounds (jobs/s)"
     )
     for kind, variants in rates.items():
         plain = variants["plain"]
@@ -423,13 +434,15 @@ def print_throughput(rates: dict[str, dict[str, Rounds]], counts: dict[str, int]
                 f"{best.jobs_per_s / plain.best.jobs_per_s:>9.2f}x"
                 f"{paired(r, plain):>7.2f}x{extra:>+14.3f}{best.cpu_ms:>12.2f}"
                 f"{best.worker_cpu_ms:>8.2f}{best.redis_cpu_ms:>7.2f}{best.client_cpu_ms:>8.2f}"
-                f"  {each}"
+                f"{best.faults:>8.0f}  {each}"
             )
     print(
         "  vs plain: best round / plain's best round; paired: median over the rounds of the rate "
         "/ plain's rate in the same round;\n  ms/job extra: 1/rate - 1/plain rate; CPU: user+sys "
         "per job of the best round, summed over the worker (parent + horses), redis-server and "
-        "this enqueuing process"
+        "this enqueuing process;\n  faults: minor page faults of the worker (parent + horses) "
+        "per job: a forked horse copies each page of its parent's memory it writes to, "
+        "Python objects' reference counts included"
     )
 
 
@@ -468,6 +481,10 @@ def to_json(rates: dict[str, dict[str, Rounds]], recovery: dict[str, Recovery]) 
         },
         "cpu_ms_per_job": {
             kind: {v: round(r.best.cpu_ms, 3) for v, r in variants.items()}
+            for kind, variants in rates.items()
+        },
+        "faults_per_job": {
+            kind: {v: round(r.best.faults) for v, r in variants.items()}
             for kind, variants in rates.items()
         },
         "recovery_s": {label: round(r.median, 3) for label, r in recovery.items()},
