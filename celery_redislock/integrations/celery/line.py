@@ -9,7 +9,7 @@ from celery import Celery
 from ...core.sweeper import LineSweeper
 from .kind import is_locked_task
 from .run import handover_for
-from .settings import client_for, settings_for
+from .settings import app_state, client_for, settings_for
 
 __all__ = ["start_sweeping", "stop_sweeping", "uses_line"]
 
@@ -24,26 +24,32 @@ def uses_line(app: Celery) -> bool:
     return False
 
 
-_sweepers: list[LineSweeper] = []
+def _app_of(sender: object) -> Celery | None:
+    app = getattr(getattr(sender, "controller", sender), "app", None)
+    return app if isinstance(app, Celery) else None
 
 
 def start_sweeping(sender: object = None, **_: object) -> None:
     """``worker_ready`` receiver: a worker whose app has tasks that may park sweeps their
     lines from its main process."""
-    app = getattr(getattr(sender, "controller", sender), "app", None)
-    if not isinstance(app, Celery) or not uses_line(app):
+    app = _app_of(sender)
+    if app is None or not uses_line(app):
         return
     settings = settings_for(app)
-    if settings.disabled:
+    state = app_state(app)
+    if settings.disabled or state.sweeper is not None:
         return
     client = client_for(app, settings)  # made here, not in the thread (fork safety)
     interval, window = settings.line_sweep_interval, settings.line_handover_window
     sweeper = LineSweeper(client, settings.namespace, handover_for(app), interval, window)
     sweeper.start()
-    _sweepers.append(sweeper)
+    state.sweeper = sweeper
 
 
-def stop_sweeping(**_: object) -> None:
-    """``worker_shutdown`` receiver."""
-    while _sweepers:
-        _sweepers.pop().stop()
+def stop_sweeping(sender: object = None, **_: object) -> None:
+    """``worker_shutdown`` receiver (its sender is the worker)."""
+    app = _app_of(sender)
+    state = app_state(app) if app is not None else None
+    if state is not None and state.sweeper is not None:
+        sweeper, state.sweeper = state.sweeper, None
+        sweeper.stop()

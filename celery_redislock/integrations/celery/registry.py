@@ -5,9 +5,7 @@ worker writes as it starts (for beat and producers that send by name)."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import weakref
 
 from celery import Celery
 
@@ -15,7 +13,7 @@ from ...core.keys import registry_key
 from ...core.run.spec import Spec
 from ...errors import LockBackendError
 from .kind import LockAware, is_locked_task
-from .settings import Settings, client_for, settings_for
+from .settings import Settings, app_state, client_for, settings_for
 
 __all__ = ["Spec", "publish_specs", "spec_for", "spec_of"]
 
@@ -50,17 +48,11 @@ def publish_specs(app: Celery) -> None:
         log.warning("could not publish unique task specs to Redis: %s", exc)
 
 
-# Per app: task name -> (read at, spec or None), read from Redis on first use.
-_cache: weakref.WeakKeyDictionary[Celery, dict[str, tuple[float, Spec | None]]] = (
-    weakref.WeakKeyDictionary()
-)
-_guard = threading.Lock()
-
-
 def _lookup(app: Celery, name: str, settings: Settings) -> Spec | None:
     now = time.monotonic()
-    with _guard:
-        hit = _cache.setdefault(app, {}).get(name)
+    state = app_state(app)  # (its specs: task name -> (read at, spec or None))
+    with state.guard:
+        hit = state.specs.get(name)
     if hit is not None and now - hit[0] < _REGISTRY_CACHE_S:
         return hit[1]
     try:
@@ -72,8 +64,8 @@ def _lookup(app: Celery, name: str, settings: Settings) -> Spec | None:
             f"task {name!r}: could not read whether it is unique: {exc}", name=None
         ) from exc
     spec = Spec.from_json(name, raw) if raw else None
-    with _guard:
-        _cache[app][name] = (now, spec)
+    with state.guard:
+        state.specs[name] = (now, spec)
     return spec
 
 

@@ -10,7 +10,6 @@ import contextlib
 import os
 import threading
 import time
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,7 +45,7 @@ from .kind import (
     LockAware,
     is_locked_task,
 )
-from .settings import client_for, settings_for
+from .settings import app_state, client_for, settings_for
 from .signals import lock_acquired, lock_backend_error, lock_conflict, lock_lost, lock_released
 
 __all__ = [
@@ -100,21 +99,21 @@ def lock_for(task: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | No
     return make_lock(settings, client, task.lock_options, name, handover_for(task.app))
 
 
-_handovers: weakref.WeakKeyDictionary[Celery, Handover] = weakref.WeakKeyDictionary()
-
-
 def handover_for(app: Celery) -> Handover:
     """Publishes a parked task of ``app`` again (one function per app)."""
+    state = app_state(app)
+    if state.handover is None:
 
-    def publish(handed: Handed) -> None:
-        signature = app.signature(loads(handed.payload))  # type: ignore[no-untyped-call]
-        if handed.expired:
-            headers = {**(signature.options.get("headers") or {}), LINE_EXPIRED_HEADER: True}
-            signature.apply_async(headers=headers)
-        else:
-            signature.apply_async()
+        def publish(handed: Handed) -> None:
+            signature = app.signature(loads(handed.payload))  # type: ignore[no-untyped-call]
+            if handed.expired:
+                headers = {**(signature.options.get("headers") or {}), LINE_EXPIRED_HEADER: True}
+                signature.apply_async(headers=headers)
+            else:
+                signature.apply_async()
 
-    return _handovers.setdefault(app, publish)
+        state.handover = publish  # (two threads at once: two equal functions, either kept)
+    return state.handover
 
 
 def _payload(task: LockAware, token: str) -> str:

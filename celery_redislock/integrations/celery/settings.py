@@ -14,7 +14,9 @@ from celery import Celery
 from redis.exceptions import RedisClusterException
 
 from ...core.client_cache import CLIENTS
+from ...core.handover import Handover
 from ...core.lease import RedisClient
+from ...core.run.spec import Spec
 from ...core.settings import (
     BACKEND_POLICIES,
     CELERY,
@@ -25,6 +27,7 @@ from ...core.settings import (
     disabled_by_env,
     read_mapping,
 )
+from ...core.sweeper import LineSweeper
 from ...errors import LockConfigError
 from ._compat import SettingLookups, setting_lookups
 
@@ -32,8 +35,10 @@ __all__ = [
     "BACKEND_POLICIES",
     "DISABLED_ENV",
     "KNOWN_SETTINGS",
+    "AppState",
     "BackendPolicy",
     "Settings",
+    "app_state",
     "check_app",
     "client_for",
     "freeze",
@@ -68,11 +73,12 @@ def _read(app: Celery) -> Settings:
     return Settings.from_values(values, CELERY)
 
 
-class _AppState:
-    """What this module keeps for one app: its settings as last read, what they were read
-    from, which keys Celery reads for each."""
+class AppState:
+    """What the integration keeps for one app, in this process: its settings as last read and
+    what they were read from, which keys Celery reads for each; the function that publishes its
+    parked tasks again; the unique task specs read from Redis; its worker's line sweeper."""
 
-    __slots__ = ("lookups", "seen", "settings")
+    __slots__ = ("guard", "handover", "lookups", "seen", "settings", "specs", "sweeper")
 
     def __init__(self) -> None:
         self.settings: Settings | None = None  # (in a worker: read once)
@@ -80,27 +86,33 @@ class _AppState:
         self.seen: tuple[tuple[object, ...], Settings] | None = None
         # ((id of its app.conf, its prefix), what Celery reads for each setting, all those keys)
         self.lookups: tuple[tuple[int, object], SettingLookups, tuple[str, ...]] | None = None
+        self.handover: Handover | None = None
+        # Task name -> (read at, its spec or None): specs a producer read from Redis.
+        self.specs: dict[str, tuple[float, Spec | None]] = {}
+        self.guard = threading.Lock()  # (for specs)
+        self.sweeper: LineSweeper | None = None  # (in a worker's main process)
 
 
 class _Apps:
-    """Each app's :class:`_AppState`; and whether configuration is final: in a worker it is once
+    """Each app's :class:`AppState`; and whether configuration is final: in a worker it is once
     it has started, and settings are then read once per app (reading app.conf costs more than
     the rest of taking a lock, Redis aside)."""
 
     def __init__(self) -> None:
         self.frozen = False
-        self.states: weakref.WeakKeyDictionary[Celery, _AppState] = weakref.WeakKeyDictionary()
+        self.states: weakref.WeakKeyDictionary[Celery, AppState] = weakref.WeakKeyDictionary()
         self.lock = threading.Lock()
 
 
 _APPS = _Apps()
 
 
-def _state(app: Celery) -> _AppState:
+def app_state(app: Celery) -> AppState:
+    """What the integration keeps for ``app`` in this process (made on first use)."""
     state = _APPS.states.get(app)
     if state is None:
         with _APPS.lock:
-            state = _APPS.states.setdefault(app, _AppState())
+            state = _APPS.states.setdefault(app, AppState())
     return state
 
 
@@ -119,7 +131,7 @@ def _lookups_of(app: Celery) -> tuple[SettingLookups, tuple[str, ...]] | None:
     """What Celery reads for each setting, and all those keys once each (kept per app)."""
     conf = app.conf
     identity = (id(conf), getattr(conf, "prefix", None))
-    state = _state(app)
+    state = app_state(app)
     cached = state.lookups
     if cached is not None and cached[0] == identity:
         return cached[1], cached[2]
@@ -166,7 +178,7 @@ def set_setting(app: Celery, name: str, value: object) -> None:
 
 def settings_for(app: Celery) -> Settings:
     """The app's lock settings, checked (a bad value raises :class:`LockConfigError`)."""
-    state = _state(app)
+    state = app_state(app)
     if _APPS.frozen:
         if state.settings is None:
             state.settings = _read(app)
