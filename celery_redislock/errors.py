@@ -120,10 +120,12 @@ class JobFinished(RedisLockError):
 
 
 class DuplicateTask(RedisLockError):
-    """A unique task was not published: a copy with the same key is queued or running.
+    """A unique task was not published: a copy with the same key is queued or running (or, for
+    ``once_per_period``, started within the period).
 
     ``task_id`` is the copy's id, ``expires_in`` the seconds its claim on the key has left (for a
-    running copy: until its lease lapses unless renewed), ``state`` ``"queued"`` or ``"running"``.
+    running copy: until its lease lapses unless renewed; ``"started"``: until the period ends),
+    ``state`` ``"queued"``, ``"running"`` or ``"started"``.
     """
 
     def __init__(

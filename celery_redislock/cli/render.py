@@ -151,17 +151,19 @@ def released_lines(released: Released) -> list[str]:
     return [f"{verb} lock {released.name!r}: {holder_line(h)}" for h in released.holders]
 
 
-CLAIM_HEADER = ("KEY", "TASK ID", "TIME LEFT")
+CLAIM_HEADER = ("KEY", "TASK ID", "STATE", "TIME LEFT")
 
 
 def claim_row(claim: ClaimState) -> tuple[str, ...]:
-    return (claim.name, claim.task_id, _seconds(claim.expires_in))
+    state = "started" if claim.started else "queued"
+    return (claim.name, claim.task_id, state, _seconds(claim.expires_in))
 
 
 def claim_dict(claim: ClaimState) -> dict[str, Any]:
     return {
         "name": claim.name,
         "task_id": claim.task_id,
+        "started": claim.started,
         "expires_in": _rounded(claim.expires_in),
     }
 

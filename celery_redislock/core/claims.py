@@ -16,6 +16,7 @@ from .protocol import (
     ClaimReply,
     ReleaseClaimArgs,
     ReleaseClaimReply,
+    ReleaseMode,
     text,
 )
 from .scripts import run
@@ -24,6 +25,7 @@ from .store import RedisClient, backend_errors
 __all__ = [
     "DEFAULT_PUBLISH_WINDOW",
     "ClaimKind",
+    "ReleaseMode",
     "claim",
     "claim_holder_action",
     "publish_claimed",
@@ -68,12 +70,22 @@ def claim(
     return ClaimReply.decode(reply)
 
 
-def release_claim(client: RedisClient, namespace: str, name: str, task_id: str) -> str | None:
-    """Gives up ``task_id``'s claim on the key ``name``. Returns the id of the task that
-    superseded it (``"-"`` if that one has gone already): another holds the key, or this one was
-    replaced. ``None``: released, or nobody held it."""
+def release_claim(
+    client: RedisClient,
+    namespace: str,
+    name: str,
+    task_id: str,
+    *,
+    mode: ReleaseMode = ReleaseMode.GIVE_UP,
+    keep: float = 0.0,
+) -> str | None:
+    """Gives up ``task_id``'s claim on the key ``name`` (a once_per_period run that started
+    keeps it for its period; ``mode=FORCE`` frees it even then), or with ``mode=START`` keeps
+    it ``keep`` seconds from now as a once_per_period run starts. Returns the id of the task
+    that superseded it (``"-"`` if that one has gone already): another holds the key, or this
+    one was replaced. ``None``: released (kept, for START), or nobody held it."""
     keys = LockKeys.of(namespace, name)
-    args = ReleaseClaimArgs(task_id=task_id).encode()
+    args = ReleaseClaimArgs(task_id, mode, max(1, int(keep * 1000))).encode()
     with backend_errors(name):
         reply = run("unique_release", client, [keys.queued, keys.replaced], args)
     return ReleaseClaimReply.decode(reply).superseded_by

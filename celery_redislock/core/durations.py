@@ -18,6 +18,7 @@ __all__ = [
     "MAX_HOLD",
     "MAX_WAIT",
     "OTHER",
+    "PERIOD",
     "TIMEOUT",
     "TTL",
     "Duration",
@@ -61,6 +62,9 @@ MAX_HOLD = Duration(0.1, 30 * _DAY)
 # How long a queued claim outlives its countdown/ETA: under 0.1 s it lapses before delivery;
 # past a month the message is surely lost.
 ALLOWANCE = Duration(0.1, 30 * _DAY)
+# A once-per-period key's period: under 0.1 s it keeps nothing apart; past a year it is a
+# one-off, which wants no key that lapses.
+PERIOD = Duration(0.1, 365 * _DAY)
 # A parked task's wait: under a second it would expire before a sweep sees it.
 MAX_WAIT = Duration(1.0, 7 * _DAY)
 # Any other duration (the fence mark's keep): at least a millisecond, as Redis counts them.
@@ -72,6 +76,7 @@ _BY_NAME = {
     "countdown": COUNTDOWN,
     "max_hold": MAX_HOLD,
     "allowance": ALLOWANCE,
+    "period": PERIOD,
     "max_wait": MAX_WAIT,
 }
 

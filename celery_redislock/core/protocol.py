@@ -32,6 +32,7 @@ __all__ = [
     "ReleaseArgs",
     "ReleaseClaimArgs",
     "ReleaseClaimReply",
+    "ReleaseMode",
     "ReleaseReply",
     "ReleaseWhereArgs",
     "ReleaseWhereReply",
@@ -395,6 +396,8 @@ class ClaimKind(StrEnum):
     """A new call."""
     REPLACE = "x"
     """A new call that replaces a queued holder."""
+    CANCEL = "k"
+    """A new call that replaces a queued holder or cancels a running one (until_finished)."""
     REPUBLISH = "r"
     """A re-publish of the same job (its retry)."""
     CONFIRM = "c"
@@ -408,7 +411,8 @@ class ClaimStatus(IntEnum):
     CLAIMED = 1
     """Claimed, or this id's already (its lifetime extended, never shortened)."""
     REPLACED = 2
-    """Claimed from a queued holder, for the caller to revoke."""
+    """Claimed from a queued holder, for the caller to revoke; or (a cancel) from a running
+    one, for the caller to stop."""
     REPUBLISH_UNCLAIMED = 3
     """A re-publish that found another id holding the key: published without it. For a
     confirmation: the key is not this id's (holder ``'-'``: nobody holds it)."""
@@ -435,7 +439,12 @@ class ClaimReply(NamedTuple):
     ms_left: int
     """DUPLICATE, REPUBLISH_UNCLAIMED: what the holder's claim (or run lease) has left; else 0."""
     running: bool
-    """DUPLICATE: the holder runs (else it is queued)."""
+    """DUPLICATE: the holder runs (else it is queued); REPLACED: the replaced holder runs (a
+    cancel: the caller stops it)."""
+    started: bool = False
+    """DUPLICATE: the holder is a once_per_period run that started within its period."""
+    also: str | None = None
+    """REPLACED by a cancel: a queued copy replaced in the same step, for the caller to revoke."""
 
     @property
     def duplicate(self) -> bool:
@@ -447,17 +456,35 @@ class ClaimReply(NamedTuple):
 
     @classmethod
     def decode(cls, raw: Any) -> ClaimReply:
-        status, holder, ms, state = text(raw).split()
+        status, holder, ms, state, *rest = text(raw).split()
+        also = rest[0] if rest and rest[0] != "-" else None
         return cls(
-            status=_CLAIM_STATUS[int(status)], holder=holder, ms_left=int(ms), running=state == "r"
+            status=_CLAIM_STATUS[int(status)],
+            holder=holder,
+            ms_left=int(ms),
+            running=state == "r",
+            started=state == "s",
+            also=also,
         )
+
+
+class ReleaseMode(StrEnum):
+    GIVE_UP = "g"
+    """The copy gives its claim up (a once_per_period run that started keeps its period)."""
+    START = "s"
+    """A once_per_period run starts: the key is its for the period, whatever the outcome."""
+    FORCE = "f"
+    """An operator frees the key, started or not."""
 
 
 class ReleaseClaimArgs(NamedTuple):
     task_id: str
+    mode: ReleaseMode = ReleaseMode.GIVE_UP
+    keep_ms: int = 0
+    """START: the period."""
 
     def encode(self) -> list[str]:
-        return [self.task_id]
+        return [self.task_id, self.mode.value, str(self.keep_ms)]
 
 
 class ReleaseClaimReply(NamedTuple):

@@ -9,8 +9,9 @@ from typing import Literal, TypedDict, get_args
 
 from ..errors import LockConfigError
 from ._validate import one_of
-from .durations import ALLOWANCE, seconds_or_none
+from .durations import ALLOWANCE, PERIOD, seconds_or_none
 from .options import (
+    ConflictAction,
     KeyFunction,
     LockOptions,
     Scope,
@@ -29,12 +30,21 @@ __all__ = [
     "parse_unique_option",
 ]
 
-Lifecycle = Literal["until_started", "until_finished", "while_running", "until_and_while_running"]
-OnDuplicate = Literal["existing", "raise", "replace"]
+Lifecycle = Literal[
+    "until_started",
+    "until_finished",
+    "while_running",
+    "until_and_while_running",
+    "keep_last",
+    "once_per_period",
+]
+OnDuplicate = Literal["existing", "raise", "replace", "cancel"]
 
 LIFECYCLES: tuple[Lifecycle, ...] = get_args(Lifecycle)
 ON_DUPLICATE: tuple[OnDuplicate, ...] = get_args(OnDuplicate)
-_RUNS_LOCKED = ("until_finished", "while_running", "until_and_while_running")
+_RUNS_LOCKED = ("until_finished", "while_running", "until_and_while_running", "keep_last")
+# keep_last: the pending call must wait its turn, never be dropped.
+_KEEP_LAST_CONFLICT = ("queue", "retry", "wait")
 
 
 class UniqueOptionDict(TypedDict, total=False):
@@ -49,6 +59,7 @@ class UniqueOptionDict(TypedDict, total=False):
     scope: Scope
     on_duplicate: OnDuplicate | None
     allowance: float | None
+    period: float | None
 
 
 # The option names, in the order errors list them: the dict form's keys, so they cannot drift.
@@ -65,6 +76,8 @@ class UniqueOptions:
     on_duplicate: OnDuplicate | None = None
     allowance: float | None = None
     """Seconds a queued claim lasts beyond the message's countdown/ETA."""
+    period: float | None = None
+    """once_per_period: seconds the key stays taken from a run's start, whatever its outcome."""
 
     @property
     def queued(self) -> bool:
@@ -76,6 +89,12 @@ class UniqueOptions:
         """Whether a running copy makes a new call a duplicate (until_finished)."""
         return self.lifecycle == "until_finished"
 
+    @property
+    def kept_after_start(self) -> float | None:
+        """Seconds the key stays taken from a run's start (once_per_period), else ``None``: it
+        is given up as the run starts."""
+        return self.period if self.lifecycle == "once_per_period" else None
+
 
 def parse_unique_option(
     task: str,
@@ -86,9 +105,9 @@ def parse_unique_option(
     """Checks a task's ``unique=`` option and returns it parsed, with the task's execution lock.
 
     ``value`` is ``None``/``False``, a lifecycle name, or a mapping of ``lifecycle``, ``key``,
-    ``scope``, ``on_duplicate`` and ``allowance``. The lifecycles that hold the key while the task
-    runs use the task's ``lock=`` as that run lock (it must then be exclusive, and gives the key),
-    or imply one with the unique key.
+    ``scope``, ``on_duplicate``, ``allowance`` and ``period``. The lifecycles that hold the key
+    while the task runs use the task's ``lock=`` as that run lock (it must then be exclusive,
+    and gives the key), or imply one with the unique key.
 
     >>> u, lock = parse_unique_option("report", None, "until_finished", None)
     >>> u.lifecycle, lock is not None
@@ -105,10 +124,32 @@ def parse_unique_option(
         return option_what(task, option, "unique")
 
     lifecycle = one_of(opts.get("lifecycle", "until_finished"), LIFECYCLES, what("lifecycle"))
-    on_duplicate = opts.get("on_duplicate")
+    on_duplicate: OnDuplicate | None = opts.get("on_duplicate")
     if on_duplicate is not None:
         on_duplicate = one_of(on_duplicate, ON_DUPLICATE, what("on_duplicate"))
     allowance = seconds_or_none(opts.get("allowance"), ALLOWANCE, what("allowance"))
+    period = seconds_or_none(opts.get("period"), PERIOD, what("period"))
+    if lifecycle == "once_per_period" and period is None:
+        raise LockConfigError(
+            f"{what('period')} lifecycle 'once_per_period' needs a period: the seconds the key "
+            f"stays taken from a run's start ({PERIOD.allowed()})"
+        )
+    if lifecycle != "once_per_period" and period is not None:
+        raise LockConfigError(
+            f"{what('period')} only lifecycle 'once_per_period' takes a period, not {lifecycle!r}"
+        )
+    if on_duplicate == "cancel" and lifecycle != "until_finished":
+        raise LockConfigError(
+            f"{what('on_duplicate')} 'cancel' stops a running copy, which only lifecycle "
+            f"'until_finished' counts as a duplicate; got lifecycle {lifecycle!r}"
+        )
+    if lifecycle == "keep_last":
+        if on_duplicate not in (None, "replace"):
+            raise LockConfigError(
+                f"{what('on_duplicate')} lifecycle 'keep_last' replaces the pending call with "
+                f"the latest (on_duplicate 'replace'), got {on_duplicate!r}"
+            )
+        on_duplicate = "replace"
     # The key: lock='s for a lifecycle that runs under it, else the option's own or lock='s.
     own = [k for k in ("key", "scope") if k in opts]
     if lock is not None and lifecycle in _RUNS_LOCKED:
@@ -122,6 +163,8 @@ def parse_unique_option(
                 f"task {task!r}: unique lifecycle {lifecycle!r} needs an exclusive lock= "
                 f"(mode 'write', no limit), got mode {lock.mode!r}, limit {lock.limit!r}"
             )
+        if lifecycle == "keep_last":
+            lock = _waits_its_turn(task, lock)
         keying = lock
     elif lock is not None and not own:
         keying = LockOptions(key=lock.key, scope=lock.scope, fields=lock.fields)
@@ -129,7 +172,25 @@ def parse_unique_option(
         keying = parse_keying(task, signature, opts, "unique")
     if lifecycle in _RUNS_LOCKED and lock is None:
         # The run lock is implied, on the same key. A copy queued while another runs
-        # (until_and_while_running) waits its turn by default instead of being skipped.
-        retry = lifecycle == "until_and_while_running"
-        lock = replace(keying, on_conflict="retry" if retry else None)
-    return UniqueOptions(lifecycle, keying, on_duplicate, allowance), lock
+        # (until_and_while_running) waits its turn by default instead of being skipped; the
+        # pending call of keep_last waits in the task line, to start as the running one ends.
+        implied: dict[str, ConflictAction] = {
+            "until_and_while_running": "retry",
+            "keep_last": "queue",
+        }
+        lock = replace(keying, on_conflict=implied.get(lifecycle))
+    return UniqueOptions(lifecycle, keying, on_duplicate, allowance, period), lock
+
+
+def _waits_its_turn(task: str, lock: LockOptions) -> LockOptions:
+    """keep_last's run lock: a pending call that meets the running one waits (the task line
+    unless lock= says otherwise); skipping or raising would lose the latest call."""
+    if lock.on_conflict is None:
+        return replace(lock, on_conflict="queue")
+    if lock.on_conflict not in _KEEP_LAST_CONFLICT:
+        raise LockConfigError(
+            f"task {task!r}: unique lifecycle 'keep_last' needs its lock= to wait its turn "
+            f"(on_conflict one of {', '.join(_KEEP_LAST_CONFLICT)}), got "
+            f"{lock.on_conflict!r}: the pending call would be lost"
+        )
+    return lock

@@ -54,6 +54,40 @@ def queued(app: Celery) -> int:
             "needs an exclusive lock= (mode 'write', no limit), got mode 'write', limit 3",
         ),
         (["until_started"], None, "unique must be a lifecycle (until_started, until_finished"),
+        (
+            "once_per_period",
+            None,
+            "unique option 'period': lifecycle 'once_per_period' needs a period: the seconds",
+        ),
+        (
+            {"lifecycle": "once_per_period", "period": -1},
+            None,
+            "unique option 'period': must be a number of seconds from 0.1 to 31536000",
+        ),
+        (
+            {"lifecycle": "until_started", "period": 60},
+            None,
+            "unique option 'period': only lifecycle 'once_per_period' takes a period, not "
+            "'until_started'",
+        ),
+        (
+            {"lifecycle": "keep_last", "on_duplicate": "existing"},
+            None,
+            "lifecycle 'keep_last' replaces the pending call with the latest (on_duplicate "
+            "'replace'), got 'existing'",
+        ),
+        (
+            "keep_last",
+            {"key": "k:{n}", "on_conflict": "skip"},
+            "unique lifecycle 'keep_last' needs its lock= to wait its turn (on_conflict one of "
+            "queue, retry, wait), got 'skip': the pending call would be lost",
+        ),
+        (
+            {"lifecycle": "until_started", "on_duplicate": "cancel"},
+            None,
+            "'on_duplicate': 'cancel' stops a running copy, which only lifecycle "
+            "'until_finished' counts as a duplicate; got lifecycle 'until_started'",
+        ),
     ],
 )
 def test_bad_unique_option_is_refused_when_declared(
@@ -65,6 +99,28 @@ def test_bad_unique_option_is_refused_when_declared(
         def f(n: int) -> None: ...
 
     assert message in str(raised.value)
+
+
+def test_cancel_on_a_pool_that_cannot_terminate_is_refused(app: Celery) -> None:
+    """When declared, against the configured pool; as a worker starts, against its own."""
+    from celery.concurrency.thread import TaskPool
+
+    from celery_redislock.integrations.celery.receivers import check_worker_app
+
+    app.conf.worker_pool = "solo"
+    with pytest.raises(LockConfigError, match=r"uq\.f: .*worker pool 'solo' cannot do"):
+
+        @app.task(shared=False, name="uq.f", unique={"on_duplicate": "cancel"})
+        def f(n: int) -> None: ...
+
+    app.conf.worker_pool = "prefork"
+
+    @app.task(shared=False, name="uq.g", unique={"on_duplicate": "cancel"})
+    def g(n: int) -> None: ...
+
+    check_worker_app(app, None)  # prefork terminates
+    with pytest.raises(LockConfigError, match=r"uq\.g: .*'celery\.concurrency\.thread\.TaskPool'"):
+        check_worker_app(app, TaskPool)
 
 
 def test_unique_on_a_task_that_is_not_locked_is_refused() -> None:
@@ -93,6 +149,16 @@ def test_lifecycles_imply_the_run_lock_on_the_same_key(app: Celery) -> None:
     assert a.lock_options.key == "a:{n}" and a.lock_options.on_conflict is None
     assert b.lock_options.on_conflict == "retry"  # a queued copy waits for the running one
     assert c.lock_options.limit == 5 and c.unique_options.keying.key == "api"
+
+    @app.task(shared=False, name="uq.d", unique="keep_last")
+    def d(n: int) -> None: ...
+
+    @app.task(shared=False, name="uq.e", unique={"lifecycle": "once_per_period", "period": 60})
+    def e(n: int) -> None: ...
+
+    # keep_last's pending call waits in the task line; once_per_period keeps no run apart.
+    assert d.lock_options.on_conflict == "queue" and d.unique_options.on_duplicate == "replace"
+    assert e.lock_options is None and e.unique_options.kept_after_start == 60
 
 
 @pytest.mark.parametrize(

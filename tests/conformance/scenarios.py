@@ -62,6 +62,9 @@ JOBS: dict[str, Job] = {
     "dup_replace": Job(
         unique={"lifecycle": "until_started", "key": KEY, "on_duplicate": "replace"}
     ),
+    "once_per_period": Job(unique={"lifecycle": "once_per_period", "key": KEY, "period": 60}),
+    "keep_last": Job(unique={"lifecycle": "keep_last", "key": KEY}),
+    "dup_cancel": Job(unique={"lifecycle": "until_finished", "key": KEY, "on_duplicate": "cancel"}),
     "rated": Job(rate={"rate": "1/4s", "key": KEY}),
     "rated_max_delay": Job(rate={"rate": "1/60s", "key": KEY, "max_delay": 1}),
     # ttl 3: a copy that finds its own run's lease looks again after a second.
@@ -462,6 +465,46 @@ SCENARIOS: list[Scenario] = [
         "until_finished",
         "failed_then_sent_again",
         Expect("ran", 2, same_id=False, first="failed", lease=HELD),
+    ),
+    # -- unique: in time (once per period, keep the last call, cancel the running copy) --------
+    Scenario(
+        "once_per_period_queued_copy_is_handed_back",
+        "once_per_period",
+        "duplicate_while_queued",
+        Expect("ran", 1, actions("existing"), same_id=True, first="ran"),
+    ),
+    Scenario(
+        "once_per_period_hands_back_the_run_after_it_ended",
+        "once_per_period",
+        "send_after_finished",
+        Expect("ran", 1, actions("existing"), same_id=True, first="ran"),
+    ),
+    Scenario(
+        "once_per_period_hands_back_a_failed_run_too",
+        "once_per_period",
+        "failed_then_sent_again",
+        Expect("failed", 1, actions("existing"), same_id=True, first="failed"),
+    ),
+    Scenario(
+        "keep_last_runs_the_latest_call_as_the_running_one_ends",
+        "keep_last",
+        "latest_while_running",
+        # The first runs; the second parks and is replaced by the third, which runs next.
+        Expect(
+            "ran",
+            2,
+            actions("queue", "queue#2", "replace"),  # (both later calls parked)
+            same_id=False,
+            first="canceled",
+            lease=frozenset({"acquired", "released"}),
+        ),
+    ),
+    Scenario(
+        "on_duplicate_cancel_stops_the_running_copy",
+        "dup_cancel",
+        "cancel_running",
+        Expect("ran", 2, actions("cancel"), same_id=False, first="canceled", lease=HELD),
+        marks=("faults",),
     ),
     # -- rate= -----------------------------------------------------------------------------------
     Scenario(

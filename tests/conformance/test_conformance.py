@@ -9,6 +9,7 @@ apart (the lock Redis unreachable) start their own.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -373,6 +374,52 @@ def failed_then_sent_again(adapter: Adapter, row: Scenario, key: str) -> Expect:
     return observe(adapter, row, key, second, also=(sent,), same_id=second == first, first=ended)
 
 
+def latest_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """keep_last: while the first runs, a second call parks; a third replaces it (latest
+    wins) and starts as the first ends, not after a retry's delay."""
+    first = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
+    second = adapter.send(row.job, key)
+    wait_for(lambda: "queue" in adapter.actions(second), "the second parked", DEADLINE_S)
+    sent = str(uuid.uuid4())
+    third = adapter.send(row.job, key, run_id=sent)
+    wait_for(lambda: "queue" in adapter.actions(third), "the third parked", DEADLINE_S)
+    adapter.stop(key)
+    ended = time.time()
+    settle(adapter, third)
+    assert settle(adapter, first) == "ran"
+    ran = [r.decode() for r in adapter.marks.lrange(f"ran:{key}", 0, -1)]
+    assert ran == [first, third], ran  # the replaced call never ran
+    # Handed the lock as the first released it (generous: a loaded machine).
+    assert adapter.started_at(key)[1] - ended < 5.0
+    return observe(
+        adapter,
+        row,
+        key,
+        third,
+        also=(second, sent),
+        same_id=third == second,
+        first=settle(adapter, second),
+    )
+
+
+def cancel_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """on_duplicate="cancel": a call that finds a copy running stops it (Celery: the pool
+    child is terminated; RQ: the horse is stopped) and runs once its lease is released."""
+    first = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
+    sent = str(uuid.uuid4())
+    second = adapter.send(row.job, key, run_id=sent)
+    ended = settle(adapter, first)
+    settle(adapter, second)
+    # (What the stopped copy signals is each framework's, as for any killed runner.)
+    observed = observe(
+        adapter, row, key, second, also=(sent,), same_id=second == first, first=ended
+    )
+    # The new copy may meet the stopped copy's lease while it dies, and come back (a retry).
+    return dataclasses.replace(observed, actions=observed.actions - {"retry"})
+
+
 def rate_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
     first = adapter.send(row.job, key)
     settle(adapter, first)
@@ -493,6 +540,8 @@ PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
         forced_release_with_line,
         lease_taken_away,
         duplicate_while_parked,
+        latest_while_running,
+        cancel_running,
         send_while_down,
         backend_down,
         down_at_release,

@@ -4,7 +4,8 @@ A Hypothesis state machine claims and releases one unique key for a few task ids
 ``core.claims.claim`` and ``release_claim`` on a real Redis, beside a real run lease of the same
 name (``Lock.acquire(owner=task_id, info={"task_id": ...})``, as a running task holds it). A
 plain-Python model predicts every status: duplicate (of a queued or of a running copy), claimed,
-replaced, re-publish unclaimed, and what a release says when its task was superseded. After
+replaced, cancelled (a running copy replaced), re-publish unclaimed, a once_per_period run's
+start keeping the key for its period, and what a release says when its task was superseded. After
 every step the claim key and the replaced set must be exactly the model's, and both expire.
 No Celery worker is needed: these are pure Redis operations.
 """
@@ -29,7 +30,7 @@ from hypothesis.stateful import (
 
 from celery_redislock import Lease, Lock, LockNotOwned
 from celery_redislock.contrib.redis_server import RedisServer
-from celery_redislock.core.claims import ClaimKind, claim, release_claim
+from celery_redislock.core.claims import ClaimKind, ReleaseMode, claim, release_claim
 from celery_redislock.core.keys import DEFAULT_NAMESPACE, LockKeys
 from celery_redislock.core.protocol import ClaimStatus
 
@@ -63,6 +64,7 @@ class ClaimModel(RuleBasedStateMachine):
         self.keys = LockKeys.of(DEFAULT_NAMESPACE, self.name)
         self.run_lock = Lock(self.client, self.name, ttl=RUN_TTL)
         self.queued: str | None = None  # the id whose message holds the key
+        self.started = False  # the holder is a once_per_period run that started
         self.replaced: set[str] = set()  # ids replaced while queued: they must not run
         self.running: tuple[str, Lease] | None = None  # the id running, and its run lease
 
@@ -79,6 +81,7 @@ class ClaimModel(RuleBasedStateMachine):
         before = self.client.pttl(self.keys.queued)
         runner = self.running[0] if self.running else None
         same_job = kind in (ClaimKind.REPUBLISH, ClaimKind.CONFIRM)
+        started, also = False, None
         if kind is ClaimKind.CONFIRM:
             # A publish went through: only this id's own claim is extended, none is made (the
             # copy may have started and given it up already).
@@ -88,12 +91,18 @@ class ClaimModel(RuleBasedStateMachine):
                 want, holder = ClaimStatus.REPUBLISH_UNCLAIMED, self.queued or "-"
                 running = False
         elif running_counts and not same_job and runner not in (None, task_id):
-            want, holder, running = ClaimStatus.DUPLICATE, runner, True
+            if kind is ClaimKind.CANCEL:  # the runner is stopped; a queued copy replaced
+                want, holder, running = ClaimStatus.REPLACED, runner, True
+                also = self.queued if self.queued not in (None, task_id) else None
+            else:
+                want, holder, running = ClaimStatus.DUPLICATE, runner, True
         elif self.queued in (None, task_id):
             want, holder, running = ClaimStatus.CLAIMED, task_id, False
         elif kind is ClaimKind.REPUBLISH:
             want, holder, running = ClaimStatus.REPUBLISH_UNCLAIMED, self.queued, False
-        elif kind is ClaimKind.REPLACE:
+        elif self.started:  # a run within its period: nothing replaces it
+            want, holder, running, started = ClaimStatus.DUPLICATE, self.queued, False, True
+        elif kind in (ClaimKind.REPLACE, ClaimKind.CANCEL):
             want, holder, running = ClaimStatus.REPLACED, self.queued, False
         else:
             want, holder, running = ClaimStatus.DUPLICATE, self.queued, False
@@ -106,9 +115,13 @@ class ClaimModel(RuleBasedStateMachine):
             kind=kind,
             running_counts=running_counts,
         )
-        assert (got.status, got.holder, got.running) == (want, holder, running), (
-            f"{kind.name} claim by {task_id} (running counts: {running_counts}): {got}"
-        )
+        assert (got.status, got.holder, got.running, got.started, got.also) == (
+            want,
+            holder,
+            running,
+            started,
+            also,
+        ), f"{kind.name} claim by {task_id} (running counts: {running_counts}): {got}"
         after = self.client.pttl(self.keys.queued)
         if kind is ClaimKind.CONFIRM and want is ClaimStatus.REPUBLISH_UNCLAIMED:
             assert got.ms_left == 0
@@ -119,13 +132,24 @@ class ClaimModel(RuleBasedStateMachine):
                 assert abs(got.ms_left - after) <= SLACK_MS
         else:
             assert got.ms_left == 0
-        if want is ClaimStatus.CLAIMED:
+        own_period = self.started and self.queued == task_id
+        if want is ClaimStatus.CLAIMED and own_period:
+            assert abs(after - before) <= SLACK_MS  # a started period is neither cut nor grown
+        elif want is ClaimStatus.CLAIMED:
             # The claim lasts its lifetime; claimed again by the same id it is never shortened.
             assert after >= lifetime * 1000 - SLACK_MS
             if self.queued == task_id:
                 assert after >= before - SLACK_MS
             self.queued = task_id
         elif want is ClaimStatus.REPLACED:
+            if running:  # a cancel: the runner (and a copy it queued earlier) must not run
+                self.replaced.add(holder)
+                if also is not None:
+                    self.replaced.add(also)
+                if self.queued != task_id:
+                    assert after >= lifetime * 1000 - SLACK_MS
+                    self.queued, self.started = task_id, False
+                return
             assert after >= lifetime * 1000 - SLACK_MS
             self.replaced.add(holder)
             self.queued = task_id
@@ -138,6 +162,8 @@ class ClaimModel(RuleBasedStateMachine):
         replaced task is told who superseded it."""
         if task_id in self.replaced:
             want = self.queued or "-"
+        elif self.queued == task_id and self.started:
+            want = None  # the run happened: its period stands
         elif self.queued in (None, task_id):
             want = None
             self.queued = None
@@ -145,6 +171,48 @@ class ClaimModel(RuleBasedStateMachine):
             want = self.queued
         got = release_claim(self.client, DEFAULT_NAMESPACE, self.name, task_id)
         assert got == want, f"release by {task_id}: got {got!r}, model says {want!r}"
+
+    @rule(task_id=st.sampled_from(IDS), period=st.sampled_from(LIFETIMES))
+    def start_period(self, task_id: str, period: float) -> None:
+        """A once_per_period run starts: it keeps the key for its period from now (a start
+        found superseded is told by whom, and changes nothing)."""
+        taken = False
+        if task_id in self.replaced:
+            want = self.queued or "-"
+        elif self.queued is None or (self.queued == task_id and not self.started):
+            want, taken = None, True
+            self.queued, self.started = task_id, True
+        elif self.queued == task_id:
+            want = None  # started already (a redelivery): the period is not restarted
+        else:
+            want = self.queued
+        before = self.client.pttl(self.keys.queued)
+        got = release_claim(
+            self.client,
+            DEFAULT_NAMESPACE,
+            self.name,
+            task_id,
+            mode=ReleaseMode.START,
+            keep=period,
+        )
+        assert got == want, f"start by {task_id}: got {got!r}, model says {want!r}"
+        after = self.client.pttl(self.keys.queued)
+        assert abs(after - (period * 1000 if taken else before)) <= SLACK_MS
+
+    @precondition(lambda self: self.queued is not None)
+    @rule()
+    def force_release(self) -> None:
+        """An operator frees the key, started or not."""
+        holder = self.queued
+        assert holder is not None
+        forced = release_claim(
+            self.client, DEFAULT_NAMESPACE, self.name, holder, mode=ReleaseMode.FORCE
+        )
+        if holder in self.replaced:  # (an id once replaced is refused, even by an operator)
+            assert forced == holder, forced
+        else:
+            assert forced is None, forced
+            self.queued, self.started = None, False
 
     @precondition(lambda self: self.running is None)
     @rule(task_id=st.sampled_from(IDS))
@@ -177,7 +245,7 @@ class ClaimModel(RuleBasedStateMachine):
         replaced ids stay refused."""
         assert self.client.pexpire(self.keys.queued, 1)
         wait_for(lambda: not self.client.exists(self.keys.queued), "the claim lapsed")
-        self.queued = None
+        self.queued, self.started = None, False
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -190,7 +258,8 @@ class ClaimModel(RuleBasedStateMachine):
         pipe.pttl(self.keys.queued)
         pipe.pttl(self.keys.replaced)
         queued, replaced, pttl_queued, pttl_replaced = pipe.execute()
-        assert (_text(queued) if queued is not None else None) == self.queued
+        model = None if self.queued is None else ("!" if self.started else "") + self.queued
+        assert (_text(queued) if queued is not None else None) == model
         assert {_text(r) for r in replaced} == self.replaced
         if self.queued is not None:
             assert 0 < pttl_queued <= max(LIFETIMES) * 1000

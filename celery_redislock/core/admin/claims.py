@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..claims import release_claim
+from ..claims import ReleaseMode, release_claim
 from ..keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
 from ..protocol import text
 from ..store import RedisClient, backend_errors
@@ -14,15 +14,21 @@ from .listing import scan_names
 
 __all__ = ["ClaimState", "force_release_claim", "iter_claims", "list_claims"]
 
+STARTED = "!"
+"""A claim value's mark of a once_per_period run that started (lua/_claim.lua)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimState:
-    """A unique task's claim on its key while its message is queued."""
+    """A unique task's claim on its key while its message is queued (or, ``started``, while a
+    once_per_period run's period lasts)."""
 
     name: str
     task_id: str
     expires_in: float | None
     """Seconds the claim has left (``None``: no expiry)."""
+    started: bool = False
+    """A once_per_period run started: the key stays taken for the rest of its period."""
 
 
 def iter_claims(
@@ -41,7 +47,11 @@ def _claim_state(client: RedisClient, namespace: str, name: str) -> ClaimState |
         holder, pttl = pipe.execute()
     if holder is None:
         return None
-    return ClaimState(name, text(holder), pttl / 1000 if pttl >= 0 else None)
+    value = text(holder)
+    started = value.startswith(STARTED)  # (see lua/_claim.lua)
+    return ClaimState(
+        name, value.removeprefix(STARTED), pttl / 1000 if pttl >= 0 else None, started
+    )
 
 
 def list_claims(
@@ -81,4 +91,5 @@ def force_release_claim(
         return None
     if dry_run:
         return state
-    return state if release_claim(client, namespace, name, state.task_id) is None else None
+    freed = release_claim(client, namespace, name, state.task_id, mode=ReleaseMode.FORCE)
+    return state if freed is None else None

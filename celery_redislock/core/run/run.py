@@ -23,7 +23,7 @@ from ...errors import (
 )
 from .. import outcomes
 from ..backoff import conflict_delay, first_delivery_delay
-from ..claims import ClaimKind, claim, claim_holder_action, release_claim
+from ..claims import ClaimKind, ReleaseMode, claim, claim_holder_action, release_claim
 from ..heartbeat import Heartbeat
 from ..lease import Lease, RedisClient
 from ..line import Handover, line_token, park
@@ -402,14 +402,19 @@ class LockedRun:
     def _start_claim(self) -> Outcome | None:
         """Gives up the claim this job's publish made, now that it runs (with its lease held,
         so a job unique until finished is never free in between: a producer sees it queued,
-        then running). A copy replaced meanwhile (its revoke may be on its way, or lost), or
-        that outlived its claim while a newer copy was queued, does not run: the newer does."""
+        then running); a once_per_period run keeps it for its period from now. A copy replaced
+        meanwhile (its revoke may be on its way, or lost), or that outlived its claim while a
+        newer copy was queued, does not run: the newer does."""
         unique, d = self.spec.unique, self.delivery
         if unique is None or not unique.queued or not d.queued:
             return None
         name = self.unique_name()
+        period = unique.kept_after_start
+        mode = ReleaseMode.GIVE_UP if period is None else ReleaseMode.START
         try:
-            holder = release_claim(self.client, self.settings.namespace, name, d.id)
+            holder = release_claim(
+                self.client, self.settings.namespace, name, d.id, mode=mode, keep=period or 0.0
+            )
         except LockBackendError as exc:
             log.warning("unique key %r: could not release as task %s started: %s", name, d.id, exc)
             return None

@@ -84,11 +84,14 @@ def send_unique(
     by: Sender,
     publish: Callable[[], T],
     cancel: Callable[[str], None],
+    stop: Callable[[str], None] | None = None,
 ) -> Sent[T] | Duplicate:
     """Claims the key of a unique call and publishes it; or says which copy holds the key
     (``Duplicate``), or raises :class:`DuplicateTask` (``on_duplicate="raise"``, or a member
     of a group or chord, whose id is fixed). ``delay``: seconds until the call is due;
     ``expires_in``: seconds after which it is dropped unrun (its claim must not outlive it).
+    ``cancel`` takes a replaced queued copy off its queue; ``stop`` stops a running copy
+    (``on_duplicate="cancel"``).
 
     >>> send_unique(spec, spec.unique, "id", ((42,), {}), delay=0, expires_in=None,
     ...             republish=False, in_canvas=False, settings=settings, client=r,
@@ -102,7 +105,7 @@ def send_unique(
         return Sent(publish())
     name = spec.name_of(unique.keying, *call)
     action = unique.on_duplicate or settings.on_duplicate
-    kind = ClaimKind.REPLACE if action == "replace" else ClaimKind.NEW
+    kind = {"replace": ClaimKind.REPLACE, "cancel": ClaimKind.CANCEL}.get(action, ClaimKind.NEW)
     if republish:
         kind = ClaimKind.REPUBLISH
     what = f"{by.word} {spec.name}[{call_id}]"
@@ -138,7 +141,7 @@ def send_unique(
             )
 
     if found.duplicate:
-        state = "running" if found.running else "queued"
+        state = "running" if found.running else "started" if found.started else "queued"
         raising = action == "raise" or in_canvas
         log.info(
             "%s not %s: %s is %s under unique key %r", what, by.verb, found.holder, state, name
@@ -155,7 +158,14 @@ def send_unique(
                 state=state,
             )
         return Duplicate(found.holder)
-    if found.replaced and found.holder:
+    if found.replaced and found.running:
+        log.info("%s cancels %s, running under unique key %r", what, found.holder, name)
+        signal("cancel")
+        if found.also:
+            cancel(found.also)
+        assert stop is not None, "on_duplicate='cancel' needs a way to stop a running copy"
+        stop(found.holder)
+    elif found.replaced and found.holder:
         log.info("%s replaces %s under unique key %r", what, found.holder, name)
         signal("replace")
         cancel(found.holder)

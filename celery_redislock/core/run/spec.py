@@ -34,6 +34,7 @@ class Spec:
                 "lifecycle": self.unique.lifecycle,
                 "on_duplicate": self.unique.on_duplicate,
                 "allowance": self.unique.allowance,
+                "period": self.unique.period,
                 "key": key if isinstance(key, str) or key is None else {"callable": True},
                 "scope": self.unique.keying.scope,
                 "params": _params(self.signature),
@@ -54,6 +55,7 @@ class Spec:
             keying=LockOptions(key=key if isinstance(key, str) else None, scope=raw["scope"]),
             on_duplicate=on_duplicate,
             allowance=raw.get("allowance"),
+            period=raw.get("period"),
         )
         derivable = not isinstance(key, dict) and raw.get("params") is not None
         return cls(task, unique, signature, raw.get("expires"), derivable)

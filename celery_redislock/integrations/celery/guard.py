@@ -13,9 +13,16 @@ from celery import Celery
 from ...core.options import parse_lock_option
 from ...core.rate_options import parse_rate_option
 from ...core.unique_options import parse_unique_option
+from ...errors import LockConfigError
 from .kind import is_locked_task
 
-__all__ = ["refuse_to_start", "refuse_unlocked_tasks", "unlocked_message", "unlocked_tasks"]
+__all__ = [
+    "check_cancel_pool",
+    "refuse_to_start",
+    "refuse_unlocked_tasks",
+    "unlocked_message",
+    "unlocked_tasks",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,49 @@ def unlocked_tasks(app: Celery) -> list[str]:
         if not is_locked_task(task)
         and any(_declares(name, option, getattr(task, option, None)) for option in _PARSERS)
     ]
+
+
+def _terminates(pool: Any) -> bool:
+    """Whether a worker pool (a class, or its name as ``-P`` takes it) can terminate a running
+    task: prefork (its child gets the signal), eventlet and gevent; not solo nor threads."""
+    from celery.concurrency import get_implementation
+    from celery.concurrency.base import BasePool
+    from celery.concurrency.prefork import TaskPool as Prefork
+
+    try:
+        cls = get_implementation(pool) if isinstance(pool, str) else pool
+    except Exception:  # (a pool this Celery does not know: its worker will say so)
+        return True
+    if not isinstance(cls, type) or not issubclass(cls, BasePool):
+        return True
+    own = getattr(cls, "terminate_job", None)
+    return issubclass(cls, Prefork) or own is not BasePool.terminate_job
+
+
+def check_cancel_pool(app: Celery, pool: Any, tasks: list[str] | None = None) -> None:
+    """Refuses tasks with ``unique={"on_duplicate": "cancel"}`` (the app's, or those named in
+    ``tasks``) on a pool that cannot stop a running task (``pool``: the worker's pool class or
+    name): the newest call would wait for the running copy instead of stopping it."""
+    if _terminates(pool):
+        return
+    names = tasks if tasks is not None else _cancelling(app)
+    if names:
+        label = pool if isinstance(pool, str) else f"{pool.__module__}.{pool.__qualname__}"
+        raise LockConfigError(
+            f"task{'s' if len(names) > 1 else ''} {', '.join(names)}: unique option "
+            f"'on_duplicate': 'cancel' stops the running copy, which worker pool {label!r} "
+            "cannot do (it cannot terminate a task); use the prefork, eventlet or gevent pool"
+        )
+
+
+def _cancelling(app: Celery) -> list[str]:
+    return sorted(
+        name
+        for name, task in app.tasks.items()
+        if is_locked_task(task)
+        and task.unique_options is not None
+        and task.unique_options.on_duplicate == "cancel"
+    )
 
 
 def unlocked_message(names: list[str]) -> str:

@@ -13,6 +13,7 @@ from ...core.rate_options import parse_rate_option
 from ...core.unique_options import parse_unique_option
 from ...errors import LockConfigError
 from ._compat import forget_task_base, names_locked_task
+from .guard import check_cancel_pool
 from .kind import LockAware
 from .publish import wrap_send_task
 from .receivers import check_request_class, check_tasks, connect_receivers
@@ -84,7 +85,9 @@ def _check_declaration(app: Celery, fun: Any, opts: dict[str, Any]) -> None:
     signature = call_signature(fun, bool(opts.get("bind")))
     lock = parse_lock_option(name, signature, opts.get("lock"))
     parse_rate_option(name, signature, opts.get("rate"))
-    _, lock = parse_unique_option(name, signature, opts.get("unique"), lock)
+    unique, lock = parse_unique_option(name, signature, opts.get("unique"), lock)
+    if unique is not None and unique.on_duplicate == "cancel":
+        check_cancel_pool(app, app.conf.worker_pool, [name])
     if lock is not None:  # a killed child's lease is released by the parent's LockRequest
         request = opts.get("Request", (base or app.Task).Request)
         check_request_class(name, request, final=False)

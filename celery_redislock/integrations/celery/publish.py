@@ -120,6 +120,8 @@ def publish(
         ),
         publish=lambda: send(spec.task, args, kwargs, **options),
         cancel=app.control.revoke,
+        # on_duplicate="cancel": the pool child running it is sent SIGTERM (prefork).
+        stop=lambda task_id: app.control.revoke(task_id, terminate=True, signal="SIGTERM"),
     )
     if isinstance(sent, Duplicate):
         result_cls = options.get("result_cls") or app.AsyncResult

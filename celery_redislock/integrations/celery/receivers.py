@@ -26,7 +26,7 @@ from ...errors import LockConfigError
 from . import settings
 from ._compat import is_test_worker, names_locked_task
 from .events import enable_at_worker_start
-from .guard import refuse_to_start, unlocked_message, unlocked_tasks
+from .guard import check_cancel_pool, refuse_to_start, unlocked_message, unlocked_tasks
 from .kind import LockAware, is_locked_task
 from .line import start_sweeping, stop_sweeping, uses_line
 from .parent import LockRequest
@@ -139,11 +139,13 @@ def _uses_locks(app: Celery) -> bool:
     return _locked_base(app) or any(is_locked_task(task) for task in app.tasks.values())
 
 
-def check_worker_app(app: Celery) -> None:
-    """What a worker checks as it starts: no ``lock=``/``unique=`` that would be ignored, every
+def check_worker_app(app: Celery, pool: Any = None) -> None:
+    """What a worker checks as it starts: no ``lock=``/``unique=`` that would be ignored, no
+    ``on_duplicate="cancel"`` on a ``pool`` that cannot terminate a task, every
     ``redislock_*`` setting, and a Redis client for locks if any task needs one. Raises
     :class:`LockConfigError` naming the task or the setting."""
     check_tasks(app)
+    check_cancel_pool(app, pool or app.conf.worker_pool)
     if not _uses_locks(app):
         return
     needs_redis = any(is_locked_task(task) and task.declares() for task in app.tasks.values())
@@ -161,7 +163,7 @@ def _check_at_worker_start(sender: Any = None, **_: Any) -> None:
     if not isinstance(app, Celery):
         return
     try:
-        check_worker_app(app)
+        check_worker_app(app, getattr(sender, "pool_cls", None))
     except LockConfigError as exc:
         refuse_to_start(exc)
     if is_test_worker(sender):

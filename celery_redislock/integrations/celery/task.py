@@ -11,6 +11,7 @@ from ...core.lease import Lease
 from ...core.options import LockOptionDict, call_signature, parse_lock_option
 from ...core.rate_options import RateOptionDict, parse_rate_option
 from ...core.unique_options import Lifecycle, UniqueOptionDict, parse_unique_option
+from .guard import check_cancel_pool
 from .kind import LockAware
 from .publish import wrap_send_task
 from .receivers import LOCK_REQUEST, check_request_class, connect_receivers
@@ -64,6 +65,9 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
         if cls.lock_options is not None:  # the final Request: class body or task options
             check_request_class(cls.name, cls.Request, final=False)
         bound = super().bind(app)
+        if cls.unique_options is not None and cls.unique_options.on_duplicate == "cancel":
+            # (as configured; the worker checks the pool it runs, -P included, as it starts)
+            check_cancel_pool(app, app.conf.worker_pool, [cls.name])
         connect_receivers()  # the first locked task bound (or install()) connects them
         if cls.unique_options is not None and cls.unique_options.queued:
             wrap_send_task(app)  # also for apps that set task_cls= without install()

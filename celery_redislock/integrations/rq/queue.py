@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from rq import Queue
+from rq.command import send_stop_job_command
 from rq.exceptions import NoSuchJobError
 
 from ...core.run.send import Duplicate, Sender, send_unique
@@ -74,6 +75,7 @@ class UniqueQueue(Queue):
             by=Sender("job", "enqueued", "enqueue", lock_conflict, spec.name),
             publish=enqueue,
             cancel=self._cancel,
+            stop=self._stop,
         )
         if isinstance(sent, Duplicate):
             return self._existing(sent.holder)
@@ -88,6 +90,14 @@ class UniqueQueue(Queue):
             )
         except NoSuchJobError:
             return self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+
+    def _stop(self, job_id: str) -> None:
+        """Stops the running copy (``on_duplicate="cancel"``): its worker kills the horse,
+        which releases its lease as any dead horse's; the job ends ``stopped``."""
+        try:
+            send_stop_job_command(self.connection, job_id, serializer=self.serializer)
+        except Exception as exc:  # it ended meanwhile: nothing to stop
+            log.info("cancelled job %s: could not stop it (%s); it may have ended", job_id, exc)
 
     def _cancel(self, job_id: str) -> None:
         """Takes the replaced copy off the queue; if it starts anyway, it finds itself
