@@ -53,6 +53,12 @@ class LockKeys:
         return f"{self.prefix}:replaced"
 
     @property
+    def pending(self) -> str:
+        """A debounced key's pending call and the one being published (hash, see
+        lua/pending_call.lua)."""
+        return f"{self.prefix}:pending"
+
+    @property
     def done(self) -> str:
         """Jobs finished under this lock (sorted set: job id -> server ms it is kept until)."""
         return f"{self.prefix}:done"

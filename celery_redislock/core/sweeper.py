@@ -1,6 +1,7 @@
 """The task lines' sweeper, started by Celery's worker and RQ's ``LockWorker``: every
 ``interval`` seconds it hands a lock on when its holder died unseen (a whole worker killed),
-publishes hand-overs whose publisher died, and ends tasks past their ``max_wait``. A thread:
+publishes hand-overs whose publisher died, and ends tasks past their ``max_wait``; and it
+publishes the debounced calls that are due (core/debounce.py). A thread:
 an RQ worker's main thread blocks in ``wait4`` on its horse, a Celery worker's runs its event
 loop; nothing in it is needed by a forked child (Redis clients reset their pools after a fork)."""
 
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from ..errors import LockBackendError
+from .debounce import sweep_pending
 from .handover import Handover
 from .lease import RedisClient
 from .line import sweep_lines
@@ -36,8 +39,12 @@ class LineSweeper:
         handover: Handover,
         interval: float,
         handover_window: float,
+        pending: Callable[[str, str], None] | None = None,
     ) -> None:
         self.client = client
+        self.pending = pending
+        """Publishes a debounced call that is due (``(id, payload)``), if this worker's
+        framework has debounced tasks."""
         self.namespace = namespace
         self.handover = handover
         self.interval = interval
@@ -62,6 +69,8 @@ class LineSweeper:
                     self.handover,
                     handover_window=self.handover_window,
                 )
+                if self.pending is not None:
+                    sweep_pending(self.client, self.namespace, self.pending)
             except LockBackendError as exc:
                 failures.failed(exc)
             except Exception:

@@ -4,6 +4,7 @@ checked once, when the task is defined; the claim it implies lives in :mod:`.cla
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal, TypedDict, get_args
 
@@ -37,6 +38,7 @@ Lifecycle = Literal[
     "until_and_while_running",
     "keep_last",
     "once_per_period",
+    "debounce",
 ]
 OnDuplicate = Literal["existing", "raise", "replace", "cancel"]
 
@@ -60,6 +62,7 @@ class UniqueOptionDict(TypedDict, total=False):
     on_duplicate: OnDuplicate | None
     allowance: float | None
     period: float | None
+    max_wait: float | None
 
 
 # The option names, in the order errors list them: the dict form's keys, so they cannot drift.
@@ -77,12 +80,26 @@ class UniqueOptions:
     allowance: float | None = None
     """Seconds a queued claim lasts beyond the message's countdown/ETA."""
     period: float | None = None
-    """once_per_period: seconds the key stays taken from a run's start, whatever its outcome."""
+    """once_per_period: seconds the key stays taken from a run's start, whatever its outcome;
+    debounce: the quiet period after the latest call before the pending call is published."""
+    max_wait: float | None = None
+    """debounce: seconds after the pending call's first at which it is published however
+    often calls keep coming (``None``: no bound)."""
 
     @property
     def queued(self) -> bool:
-        """Whether a copy claims the key while its message is queued (all but while_running)."""
+        """Whether a copy claims the key while its message is queued (all but while_running
+        and debounce, whose calls are kept in Redis until they are published)."""
+        return self.lifecycle not in ("while_running", "debounce")
+
+    @property
+    def at_send(self) -> bool:
+        """Whether a call is checked as it is sent (all but while_running)."""
         return self.lifecycle != "while_running"
+
+    @property
+    def debounced(self) -> bool:
+        return self.lifecycle == "debounce"
 
     @property
     def running_counts(self) -> bool:
@@ -129,14 +146,12 @@ def parse_unique_option(
         on_duplicate = one_of(on_duplicate, ON_DUPLICATE, what("on_duplicate"))
     allowance = seconds_or_none(opts.get("allowance"), ALLOWANCE, what("allowance"))
     period = seconds_or_none(opts.get("period"), PERIOD, what("period"))
-    if lifecycle == "once_per_period" and period is None:
+    max_wait = seconds_or_none(opts.get("max_wait"), PERIOD, what("max_wait"))
+    _check_times(lifecycle, period, max_wait, what)
+    if lifecycle == "debounce" and on_duplicate is not None:
         raise LockConfigError(
-            f"{what('period')} lifecycle 'once_per_period' needs a period: the seconds the key "
-            f"stays taken from a run's start ({PERIOD.allowed()})"
-        )
-    if lifecycle != "once_per_period" and period is not None:
-        raise LockConfigError(
-            f"{what('period')} only lifecycle 'once_per_period' takes a period, not {lifecycle!r}"
+            f"{what('on_duplicate')} lifecycle 'debounce' folds every call into the pending "
+            f"one (there is no duplicate to answer), got {on_duplicate!r}"
         )
     if on_duplicate == "cancel" and lifecycle != "until_finished":
         raise LockConfigError(
@@ -179,7 +194,38 @@ def parse_unique_option(
             "keep_last": "queue",
         }
         lock = replace(keying, on_conflict=implied.get(lifecycle))
-    return UniqueOptions(lifecycle, keying, on_duplicate, allowance, period), lock
+    return UniqueOptions(lifecycle, keying, on_duplicate, allowance, period, max_wait), lock
+
+
+def _check_times(
+    lifecycle: str, period: float | None, max_wait: float | None, what: Callable[[str], str]
+) -> None:
+    timed = ("once_per_period", "debounce")
+    if lifecycle in timed and period is None:
+        meaning = (
+            "the seconds the key stays taken from a run's start"
+            if lifecycle == "once_per_period"
+            else "the quiet seconds after the latest call before it is published"
+        )
+        raise LockConfigError(
+            f"{what('period')} lifecycle {lifecycle!r} needs a period: {meaning} "
+            f"({PERIOD.allowed()})"
+        )
+    if lifecycle not in timed and period is not None:
+        raise LockConfigError(
+            f"{what('period')} only lifecycles 'once_per_period' and 'debounce' take a "
+            f"period, not {lifecycle!r}"
+        )
+    if max_wait is not None and lifecycle != "debounce":
+        raise LockConfigError(
+            f"{what('max_wait')} only lifecycle 'debounce' takes a max_wait, not {lifecycle!r}"
+        )
+    if max_wait is not None and period is not None and max_wait < period:
+        raise LockConfigError(
+            f"{what('max_wait')} {max_wait:g}s is shorter than the period ({period:g}s): a "
+            "debounced call would be published before it was ever quiet; make it at least "
+            "the period"
+        )
 
 
 def _waits_its_turn(task: str, lock: LockOptions) -> LockOptions:

@@ -67,8 +67,29 @@ def queued(app: Celery) -> int:
         (
             {"lifecycle": "until_started", "period": 60},
             None,
-            "unique option 'period': only lifecycle 'once_per_period' takes a period, not "
-            "'until_started'",
+            "unique option 'period': only lifecycles 'once_per_period' and 'debounce' take a "
+            "period, not 'until_started'",
+        ),
+        (
+            {"lifecycle": "debounce", "period": 5, "max_wait": 2},
+            None,
+            "unique option 'max_wait': 2s is shorter than the period (5s): a debounced call "
+            "would be published before it was ever quiet",
+        ),
+        (
+            {"lifecycle": "debounce"},
+            None,
+            "unique option 'period': lifecycle 'debounce' needs a period: the quiet seconds",
+        ),
+        (
+            {"lifecycle": "until_finished", "max_wait": 5},
+            None,
+            "unique option 'max_wait': only lifecycle 'debounce' takes a max_wait",
+        ),
+        (
+            {"lifecycle": "debounce", "period": 5, "on_duplicate": "raise"},
+            None,
+            "lifecycle 'debounce' folds every call into the pending one",
         ),
         (
             {"lifecycle": "keep_last", "on_duplicate": "existing"},

@@ -52,6 +52,7 @@ def body(run_id: str, key: str, seconds: float) -> str:
     with r.pipeline() as notes:
         notes.rpush(f"ran:{key}", run_id)
         notes.rpush(f"ran-at:{key}", repr(time.time()))
+        notes.rpush(f"args:{key}", repr(seconds))
         notes.hset("pid", key, os.getpid())
         notes.execute()
     if seconds < 0:  # a call that fails

@@ -43,6 +43,7 @@ def body(key: str, seconds: float) -> str:
     with r.pipeline() as notes:
         notes.rpush(f"ran:{key}", job.id)
         notes.rpush(f"ran-at:{key}", repr(time.time()))
+        notes.rpush(f"args:{key}", repr(seconds))
         notes.hset("pid", key, os.getpid())
         notes.execute()
     if seconds < 0:  # a call that fails

@@ -4,7 +4,8 @@
 
 Every call takes ``(key, seconds=0.0)``: its lock (or unique key, or rate key) is
 ``conf:<key>``, a test's own key, so that one worker per framework serves a whole module. The
-body notes that it ran (``ran:<key>``, with the run id) and its pid, then holds until
+body notes that it ran (``ran:<key>``, with the run id; ``args:<key>``, its ``seconds``) and its
+pid, then holds until
 ``seconds`` passed or the test sets ``stop:<key>`` (``seconds`` below 0: it fails).
 
 What an outcome is, in words common to both (the adapters map each framework's onto them):
@@ -64,6 +65,10 @@ JOBS: dict[str, Job] = {
     ),
     "once_per_period": Job(unique={"lifecycle": "once_per_period", "key": KEY, "period": 60}),
     "keep_last": Job(unique={"lifecycle": "keep_last", "key": KEY}),
+    "debounced": Job(unique={"lifecycle": "debounce", "key": KEY, "period": 1.0}),
+    "debounced_max_wait": Job(
+        unique={"lifecycle": "debounce", "key": KEY, "period": 2.0, "max_wait": 2.0}
+    ),
     "dup_cancel": Job(unique={"lifecycle": "until_finished", "key": KEY, "on_duplicate": "cancel"}),
     "rated": Job(rate={"rate": "1/4s", "key": KEY}),
     "rated_max_delay": Job(rate={"rate": "1/60s", "key": KEY, "max_delay": 1}),
@@ -498,6 +503,19 @@ SCENARIOS: list[Scenario] = [
             first="canceled",
             lease=frozenset({"acquired", "released"}),
         ),
+    ),
+    Scenario(
+        "debounce_runs_once_with_the_latest_arguments",
+        "debounced",
+        "debounced_burst",
+        # (the first and third calls' signals: the second's own id is not known to the test)
+        Expect("ran", 1, actions("debounce", "debounce#2"), same_id=True),
+    ),
+    Scenario(
+        "debounce_max_wait_runs_during_a_steady_stream",
+        "debounced_max_wait",
+        "debounced_stream",
+        Expect("ran", 2, actions("debounce"), same_id=False),
     ),
     Scenario(
         "on_duplicate_cancel_stops_the_running_copy",

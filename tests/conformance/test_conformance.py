@@ -403,6 +403,42 @@ def latest_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
     )
 
 
+def args_of(adapter: Adapter, key: str) -> list[float]:
+    """The ``seconds`` each run of ``key`` was called with, in the order they ran."""
+    return [float(a) for a in adapter.marks.lrange(f"args:{key}", 0, -1)]
+
+
+def debounced_burst(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """Three calls in a burst: nothing runs until the key is quiet for its period; then one
+    run, with the latest call's arguments, under the id every caller was handed."""
+    first = adapter.send(row.job, key, 0.001)
+    second = adapter.send(row.job, key, 0.002)
+    sent = str(uuid.uuid4())
+    third = adapter.send(row.job, key, 0.003, run_id=sent)
+    assert adapter.runs(key) == 0  # nothing published yet
+    assert first == second == third, (first, second, third)
+    settle(adapter, first)
+    assert args_of(adapter, key) == [0.003]
+    return observe(adapter, row, key, first, also=(sent,), same_id=True)
+
+
+def debounced_stream(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """Calls every 0.4 s, never quiet for the 2 s period: max_wait (2 s) publishes the pending
+    call while they keep coming; the calls after it make the next run, with the latest."""
+    ids, n = [], 0
+    deadline = time.monotonic() + DEADLINE_S
+    while adapter.runs(key) == 0:
+        assert time.monotonic() < deadline, "no run while the calls kept coming"
+        n += 1
+        ids.append(adapter.send(row.job, key, n / 1000))
+        time.sleep(0.4)
+    n += 1
+    last = adapter.send(row.job, key, n / 1000)
+    settle(adapter, last)
+    assert args_of(adapter, key)[-1] == n / 1000  # the latest call's arguments ran last
+    return observe(adapter, row, key, last, same_id=last == ids[0])
+
+
 def cancel_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
     """on_duplicate="cancel": a call that finds a copy running stops it (Celery: the pool
     child is terminated; RQ: the horse is stopped) and runs once its lease is released."""
@@ -542,6 +578,8 @@ PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
         duplicate_while_parked,
         latest_while_running,
         cancel_running,
+        debounced_burst,
+        debounced_stream,
         send_while_down,
         backend_down,
         down_at_release,

@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from ...errors import DuplicateTask, LockBackendError
+from ...errors import DuplicateTask, LockBackendError, LockConfigError
 from ..claims import ClaimKind, publish_claimed
+from ..debounce import defer
 from ..lease import RedisClient
 from ..unique_options import UniqueOptions
 from .delivery import SignalLike, TaskSpec
@@ -85,19 +86,29 @@ def send_unique(
     publish: Callable[[], T],
     cancel: Callable[[str], None],
     stop: Callable[[str], None] | None = None,
+    encode: Callable[[], str] | None = None,
 ) -> Sent[T] | Duplicate:
     """Claims the key of a unique call and publishes it; or says which copy holds the key
     (``Duplicate``), or raises :class:`DuplicateTask` (``on_duplicate="raise"``, or a member
     of a group or chord, whose id is fixed). ``delay``: seconds until the call is due;
     ``expires_in``: seconds after which it is dropped unrun (its claim must not outlive it).
     ``cancel`` takes a replaced queued copy off its queue; ``stop`` stops a running copy
-    (``on_duplicate="cancel"``).
+    (``on_duplicate="cancel"``); ``encode`` gives the call as a sweeper publishes it later
+    (lifecycle ``debounce``: the call is kept, not published, and ``Duplicate`` names the
+    pending call that carries it).
 
     >>> send_unique(spec, spec.unique, "id", ((42,), {}), delay=0, expires_in=None,
     ...             republish=False, in_canvas=False, settings=settings, client=r,
     ...             by=by, publish=send, cancel=revoke)   # doctest: +SKIP
     Sent(result=<AsyncResult: id>)
     """
+    if unique.debounced and republish:
+        return Sent(publish())  # the retry of a debounced run: that run itself
+    if unique.debounced:
+        assert encode is not None, "a debounced call needs its payload"
+        return _send_debounced(
+            spec, unique, call_id, call, in_canvas, settings, client, by, publish, encode
+        )
     life = min(delay + (unique.allowance or settings.queue_allowance), MAX_CLAIM_S)
     if expires_in is not None:
         life = min(life, expires_in)
@@ -171,3 +182,58 @@ def send_unique(
         cancel(found.holder)
     assert result is not None
     return Sent(result)
+
+
+def _send_debounced(
+    spec: TaskSpec,
+    unique: UniqueOptions,
+    call_id: str,
+    call: tuple[Sequence[Any], Mapping[str, Any]],
+    in_canvas: bool,
+    settings: SendSettings,
+    client: RedisClient,
+    by: Sender,
+    publish: Callable[[], T],
+    encode: Callable[[], str],
+) -> Sent[T] | Duplicate:
+    """A debounced call: kept as the key's pending call, or folded into it (latest wins)."""
+    name = spec.name_of(unique.keying, *call)
+    what = f"{by.word} {spec.name}[{call_id}]"
+    if in_canvas:  # its id is fixed in the group's result: folded into another, it never ends
+        raise LockConfigError(
+            f"{by.word} {spec.name}: a debounced call cannot be a member of a group or chord "
+            "(it may be folded into another call, and its own id would never end)",
+            name=name,
+        )
+    assert unique.period is not None
+    try:
+        kept = defer(
+            client,
+            settings.namespace,
+            name,
+            call_id,
+            encode(),
+            quiet=unique.period,
+            max_wait=unique.max_wait,
+        )
+    except LockBackendError as exc:
+        if settings.on_backend_error != "run":
+            raise
+        log.error("%s %s at once, NOT debounced under key %r: %s", what, by.verb, name, exc)
+        return Sent(publish())
+    if by.conflict.receivers:
+        by.conflict.send(
+            sender=by.sender,
+            task_id=call_id,
+            lock=name,
+            action="debounce",
+            holders=[kept.id],
+            stage=by.stage,
+        )
+    if kept.made:
+        log.info("%s debounced under unique key %r: pending", what, name)
+    else:
+        log.info(
+            "%s not %s: folded into pending %s under unique key %r", what, by.verb, kept.id, name
+        )
+    return Duplicate(kept.id)

@@ -35,6 +35,7 @@ class Spec:
                 "on_duplicate": self.unique.on_duplicate,
                 "allowance": self.unique.allowance,
                 "period": self.unique.period,
+                "max_wait": self.unique.max_wait,
                 "key": key if isinstance(key, str) or key is None else {"callable": True},
                 "scope": self.unique.keying.scope,
                 "params": _params(self.signature),
@@ -56,6 +57,7 @@ class Spec:
             on_duplicate=on_duplicate,
             allowance=raw.get("allowance"),
             period=raw.get("period"),
+            max_wait=raw.get("max_wait"),
         )
         derivable = not isinstance(key, dict) and raw.get("params") is not None
         return cls(task, unique, signature, raw.get("expires"), derivable)

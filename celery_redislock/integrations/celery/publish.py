@@ -15,6 +15,7 @@ from celery.utils import uuid
 
 from ...core.run.delivery import TaskSpec
 from ...core.run.send import Duplicate, Sender, send_unique
+from .debounce import payload
 from .kind import CONFLICTS_HEADER, LINE_HEADER, RATE_HEADER, REDELIVERY_HEADER
 from .registry import Spec, spec_for
 from .settings import client_for, settings_for
@@ -122,6 +123,7 @@ def publish(
         cancel=app.control.revoke,
         # on_duplicate="cancel": the pool child running it is sent SIGTERM (prefork).
         stop=lambda task_id: app.control.revoke(task_id, terminate=True, signal="SIGTERM"),
+        encode=lambda: payload(spec.task, args, kwargs, options),
     )
     if isinstance(sent, Duplicate):
         result_cls = options.get("result_cls") or app.AsyncResult

@@ -26,7 +26,7 @@ _REGISTRY_CACHE_S = 30.0
 def spec_of(task: LockAware) -> Spec | None:
     """A unique task's spec (``None``: not unique while queued)."""
     unique = task.unique_options
-    if unique is None or not unique.queued:
+    if unique is None or not unique.at_send:
         return None
     expires = task.expires if isinstance(task.expires, int | float) else None
     return Spec(task.name, unique, task.call_signature, expires)

@@ -69,7 +69,7 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
             # (as configured; the worker checks the pool it runs, -P included, as it starts)
             check_cancel_pool(app, app.conf.worker_pool, [cls.name])
         connect_receivers()  # the first locked task bound (or install()) connects them
-        if cls.unique_options is not None and cls.unique_options.queued:
+        if cls.unique_options is not None and cls.unique_options.at_send:
             wrap_send_task(app)  # also for apps that set task_cls= without install()
         return bound
 

@@ -14,6 +14,7 @@ from rq.exceptions import NoSuchJobError
 
 from ...core.run.send import Duplicate, Sender, send_unique
 from ._compat import Job
+from .debounce import keep_deferred, payload
 from .job import spec_of
 from .running import republished
 from .settings import client_for
@@ -57,9 +58,12 @@ class UniqueQueue(Queue):
     def _claim_and(self, job: Job, delay: float, enqueue: Any) -> Job:
         spec = spec_of(job.func) if job.func_name else None
         unique = spec.unique if spec is not None else None
-        if spec is None or unique is None or not unique.queued or spec.settings.disabled:
+        if spec is None or unique is None or not unique.at_send or spec.settings.disabled:
             return enqueue()  # type: ignore[no-any-return]
         settings = spec.settings
+        debounced = unique.debounced and not republished(job)
+        if debounced:
+            keep_deferred(job)  # saved first: a pending call must never name a missing job
         sent = send_unique(
             spec,
             unique,
@@ -76,8 +80,11 @@ class UniqueQueue(Queue):
             publish=enqueue,
             cancel=self._cancel,
             stop=self._stop,
+            encode=lambda: payload(job, self.serializer),
         )
         if isinstance(sent, Duplicate):
+            if debounced and sent.holder != job.id:
+                job.delete()  # folded into the pending job: this one is never enqueued
             return self._existing(sent.holder)
         return sent.result  # type: ignore[no-any-return]
 

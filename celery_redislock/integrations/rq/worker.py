@@ -13,6 +13,7 @@ from ...core.run.dead import release_dead
 from ...core.sweeper import LineSweeper
 from ...errors import LockConfigError
 from ._compat import Job, SpawnWorker, Worker
+from .debounce import debounce_publisher
 from .job import lock_for_job
 from .line import PutBack
 from .logs import to_worker_log
@@ -32,7 +33,8 @@ class ReleasesDeadHorses:
     ends without its ``finally`` having run (SIGKILL, OOM, the kill past the job timeout, a
     stop-job command, a cold shutdown), releases the leases it held for its job (matched by job
     id, host and pid), handing the lock on to its task line. The main process also sweeps the
-    task lines every ``line_sweep_interval`` seconds (holders that died unseen, waits ended)."""
+    task lines every ``line_sweep_interval`` seconds (holders that died unseen, waits ended), and
+    enqueues the debounced jobs that are due."""
 
     _redislock_horse = 0
     _redislock_status: int | None = None
@@ -77,8 +79,9 @@ class ReleasesDeadHorses:
             return None
         window = settings.line_handover_window
         put_back = PutBack(worker.connection, worker.serializer, client, window)
+        pending = debounce_publisher(worker.connection, worker.serializer)
         sweeper = LineSweeper(
-            client, settings.namespace, put_back, settings.line_sweep_interval, window
+            client, settings.namespace, put_back, settings.line_sweep_interval, window, pending
         )
         sweeper.start()
         return sweeper
