@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -104,7 +105,7 @@ def sweep_pending(
             continue
         keys = [LockKeys.of(namespace, name).pending]
         with backend_errors(name):
-            taken = run("pending_take", client, keys, [str(_ms(window))])
+            taken = run("pending_take", client, keys, [str(_ms(window)), os.urandom(8).hex()])
         what = text(taken[0])
         if what == "n":
             if now - record["at"] > _FORGET_AFTER_S:

@@ -4,6 +4,6 @@
 -- Returns the due time (server ms) of the key's next pending call, or '0' if none.
 -- Run twice, it answers the same.
 if redis.call('HGET', KEYS[1], 's_id') == ARGV[1] then
-  redis.call('HDEL', KEYS[1], 's_id', 's_payload', 's_until')
+  redis.call('HDEL', KEYS[1], 's_id', 's_payload', 's_until', 's_by')
 end
 return redis.call('HGET', KEYS[1], 'due') or '0'
