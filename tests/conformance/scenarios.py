@@ -66,6 +66,7 @@ JOBS: dict[str, Job] = {
     "once_per_period": Job(unique={"lifecycle": "once_per_period", "key": KEY, "period": 60}),
     "keep_last": Job(unique={"lifecycle": "keep_last", "key": KEY}),
     "debounced": Job(unique={"lifecycle": "debounce", "key": KEY, "period": 1.0}),
+    "debounced_long": Job(unique={"lifecycle": "debounce", "key": KEY, "period": 5.0}),
     "debounced_max_wait": Job(
         unique={"lifecycle": "debounce", "key": KEY, "period": 2.0, "max_wait": 2.0}
     ),

@@ -26,6 +26,7 @@ from helpers import free_port, wait_for, wait_until_queued
 from celery_redislock import DuplicateTask, LockBackendError
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.admin import force_release
+from celery_redislock.core.keys import LockKeys
 
 from .adapters import FINAL, Adapter
 from .scenarios import SCENARIOS, Expect, Scenario
@@ -622,3 +623,26 @@ def test_conformance_with_the_lock_redis_down(
         play(adapter, row)
     finally:
         locks.close()
+
+
+@pytest.mark.faults
+@pytest.mark.slow  # workers of its own, started twice
+@pytest.mark.parametrize("name", ["celery", "rq"])
+def test_a_debounced_call_outlives_its_killed_workers(
+    name: str, own_adapter: Callable[..., Adapter]
+) -> None:
+    """Every worker SIGKILLed while a debounced call waits (its period: 5 s): the call stays in
+    Redis; a worker started later publishes it once, with the latest call's arguments."""
+    key = f"debounce-killed-{uuid.uuid4().hex[:8]}"
+    env = {"CONF_OWN": "1"}  # (workers of the test's own queue)
+    adapter = own_adapter(name, env)
+    run_id = adapter.send("debounced_long", key, 0.001)
+    assert adapter.send("debounced_long", key, 0.002) == run_id
+    for worker in adapter.workers:
+        worker.kill()
+    pending = LockKeys.of("redislock", f"conf:{key}").pending
+    assert adapter.lock_client.hget(pending, "id") == run_id.encode()
+    later = own_adapter(name, env)
+    assert settle(later, run_id, timeout=DEADLINE_S + 10) == "ran"
+    assert later.runs(key) == 1 and args_of(later, key) == [0.002]
+    assert not adapter.lock_client.exists(pending)
