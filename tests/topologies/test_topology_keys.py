@@ -14,6 +14,7 @@ from redis.crc import key_slot
 
 from celery_redislock import Lease, Lock, renew_leases
 from celery_redislock.core.claims import claim, release_claim
+from celery_redislock.core.debounce import defer, sweep_pending
 from celery_redislock.core.keys import LockKeys, check_name, registry_key
 from celery_redislock.core.protocol import ClaimKind
 from celery_redislock.core.scripts import NAMES, assembled
@@ -128,7 +129,14 @@ def test_the_check_catches_a_key_built_inside_a_script() -> None:
 @pytest.mark.parametrize("name", ["report", "a}b{c", "{x}", "sync:{42}", "é ü", "x" * 300])
 def test_every_key_of_a_lock_shares_its_hash_tag(name: str) -> None:
     keys = LockKeys.of("redislock", check_name(name))
-    every = [*keys.all, keys.queued, keys.replaced, keys.done, keys.waiter("tok")]
+    every = [
+        *keys.all,
+        keys.queued,
+        keys.replaced,
+        keys.pending,
+        keys.done,
+        keys.waiter("tok"),
+    ]
     # Every key-valued property of LockKeys is in that list: a new one cannot be missed.
     properties = {
         attr
@@ -186,6 +194,9 @@ def test_at_run_time_every_key_a_script_touches_was_passed_to_it(client: redis.R
             running_counts=True,
         )
         release_claim(worker, "redislock", f"keys-{name}", "a")
+        # A debounced call: kept, then taken and published by a sweep.
+        defer(worker, "redislock", f"keys-{name}", "d", "payload", quiet=0.0, max_wait=None)
+        sweep_pending(worker, "redislock", lambda call_id, payload: None)
     client.echo("end-of-check")
     watcher.join(10)
     keys: list[str] = []
