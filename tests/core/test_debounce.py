@@ -16,6 +16,7 @@ from helpers import wait_for
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from celery_redislock import LockBackendError
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.debounce import defer, pending_key, sweep_pending
 from celery_redislock.core.keys import LockKeys
@@ -170,3 +171,23 @@ def test_a_key_is_listed_before_its_pending_call_is_written(client: redis.Redis)
     client.hset(pending_key(NS), "k", f'{{"look": 0, "at": {time.time():f}}}')
     assert sweep_pending(client, NS, Publisher()) == 0
     assert client.hexists(pending_key(NS), "k")  # young: kept for the call about to be written
+
+
+def test_a_lost_reply_not_retried_keeps_the_call_and_a_second_call_folds_into_it(
+    proxy: FaultProxy, client: redis.Redis
+) -> None:
+    """The caller is told Redis failed, but the call was kept: it runs, and calling again is
+    safe (folded into the same pending call, with the latest arguments)."""
+    through = redis.Redis.from_url(proxy.url, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    through.ping()
+    try:
+        proxy.reset_after(1, command="EVALSHA")
+        with pytest.raises(LockBackendError):
+            defer(through, NS, "k", "c0", "p0", quiet=0.05, max_wait=None)
+    finally:
+        through.close()
+    again = defer(client, NS, "k", "c1", "p1", quiet=0.05, max_wait=None)
+    assert (again.id, again.made) == ("c0", False)
+    publish = Publisher()
+    sweep_until(client, publish, 1)
+    assert publish.sent == [("c0", "p1")]
