@@ -394,7 +394,7 @@ def test_a_running_copy_is_kept_and_a_superseded_copy_does_not_run(
     assert conflicts_of(lockapp, stray.id) == ["superseded"]
     assert started(lockapp, "sup") == []
     assert lockapp.r.get(claim_key("fin:sup")) == queued.id.encode(), "the newer keeps its claim"
-    assert lockapp.app.control.add_consumer("parked", reply=True, timeout=10, limit=1)
+    consume_parked(lockapp)
     assert queued.get(timeout=20) == "ran"
     assert started(lockapp, "sup") == [queued.id]
 
@@ -418,6 +418,16 @@ def test_a_running_copy_is_kept_and_a_superseded_copy_does_not_run(
     assert started(lockapp, "rr") == [running.id] and started(lockapp, "sr") == [strict.id]
 
 
+def consume_parked(lockapp: ModuleType) -> None:
+    """The worker starts consuming queue ``parked``: asked again until it answers (a broadcast
+    sent before its control consumer listens is not heard; adding a consumer twice is harmless)."""
+    wait_for(
+        lambda: lockapp.app.control.add_consumer("parked", reply=True, timeout=2, limit=1),
+        "the worker consumes queue 'parked'",
+        30,
+    )
+
+
 def test_the_claim_holder_runs_when_a_superseded_copy_holds_the_run_lease(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -431,7 +441,7 @@ def test_the_claim_holder_runs_when_a_superseded_copy_holds_the_run_lease(
         blocking=False, owner="superseded", info={"task_id": "superseded"}
     )
     try:
-        assert lockapp.app.control.add_consumer("parked", reply=True, timeout=10, limit=1)
+        consume_parked(lockapp)
         result = lockapp.app.AsyncResult(holder.id)
         wait_for(lambda: result.state in ("RETRY", SKIPPED), "the holder met the lease", 20)
         assert result.state == "RETRY", "the claim holder comes back instead of being skipped"
