@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, MovedError, NoScriptError
+from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
 
 from ..errors import LockBackendError, LockConfigError
 from .durations import OTHER, seconds
@@ -170,6 +170,15 @@ def _execute(
         acks = None
         if policy is not None:
             last = replies.pop()
+            if isinstance(last, ResponseError) and "replica" in str(last):
+                # A master demoted to a replica (a failover): redis-py's Sentinel pool notices
+                # only a write refused, so a batch that wrote nothing kept its connection. Drop
+                # the pool's connections (they find the new master as they reconnect) and send
+                # the batch again: it wrote nothing here.
+                client.connection_pool.disconnect()
+                if attempt == 1:
+                    continue
+                raise redis.ConnectionError(f"the lock Redis is a replica now: {last}")
             if isinstance(last, Exception):
                 raise last
             acks = int(last[1]) if aof else int(last)

@@ -86,3 +86,18 @@ def test_the_acknowledgement_command_follows_the_server(
         Lock(client, "report", ttl=5, min_replicas=1, replica_timeout=0.2).acquire()
     assert not lock.locked()
     client.close()
+
+
+def test_a_client_left_on_a_demoted_master_drops_its_connections_and_says_so(
+    pair: tuple[RedisServer, RedisServer],
+) -> None:
+    """A connection still open to a master demoted to a replica (after a failover, before
+    redis-py's Sentinel pool noticed) is dropped, and the batch sent again once; a server that
+    is a replica still is a backend error saying so, never a lease."""
+    _, replica = pair
+    client = redis.Redis(port=replica.port)
+    lock = Lock(client, "report", ttl=5, min_replicas=1, replica_timeout=0.2)
+    with pytest.raises(LockBackendError, match="the lock Redis is a replica now"):
+        lock.acquire()
+    assert _calls(client, "wait") == 2  # the batch went twice, then the error
+    client.close()
