@@ -9,7 +9,7 @@ from ..errors import LockConfigError
 from ._validate import non_empty_string
 
 DEFAULT_NAMESPACE = "redislock"
-_SUFFIXES = ("leases", "meta", "queue", "qdl", "wake", "done")
+_SUFFIXES = ("leases", "meta", "queue", "qdl", "wake", "done", "tenants")
 
 
 def check_name(name: object, *, what: str = "name") -> str:
@@ -62,6 +62,12 @@ class LockKeys:
     def done(self) -> str:
         """Jobs finished under this lock (sorted set: job id -> server ms it is kept until)."""
         return f"{self.prefix}:done"
+
+    @property
+    def tenants(self) -> str:
+        """Parked tasks with a tenant, by tenant, priority and arrival (sorted set by member,
+        see lua/_line.lua); the queue holds each such tenant's place in turn."""
+        return f"{self.prefix}:tenants"
 
     @property
     def all(self) -> list[str]:

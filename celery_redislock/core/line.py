@@ -6,12 +6,18 @@ publishes their payloads (the lock's ``handover``) and confirms (``line_sent.lua
 leaves Redis only once confirmed: if its publisher dies, the short lease lapses and the entry
 goes back in line at its old place. A hand-over published twice is claimed by its first delivery.
 
+Tenants: tasks parked with a ``tenant`` are served tenant by tenant in turn (one task each,
+however many each has waiting; within a tenant by ``priority``, then arrival), so that one
+tenant's flood does not hold up another's few (see ``lua/_line.lua``).
+
 >>> lock = Lock(client, "sync:42", ttl=30, handover=publish)   # doctest: +SKIP
 >>> got = park(lock, payload, owner=task_id)                     # doctest: +SKIP
+>>> got = park(lock, payload, owner=task_id, tenant="acme")      # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -34,7 +40,16 @@ from .handover import (
     line_token,
 )
 from .lock import Lease, Lock, _info_json
-from .protocol import AcquireArgs, AcquireReply, AcquireStatus, Grant, ParkArgs, SweepReply, text
+from .protocol import (
+    PRIORITIES,
+    AcquireArgs,
+    AcquireReply,
+    AcquireStatus,
+    Grant,
+    ParkArgs,
+    SweepReply,
+    text,
+)
 from .scripts import run
 from .signal import Signal
 from .store import RedisClient, backend_error, backend_errors
@@ -52,6 +67,7 @@ __all__ = [
     "park",
     "sweep",
     "sweep_lines",
+    "tenant_key",
 ]
 
 log = logging.getLogger(__name__)
@@ -72,6 +88,26 @@ class Parked:
     """Parked entries in line, this one included."""
 
 
+def tenant_key(tenant: str, priority: int = 0, *, name: str | None = None) -> str:
+    """The tenant's id and the priority within it, as a parked task's entry sorts by them: 16
+    hex of a hash of ``tenant`` (any text: equal texts, one tenant), then 8 hex that sort the
+    highest priority first. Raises :class:`LockConfigError` for a priority that is not an
+    ``int`` in :data:`PRIORITIES`.
+
+    >>> tenant_key("acme", 0)[16:], tenant_key("acme", 1)[16:]
+    ('7fffffff', '7ffffffe')
+    """
+    if not isinstance(tenant, str):
+        raise LockConfigError(f"a tenant must be a str, got {type(tenant).__name__}", name=name)
+    low, high = PRIORITIES
+    if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
+        raise LockConfigError(
+            f"a priority must be an int from {low} to {high}, got {priority!r}", name=name
+        )
+    ident = hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{ident}{high - priority:08x}"
+
+
 def lines_key(namespace: str) -> str:
     """The hash of locks with a task line (name -> the lock's settings), for sweepers."""
     return f"{namespace}:{{lines}}"
@@ -87,6 +123,8 @@ def park(
     job: str | None = None,
     max_wait: float = 3600.0,
     max_waiting: int | None = None,
+    tenant: str | None = None,
+    priority: int = 0,
 ) -> Lease | Parked:
     """Takes a lease on ``lock``, or parks ``payload`` in its task line.
 
@@ -94,9 +132,16 @@ def park(
     a new entry. ``owner`` holds at most one lease (a second delivery of a running task raises
     :class:`LockNotAcquired` with ``owner_expires_in``). Raises :class:`LineFull` when
     ``max_waiting`` tasks are parked already, :class:`JobFinished` as ``acquire(job=)`` does.
+    ``tenant``: the parked tasks of each tenant take turns with the other tenants' (and with
+    each task parked without one), highest ``priority`` first within a tenant, then by arrival
+    (see :func:`tenant_key`); the holder's ``info`` gets ``tenant`` (and ``priority``).
     """
     wait = seconds(max_wait, MAX_WAIT, "max_wait", name=lock.name)
     max_waiting = int_at_least(max_waiting, 1, "max_waiting", name=lock.name, or_none=True)
+    tenant_id = ""
+    if tenant is not None:
+        tenant_id = tenant_key(tenant, priority, name=lock.name)
+        info = {**(info or {}), "tenant": tenant, **({"priority": priority} if priority else {})}
     if not lock.store.queues:
         # The line lives in one lock's keys on one server: over independent masters (RedLock)
         # no single server could hand the lock over.
@@ -121,6 +166,7 @@ def park(
             wait_ms=max(1, round(wait * 1000)),
             max_parked=max_waiting or 0,
             publish_ms=round(PUBLISH_WINDOW_S * 1000),
+            tenant=tenant_id,
         ),
     )
     sent = time.monotonic()

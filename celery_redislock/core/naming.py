@@ -23,9 +23,10 @@ from typing import Any, NamedTuple
 
 from ..errors import LockConfigError
 from .keys import check_name
-from .options import LockOptions
+from .options import KeyFunction, LockOptions
+from .protocol import PRIORITIES
 
-__all__ = ["bind_arguments", "canonical_hash", "field_text", "lock_name"]
+__all__ = ["bind_arguments", "canonical_hash", "field_text", "lock_name", "tenant_of"]
 
 
 def bind_arguments(
@@ -188,25 +189,28 @@ class _KeyFormatter(string.Formatter):
 _formatter = _KeyFormatter()
 
 
-def _describe(key: object) -> str:
+def _describe(key: object, option: str = "key") -> str:
     if isinstance(key, str):
-        return f"key template {key!r}"
-    return f"key function {getattr(key, '__qualname__', None) or key!r}"
+        return f"{option} template {key!r}"
+    return f"{option} function {getattr(key, '__qualname__', None) or key!r}"
 
 
-def _from_function(task: str, key: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+def _from_function(
+    task: str, key: Any, args: Sequence[Any], kwargs: Mapping[str, Any], option: str = "key"
+) -> str:
     result = key(*args, **kwargs)
     if isinstance(result, str):
         return str.__str__(result)  # the function's own name for the lock (checked by caller)
     if result is None:
+        made = "the lock name" if option == "key" else f"the {option}"
         raise LockConfigError(
-            f"task {task!r}: {_describe(key)} returned None; return the lock name (a str), or "
+            f"task {task!r}: {_describe(key, option)} returned None; return {made} (a str), or "
             "a value to write it from"
         )
     try:
         return field_text(result)
     except (TypeError, ValueError) as exc:
-        raise LockConfigError(f"task {task!r}: {_describe(key)} returned {exc}") from exc
+        raise LockConfigError(f"task {task!r}: {_describe(key, option)} returned {exc}") from exc
 
 
 def lock_name(
@@ -219,32 +223,9 @@ def lock_name(
     """The lock name a call takes: the key (template, callable or default hash), plus the host
     for ``scope="host"``. Raises :class:`LockConfigError` naming the task (and the template or
     key function) when the call cannot make one."""
-    key = options.key
     bound = bind_arguments(task, signature, args, kwargs)
-    try:
-        if isinstance(key, str):
-            named = _named(bound) if bound is not None else dict(kwargs)
-            name = _formatter.vformat(key, (), named)
-        elif key is not None:
-            call = (bound.args, bound.kwargs) if bound is not None else (args, kwargs)
-            name = _from_function(task, key, *call)
-        else:
-            named = _named(bound) if bound is not None else {"args": list(args), **kwargs}
-            name = f"{task}:{canonical_hash(named)}"
-    except _FieldError as exc:
-        raise LockConfigError(
-            f"task {task!r}: {_describe(key)}: field {{{exc.field}}}: {exc}"
-        ) from exc
-    except LockConfigError:
-        raise
-    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:
-        if isinstance(key, str):
-            failed = f"{_describe(key)}: cannot fill it from the call's arguments"
-        elif key is not None:
-            failed = f"{_describe(key)} raised"
-        else:
-            failed = "cannot derive its lock key"
-        raise LockConfigError(f"task {task!r}: {failed}: {type(exc).__name__}: {exc}") from exc
+    key = options.key
+    name = _made(task, key, bound, args, kwargs)
     try:
         check_name(name)
     except LockConfigError as exc:
@@ -253,3 +234,76 @@ def lock_name(
     if options.scope == "host":
         name = f"{name}@{socket.gethostname()}"
     return name
+
+
+def tenant_of(
+    task: str,
+    options: LockOptions,
+    signature: inspect.Signature | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> tuple[str, int] | None:
+    """The tenant of a call and its priority within the tenant (``None``: the lock has no
+    ``tenant``). The tenant is made from the call's arguments as the lock's name is (the same
+    rule, see the module); a ``priority`` callable takes them as a key function does and must
+    return an ``int``. Raises :class:`LockConfigError` naming the task and the option."""
+    if options.tenant is None:
+        return None
+    bound = bind_arguments(task, signature, args, kwargs)
+    tenant = _made(task, options.tenant, bound, args, kwargs, "tenant")
+    priority = options.priority
+    if callable(priority):
+        call = (bound.args, bound.kwargs) if bound is not None else (args, kwargs)
+        described = _describe(priority, "priority")
+        try:
+            priority = priority(*call[0], **call[1])
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:  # as a key
+            raise LockConfigError(
+                f"task {task!r}: {described} raised: {type(exc).__name__}: {exc}"
+            ) from exc
+        low, high = PRIORITIES
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise LockConfigError(
+                f"task {task!r}: {described} returned {priority!r}; return an int from {low} to "
+                f"{high} (higher first)"
+            )
+        if not low <= priority <= high:
+            raise LockConfigError(
+                f"task {task!r}: {described} returned {priority}, outside {low} to {high}"
+            )
+    return tenant, priority or 0
+
+
+def _made(
+    task: str,
+    key: str | KeyFunction | None,
+    bound: inspect.BoundArguments | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    option: str = "key",
+) -> str:
+    """What ``key`` (a template, a callable, or ``None``: the default hash) makes of a call:
+    the one rule for the lock's name and the tenant alike (``option`` names it in errors)."""
+    try:
+        if isinstance(key, str):
+            named = _named(bound) if bound is not None else dict(kwargs)
+            return _formatter.vformat(key, (), named)
+        if key is not None:
+            call = (bound.args, bound.kwargs) if bound is not None else (args, kwargs)
+            return _from_function(task, key, *call, option=option)
+        named = _named(bound) if bound is not None else {"args": list(args), **kwargs}
+        return f"{task}:{canonical_hash(named)}"
+    except _FieldError as exc:
+        raise LockConfigError(
+            f"task {task!r}: {_describe(key, option)}: field {{{exc.field}}}: {exc}"
+        ) from exc
+    except LockConfigError:
+        raise
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:
+        if isinstance(key, str):
+            failed = f"{_describe(key, option)}: cannot fill it from the call's arguments"
+        elif key is not None:
+            failed = f"{_describe(key, option)} raised"
+        else:
+            failed = "cannot derive its lock key"
+        raise LockConfigError(f"task {task!r}: {failed}: {type(exc).__name__}: {exc}") from exc

@@ -19,13 +19,14 @@ from .durations import (
     seconds,
     seconds_or_none,
 )
-from .protocol import Mode
+from .protocol import PRIORITIES, Mode
 
 __all__ = [
     "ConflictAction",
     "KeyFunction",
     "LockOptionDict",
     "LockOptions",
+    "PriorityFunction",
     "Scope",
     "call_signature",
     "check_fields",
@@ -40,6 +41,7 @@ __all__ = [
 ConflictAction = Literal["skip", "retry", "wait", "raise", "queue"]
 Scope = Literal["global", "host"]
 KeyFunction = Callable[..., object]
+PriorityFunction = Callable[..., int]
 
 CONFLICT_ACTIONS: tuple[ConflictAction, ...] = get_args(ConflictAction)
 SCOPES: tuple[Scope, ...] = get_args(Scope)
@@ -70,6 +72,12 @@ class LockOptions:
     """``queue``: how long a parked task waits in line before it ends as expired."""
     max_waiting: int | None = None
     """``queue``: at most this many tasks parked in the lock's line (``None``: no bound)."""
+    tenant: str | KeyFunction | None = None
+    """``queue``: the call's tenant, made from the call's arguments as ``key`` makes the lock's
+    name (a template or a callable): parked tasks are served tenant by tenant in turn."""
+    priority: int | PriorityFunction | None = None
+    """``queue`` with a ``tenant``: an ``int`` (or a callable of the call's arguments returning
+    one) ordering one tenant's parked tasks, higher first (``None``: 0)."""
     fields: tuple[str, ...] = ()
     """Names of the arguments a key template uses (checked against the signature)."""
 
@@ -94,6 +102,8 @@ class LockOptionDict(TypedDict, total=False):
     max_hold: float | None
     max_wait: float
     max_waiting: int | None
+    tenant: str | KeyFunction | None
+    priority: int | PriorityFunction | None
 
 
 # The option names, in the order errors list them: the dict form's keys, so they cannot drift.
@@ -109,13 +119,16 @@ def _error(task: str, option: str, message: str, what: str = "lock") -> LockConf
     return LockConfigError(f"{option_what(task, option, what)} {message}")
 
 
-def template_fields(task: str, template: str, what: str = "lock") -> tuple[str, ...]:
+def template_fields(
+    task: str, template: str, what: str = "lock", option: str = "key"
+) -> tuple[str, ...]:
     """The argument names a key template refers to (``{a}``, ``{a.b}``, ``{a[0]}``); ``what``
-    names the option in errors. Refuses what would make names that are not canonical (see
-    :mod:`.naming`): conversions (``{a!r}``) and fields nested in a format spec."""
+    and ``option`` name the option in errors. Refuses what would make names that are not
+    canonical (see :mod:`.naming`): conversions (``{a!r}``) and fields nested in a format
+    spec."""
 
     def refused(message: str) -> LockConfigError:
-        return _error(task, "key", message, what)
+        return _error(task, option, message, what)
 
     names = []
     try:
@@ -179,8 +192,11 @@ def parse_lock_option(
             f"{what(line_only[0])} applies to on_conflict='queue' only (the task line), but "
             f"on_conflict is {on_conflict!r}"
         )
+    tenant = _parse_tenant(task, signature, opts, on_conflict)
     return replace(
         keying,
+        tenant=tenant,
+        priority=_parse_priority(task, opts, tenant),
         mode=one_of(opts.get("mode", "write"), MODES, what("mode"), listed="'read' or 'write'"),
         limit=int_at_least(opts.get("limit"), 1, what("limit"), or_none=True),
         ttl=seconds_or_none(opts.get("ttl"), TTL, what("ttl")),
@@ -193,6 +209,53 @@ def parse_lock_option(
         max_wait=seconds(opts.get("max_wait", DEFAULT_MAX_WAIT), MAX_WAIT, what("max_wait")),
         max_waiting=int_at_least(opts.get("max_waiting"), 1, what("max_waiting"), or_none=True),
     )
+
+
+def _parse_tenant(
+    task: str, signature: inspect.Signature | None, opts: Mapping[str, Any], on_conflict: object
+) -> str | KeyFunction | None:
+    """The ``tenant`` option: a template over the call's arguments or a callable, as ``key``
+    (checked alike), for tasks that park in the task line only."""
+    tenant = opts.get("tenant")
+    if tenant is None:
+        return None
+    what = option_what(task, "tenant")
+    if on_conflict != "queue":
+        raise LockConfigError(
+            f"{what} applies to on_conflict='queue' only (the parked tasks of the task line "
+            f"take turns by tenant), but on_conflict is {on_conflict!r}; say on_conflict='queue'"
+        )
+    if not isinstance(tenant, str) and not callable(tenant):
+        raise LockConfigError(
+            f"{what} must be a template string over the task's arguments (e.g. '{{account}}') "
+            f"or a callable taking them, got {type(tenant).__name__}"
+        )
+    return parse_key(task, signature, tenant, option="tenant")[0]
+
+
+def _parse_priority(
+    task: str, opts: Mapping[str, Any], tenant: object
+) -> int | PriorityFunction | None:
+    """The ``priority`` option: an int in ``PRIORITIES``, or a callable taking the call's
+    arguments and returning one; it orders one tenant's parked tasks, so it needs a tenant."""
+    priority = opts.get("priority")
+    if priority is None:
+        return None
+    what = option_what(task, "priority")
+    if tenant is None:
+        raise LockConfigError(
+            f"{what} orders the parked tasks of one tenant, so it needs the option 'tenant' "
+            "(with on_conflict='queue'); without tenants the line serves in arrival order"
+        )
+    if callable(priority):
+        return priority  # type: ignore[no-any-return]
+    low, high = PRIORITIES
+    if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
+        raise LockConfigError(
+            f"{what} must be an int from {low} to {high} (higher first) or a callable taking "
+            f"the task's arguments and returning one, got {priority!r}"
+        )
+    return priority
 
 
 def known_options(
@@ -215,18 +278,24 @@ def known_options(
 
 
 def parse_key(
-    task: str, signature: inspect.Signature | None, key: object, what: str = "lock"
+    task: str,
+    signature: inspect.Signature | None,
+    key: object,
+    what: str = "lock",
+    option: str = "key",
 ) -> tuple[str | KeyFunction | None, tuple[str, ...]]:
-    """Checks a ``key`` option; returns it with the argument names a template uses."""
+    """Checks a ``key`` option (or another made as a key is: ``option``); returns it with the
+    argument names a template uses."""
     if isinstance(key, str):
         if not key:
-            raise _error(task, "key", "must not be empty", what)
-        fields = template_fields(task, key, what)
-        check_fields(task, signature, fields, what)
+            raise _error(task, option, "must not be empty", what)
+        fields = template_fields(task, key, what, option)
+        check_fields(task, signature, fields, what, option)
         return key, fields
     if key is not None and not callable(key):
         got = type(key).__name__
-        raise _error(task, "key", f"must be a template string, a callable or None, got {got}", what)
+        message = f"must be a template string, a callable or None, got {got}"
+        raise _error(task, option, message, what)
     return key, ()
 
 
@@ -249,9 +318,13 @@ def call_signature(fun: Callable[..., Any], bound: bool) -> inspect.Signature | 
 
 
 def check_fields(
-    task: str, signature: inspect.Signature | None, fields: tuple[str, ...], what: str = "lock"
+    task: str,
+    signature: inspect.Signature | None,
+    fields: tuple[str, ...],
+    what: str = "lock",
+    option: str = "key",
 ) -> None:
-    """Checks that the task takes every argument a key template names."""
+    """Checks that the task takes every argument a key template (``option``) names."""
     if signature is None:
         return
     params = signature.parameters
@@ -260,7 +333,7 @@ def check_fields(
     missing = [f for f in fields if f not in params]
     if missing:
         raise LockConfigError(
-            f"{option_what(task, 'key', what)} template names argument(s) "
+            f"{option_what(task, option, what)} template names argument(s) "
             f"{', '.join(map(repr, missing))} that the task does not take; its arguments are: "
             f"{', '.join(params) or '(none)'}"
         )

@@ -14,6 +14,7 @@ from json import loads
 from typing import Any, Literal, NamedTuple
 
 __all__ = [
+    "PRIORITIES",
     "AcquireArgs",
     "AcquireReply",
     "AcquireStatus",
@@ -175,8 +176,13 @@ class AcquireArgs(NamedTuple):
         return args
 
 
+PRIORITIES = (-(2**31), 2**31 - 1)
+"""The priorities a parked task may have within its tenant, higher first (``ParkArgs.tenant``
+writes one in 8 hex digits)."""
+
+
 class ParkArgs(NamedTuple):
-    """What a parked task leaves in line (acquire.lua, ARGV 8-11)."""
+    """What a parked task leaves in line (acquire.lua, ARGV 8-12)."""
 
     payload: str
     """Published again on hand-over; opaque to the lock."""
@@ -186,9 +192,15 @@ class ParkArgs(NamedTuple):
     """0: unbounded."""
     publish_ms: int
     """How long a lease handed to it lasts until the hand-over is published."""
+    tenant: str = ""
+    """The tenant's id and the priority within it, 24 hex (``""``: no tenant; sent only when
+    there is one)."""
 
     def encode(self) -> list[str]:
-        return [self.payload, str(self.wait_ms), str(self.max_parked), str(self.publish_ms)]
+        args = [self.payload, str(self.wait_ms), str(self.max_parked), str(self.publish_ms)]
+        if self.tenant:
+            args.append(self.tenant)
+        return args
 
 
 class AcquireReply(NamedTuple):

@@ -57,6 +57,50 @@ def app() -> Iterator[Celery]:
         ({"max_retries": -1}, "lock option 'max_retries': must be an integer >= 0 or None"),
         ({"count_retries": 1}, "lock option 'count_retries': must be True or False, got 1"),
         (["key"], "task 'opts.f': lock must be True, a key template string or a dict of options"),
+        # tenants in the task line
+        (
+            {"tenant": "{customer_id}"},
+            "task 'opts.f': lock option 'tenant': applies to on_conflict='queue' only (the "
+            "parked tasks of the task line take turns by tenant), but on_conflict is None",
+        ),
+        (
+            {"on_conflict": "skip", "tenant": "{customer_id}"},
+            "lock option 'tenant': applies to on_conflict='queue' only",
+        ),
+        (
+            {"on_conflict": "queue", "tenant": "{account}"},
+            "task 'opts.f': lock option 'tenant': template names argument(s) 'account' that the "
+            "task does not take; its arguments are: customer_id, full",
+        ),
+        (
+            {"on_conflict": "queue", "tenant": "{customer_id!r}"},
+            "lock option 'tenant': template field {customer_id!r} in '{customer_id!r}': "
+            "conversions are not allowed",
+        ),
+        ({"on_conflict": "queue", "tenant": ""}, "lock option 'tenant': must not be empty"),
+        (
+            {"on_conflict": "queue", "tenant": 42},
+            "lock option 'tenant': must be a template string over the task's arguments "
+            "(e.g. '{account}') or a callable taking them, got int",
+        ),
+        (
+            {"on_conflict": "queue", "priority": 1},
+            "task 'opts.f': lock option 'priority': orders the parked tasks of one tenant, so it "
+            "needs the option 'tenant'",
+        ),
+        (
+            {"on_conflict": "queue", "tenant": "{customer_id}", "priority": "high"},
+            "lock option 'priority': must be an int from -2147483648 to 2147483647 (higher "
+            "first) or a callable taking the task's arguments and returning one, got 'high'",
+        ),
+        (
+            {"on_conflict": "queue", "tenant": "{customer_id}", "priority": True},
+            "lock option 'priority': must be an int",
+        ),
+        (
+            {"on_conflict": "queue", "tenant": "{customer_id}", "priority": 2**31},
+            "lock option 'priority': must be an int from -2147483648 to 2147483647",
+        ),
     ],
 )
 def test_bad_option_is_refused_when_the_task_is_declared(

@@ -10,7 +10,7 @@ import redis
 from helpers import wait_for, wait_until_queued
 
 from celery_redislock import Lock, LockBackendError, LockNotAcquired, iter_locks, renew_leases
-from celery_redislock.core.line import Parked, park
+from celery_redislock.core.line import Parked, park, sweep
 from celery_redislock.core.rate import RateLimit
 
 # The list in docs/topologies.md ("Redis permissions"), as one ACL rule set.
@@ -39,6 +39,7 @@ DOCUMENTED_RULES = [
         "+sismember",
     ],
     *["+zadd", "+zcard", "+zrange", "+zrangebyscore", "+zrem", "+zremrangebyscore", "+zscore"],
+    "+zrangebylex",  # tenants in the task line
     *["+zcount", "+zrevrange", "+zremrangebyrank"],  # rate limits
 ]
 
@@ -87,9 +88,18 @@ def test_the_listed_permissions_run_the_task_line(client: redis.Redis) -> None:
         return client.zcard(lock.keys.all[2]) == 0
 
     wait_for(purged, "the lapsed parked task out of line")
+    # Tenants: parked among their tenant's tasks, handed the lock in turn; a hand-over nobody
+    # publishes lapses, and goes back at its tenant's turn.
+    a0 = park(lock, "a0", owner="a0", tenant="A")
+    b0 = park(lock, "b0", owner="b0", tenant="B", priority=1)
+    assert isinstance(a0, Parked) and isinstance(b0, Parked)
     for lease in leases:
         assert not isinstance(lease, Parked)
-        lease.release()
+        lease.release()  # (`lock` cannot publish: its hand-overs lapse, back in line)
+    handed = {a0.token.encode(), b0.token.encode()}
+    assert set(client.zrange(lock.keys.leases, 0, -1)) == handed
+    sweep(lock)
+    assert set(client.zrange(lock.keys.leases, 0, -1)) == handed
 
 
 def test_the_listed_permissions_run_a_rate_limit(client: redis.Redis) -> None:

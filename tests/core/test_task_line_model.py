@@ -1,7 +1,8 @@
 """A stateful property test of the task line against a real Redis: tasks park, hold, finish,
 and are handed over through a "broker" that may fail to publish, deliver twice or deliver late,
 while hand-overs lapse and sweeps run. Whatever the interleaving: never more holders than the
-limit, no task runs twice, and once the faults stop every task has run exactly once."""
+limit, no task runs twice, and once the faults stop every task has run exactly once. With
+tenants, the same, and each tenant's tasks are handed the lock in their order of arrival."""
 
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ def _job(task: str, token: str) -> str:
 class LineModel(RuleBasedStateMachine):
     client: redis.Redis
     limit = 1
+    tenants: tuple[str, ...] = ()  # the tenants tasks are parked under (none: no tenant)
 
     def __init__(self) -> None:
         super().__init__()
@@ -65,18 +67,21 @@ class LineModel(RuleBasedStateMachine):
         self.ran: list[str] = []
         self.created: list[str] = []
         self.parked: list[str] = []
+        self.tenant: dict[str, str | None] = {}
 
     def _start(self, task: str, got: Lease, token: str | None) -> None:
         assert task not in self.running, f"{task} runs twice at once"
         assert task not in self.ran, f"{task} runs a second time"
         self.running[task] = (got, token)
 
-    @rule()
-    def new_task(self) -> None:
+    @rule(data=st.data())
+    def new_task(self, data: st.DataObject) -> None:
         task = f"t{self.count}"
         self.count += 1
         self.created.append(task)
-        got = park(self.lock, task, owner=task)
+        tenant = data.draw(st.sampled_from(self.tenants)) if self.tenants else None
+        self.tenant[task] = tenant
+        got = park(self.lock, task, owner=task, tenant=tenant)
         if isinstance(got, Parked):
             self.parked.append(task)
         else:
@@ -103,6 +108,7 @@ class LineModel(RuleBasedStateMachine):
                 token=message.token,
                 owner=message.task,
                 job=_job(message.task, message.token),
+                tenant=self.tenant[message.task],
             )
         except JobFinished:
             return True  # its job ran already: the copy is dropped
@@ -140,8 +146,19 @@ class LineModel(RuleBasedStateMachine):
 
     @invariant()
     def handed_in_line_order(self) -> None:
-        # First come, first handed the lock: nobody in line is overtaken.
-        assert self.world.handed == self.parked[: len(self.world.handed)]
+        # First come, first handed the lock: nobody in line is overtaken (with tenants: nobody
+        # by a task of their own tenant; tenants take turns).
+        for tenant in self.tenants or (None,):
+            handed = [t for t in self.world.handed if self.tenant[t] == tenant]
+            parked = [t for t in self.parked if self.tenant[t] == tenant]
+            assert handed == parked[: len(handed)]
+
+    @invariant()
+    def no_tenant_place_without_tasks(self) -> None:
+        # A tenant's place in the queue stands for its tasks: never one without them.
+        places = [m for m in self.client.zrange(self.lock.keys.all[2], 0, -1) if m[:1] == b"#"]
+        tasks = {m[:16] for m in self.client.zrange(self.lock.keys.tenants, 0, -1)}
+        assert {p[1:] for p in places} == tasks
 
     @invariant()
     def holders_within_limit(self) -> None:
@@ -177,13 +194,15 @@ SETTINGS = settings(
 )
 
 
+@pytest.mark.parametrize("tenants", [(), ("a", "b", "c")], ids=["plain", "tenants"])
 @pytest.mark.parametrize("limit", [1, 2])
 def test_the_task_line_loses_nothing_and_runs_nothing_twice(
-    client: redis.Redis, limit: int
+    client: redis.Redis, limit: int, tenants: tuple[str, ...]
 ) -> None:
     class Model(LineModel):
         pass
 
     Model.client = client
     Model.limit = limit
+    Model.tenants = tenants
     run_state_machine_as_test(Model, settings=SETTINGS)

@@ -311,6 +311,65 @@ def test_a_forced_release_retried_after_its_reply_was_lost_hands_the_lock_to_the
     assert not client.hexists(direct.keys.meta, f"p:{place.token}")
 
 
+def _tenant_line(lock: Lock) -> list[bytes]:
+    return lock.client.zrange(lock.keys.tenants, 0, -1)  # type: ignore[no-any-return]
+
+
+def test_a_tenants_park_retried_after_its_reply_was_lost_parks_once(
+    proxy: FaultProxy, through: Through, client: redis.Redis
+) -> None:
+    """A park with a tenant run twice: the second run finds its place among its tenant's
+    tasks; one entry, one place for the tenant, one parked count."""
+    lock = Lock(through(1), "lost-tenant", ttl=30)
+    held = Lock(client, "lost-tenant", ttl=30).acquire(owner="x")
+    first = park(lock, "a0", owner="a0", tenant="A")
+    assert isinstance(first, Parked)
+    sent = _evalsha_sent(proxy)
+    proxy.reset_after(1, command="EVALSHA")
+    place = park(lock, "a1", owner="a1", tenant="A", priority=2)
+    assert sent() == 2 and proxy.faults == 1, "the park ran twice"
+    assert isinstance(place, Parked) and place.parked == 2
+    direct = Lock(client, "lost-tenant", ttl=30)
+    assert len(_tenant_line(direct)) == 2
+    assert len(client.zrange(direct.keys.all[2], 0, -1)) == 1  # A's one place
+    assert client.hget(direct.keys.meta, "qp") == b"2"
+    held.release()
+
+
+@pytest.mark.parametrize("script", ["release", "line_sweep"])
+def test_a_hand_over_to_a_tenant_run_twice_turns_the_line_once(
+    proxy: FaultProxy, through: Through, client: redis.Redis, script: str
+) -> None:
+    """The release (or the sweep) that hands the lock to a tenant's task, run twice: one
+    hand-over, and the tenant's place goes to the end of the line once (B's turn comes next,
+    not A's again). The second run answers without the hand-over the first made (as for a
+    task without a tenant): it is published once its publish window lapsed, from its old turn."""
+    published: list[Handed] = []
+    lock = Lock(through(1), "lost-turn", ttl=30, handover=published.append)
+    direct = Lock(client, "lost-turn", ttl=30, handover=published.append)
+    held = direct.acquire(owner="x")
+    for task, tenant in [("a0", "A"), ("a1", "A"), ("b0", "B")]:
+        assert isinstance(park(direct, task, owner=task, tenant=tenant), Parked)
+    if script == "line_sweep":
+        client.zadd(direct.keys.leases, {held.token: 1})  # its holder died: the lease lapsed
+    sent = _evalsha_sent(proxy)
+    proxy.reset_after(1, command="EVALSHA")
+    if script == "release":
+        lock.release(held)
+    else:
+        sweep(lock)
+    assert sent() == 2 and proxy.faults == 1  # the script twice; nothing to publish
+    assert published == []
+    [handed] = [t.decode() for t in client.zrange(direct.keys.leases, 0, -1)]
+    client.zadd(direct.keys.leases, {handed: 1})  # its publish window passed
+    sweep(direct)
+    assert [h.payload for h in published] == ["a0"]
+    got = park(direct, "a0", token=published[0].token, owner="a0", tenant="A")
+    assert not isinstance(got, Parked)
+    got.release()
+    assert [h.payload for h in published] == ["a0", "b0"]  # B's turn, then A's again
+
+
 # -- unique claims (Celery producer) --------------------------------------------------------------
 
 

@@ -25,6 +25,14 @@ def job(x: int, y: int = 0) -> None: ...
         ({"mode": "read"}, "until_finished", r"needs an exclusive lock="),
         (None, None, r"needs lock=, unique= or rate="),
         (42, None, r"lock must be True, a key template string or a dict"),
+        ({"tenant": "{x}"}, None, r"test_rq_options.job.*'tenant': applies to on_conflict"),
+        ({"on_conflict": "queue", "tenant": "{z}"}, None, r"'tenant'.*argument\(s\) 'z'"),
+        ({"on_conflict": "queue", "priority": 2}, None, r"'priority'.*needs the option 'tenant'"),
+        (
+            {"on_conflict": "queue", "tenant": "{x}", "priority": 0.5},
+            None,
+            r"'priority': must be an int from -2147483648 to 2147483647",
+        ),
     ],
 )
 def test_bad_options_are_refused_at_declaration(lock, unique, message):

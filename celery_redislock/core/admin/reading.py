@@ -16,6 +16,11 @@ __all__ = ["TEST_HOLDER", "LockState", "Waiter", "describe_holder", "describe_lo
 # Who a lease taken by the test helpers' ``hold_lock`` says it is (``holder.info["task_id"]``).
 TEST_HOLDER = "pytest"
 
+# A tenant's place in a lock's queue ('#<tenant id>') and the length of its tasks' members in
+# the lock's :tenants key before their token (tenant id, priority, arrival: lua/_line.lua).
+_TENANT_PLACE = "#"
+_TENANT_MEMBER_LEN = 39
+
 # A fence is max(last + 1, server time in us) at acquisition: one this large was the server's
 # clock then (any fence since 2001 is), which tells how long the lease has been held.
 _FENCE_IS_TIME = 10**15
@@ -111,6 +116,8 @@ def _waiters(client: RedisClient, keys: LockKeys, now_ms: int) -> list[Waiter]:
     line = [text(t) for t in client.zrange(keys.all[2], 0, -1)]
     if not line:
         return []
+    if any(t.startswith(_TENANT_PLACE) for t in line):
+        line = _tenants_expanded(client, keys, line)
     pipe = client.pipeline(transaction=False)
     pipe.zmscore(keys.all[3], line)
     pipe.hmget(keys.meta, [f"q:{t}" for t in line])
@@ -131,4 +138,22 @@ def _waiters(client: RedisClient, keys: LockKeys, now_ms: int) -> list[Waiter]:
                 expires_in=None if deadline is None else (deadline - now_ms) / 1000,
             )
         )
+    return out
+
+
+def _tenants_expanded(client: RedisClient, keys: LockKeys, line: list[str]) -> list[str]:
+    """The line with each tenant's place replaced by the tenant's parked tasks (priority, then
+    arrival): a tenant's tasks are listed together, at its turn."""
+    places = [t for t in line if t.startswith(_TENANT_PLACE)]
+    pipe = client.pipeline(transaction=False)
+    for place in places:
+        ident = place[len(_TENANT_PLACE) :]
+        pipe.zrangebylex(keys.tenants, f"[{ident}", f"({ident}~")
+    tasks = dict(zip(places, pipe.execute(), strict=True))
+    out: list[str] = []
+    for token in line:
+        if token in tasks:
+            out.extend(text(member)[_TENANT_MEMBER_LEN:] for member in tasks[token])
+        else:
+            out.append(token)
     return out

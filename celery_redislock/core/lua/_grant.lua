@@ -1,6 +1,6 @@
 -- _grant.lua (a part, not a script; see scripts.py): the lock handed on to those in line when
 -- leases are freed or the line moves.
--- Defines: WAKE_MS, fits, grant, wake_one, tidy, hand_on.
+-- Defines: WAKE_MS, fits, line_head, grant, wake_one, tidy, hand_on.
 
 -- #include _line.lua
 
@@ -18,6 +18,28 @@ local function fits(mode, limit)
   return (limit == 0 or n < limit) and redis.call('HGET', K.meta, 'm') == mode
 end
 
+-- A tenant's place at the head of the line stands for the tenant's first task (highest
+-- priority, then first come); once that task is served the place goes to the end of the line
+-- (a new arrival number) while the tenant has tasks left. The turn it was served at is kept
+-- ('t:') for the task to go back to if its hand-over lapses unpublished.
+
+-- The head of the line: a waiter's token; or, for a tenant's place, its first task's token,
+-- member in K.tenants and the place's turn. (A place with no task left is never kept; one
+-- found anyway is dropped, not served.)
+local function line_head()
+  while true do
+    local head = redis.call('ZRANGE', K.queue, 0, 0)[1]
+    if not head or string.sub(head, 1, 1) ~= SLOT then
+      return head
+    end
+    local member, tok = tenant_next(head)
+    if member then
+      return tok, member, redis.call('ZSCORE', K.queue, head)
+    end
+    redis.call('ZREM', K.queue, head)
+  end
+end
+
 -- Fair mode: hands free capacity to waiters strictly in arrival order. Returns a flat list of
 -- token, fence, expiry for each grant, so the caller can wake exactly those waiters. A lease
 -- handed to a waiter lasts no longer than its place in line would have: a waiter that died in
@@ -27,7 +49,7 @@ end
 local function grant(now, now_us, skip, keep_ms, skip_raw)
   local out = {}
   while true do
-    local head = redis.call('ZRANGE', K.queue, 0, 0)[1]
+    local head, member, turn = line_head()
     if not head then
       break
     end
@@ -50,7 +72,10 @@ local function grant(now, now_us, skip, keep_ms, skip_raw)
     if not room then
       break
     end
-    dequeue(head, raw)
+    local rest = dequeue(head, raw, nil, member)
+    if rest then -- the tenant has tasks left: its next turn is at the end of the line
+      redis.call('ZADD', K.queue, redis.call('HINCRBY', K.meta, 'qseq', 1), rest)
+    end
     if q then
       -- A parked task's lease lasts until its hand-over is published (line_sent.lua extends
       -- it until the task starts); unclaimed ('c:' empty) until then.
@@ -60,6 +85,8 @@ local function grant(now, now_us, skip, keep_ms, skip_raw)
       if q.p then
         if head == skip then
           redis.call('HDEL', K.meta, 'p:' .. head)
+        elseif turn then
+          redis.call('HSET', K.meta, 'c:' .. head, '', 't:' .. head, turn)
         else
           redis.call('HSET', K.meta, 'c:' .. head, '')
         end

@@ -71,11 +71,13 @@ local function was_released(id)
 end
 
 -- The meta fields of lease `tok` (`rec` its record, nil if it has none), for dropping it: its
--- record, its info, a parked task's claim, and its owner's entry while that still names it.
+-- record, its info, a parked task's claim and turn, and its owner's entry while that still
+-- names it.
 local function lease_fields(tok, rec)
   local fields = {'l:' .. tok, 'i:' .. tok}
   if is_parked_token(tok) then
     fields[3] = 'c:' .. tok
+    fields[4] = 't:' .. tok
   end
   if rec and rec.o ~= '' and redis.call('HGET', K.meta, 'o:' .. rec.o) == tok then
     fields[#fields + 1] = 'o:' .. rec.o

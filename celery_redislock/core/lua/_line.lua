@@ -2,8 +2,8 @@
 -- line and leases, leases and entries in line made and dropped, and the purge of what lapsed
 -- that a script does before it decides anything.
 -- Defines: queue_known, no_leases, queue_exists, lease_count, lease_expiry, keys_present,
--- keep_lease_keys, new_lease, enqueue, requeue, drop_lease, dequeue, parked_count,
--- purge_leases, purge, start.
+-- keep_lease_keys, new_lease, SLOT, MEMBER_LEN, slot_of, tenant_next, in_line, enqueue,
+-- requeue, drop_lease, dequeue, parked_count, purge_leases, purge, start.
 
 -- #include _lease.lua
 
@@ -72,16 +72,55 @@ local function new_lease(tok, mode, ttl, owner, info, now, now_us, first, keep_m
   return fence, expiry
 end
 
+-- Tenants (parked tasks given one, see core/line.py): such a task waits in K.tenants, member
+-- '<tenant id: 16 hex><priority: 8 hex, 0 highest><arrival: 15 digits><token>' (the client
+-- writes the first 24 characters), so that a tenant's tasks sort by priority then arrival; the
+-- queue holds one place per tenant, '#<tenant id>', scored with its turn (an arrival number).
+-- When a tenant's place heads the line its first task is served and the place goes to the end
+-- of the line while the tenant has tasks left: tenants take turns, one task each, however many
+-- each has waiting. Waiters and tasks without a tenant keep a place each, by arrival.
+local SLOT = '#'
+local MEMBER_LEN = 39 -- tenant id, priority and arrival: the token follows
+
+-- The queue member of the place of the tenant of K.tenants member `member`.
+local function slot_of(member)
+  return SLOT .. string.sub(member, 1, 16)
+end
+
+-- The first task of the tenant whose place in the queue is `slot`: its member in K.tenants
+-- and its token; nil if it has none.
+local function tenant_next(slot)
+  local id = string.sub(slot, 2)
+  local first = redis.call('ZRANGEBYLEX', K.tenants, '[' .. id, '(' .. id .. '~', 'LIMIT', 0, 1)[1]
+  if first then
+    return first, string.sub(first, MEMBER_LEN + 1)
+  end
+  return nil, nil
+end
+
+-- Whether the entry `tok` waits in line, with or without a tenant: its record is there while
+-- it does (a tenant's task has no place of its own in the queue).
+local function in_line(tok)
+  return redis.call('HGET', K.meta, 'q:' .. tok) ~= false
+end
+
 -- `publish_ms`: for a parked task, how long the lease handed to it lasts until its hand-over
--- is published (nil for a waiter). Returns the entry's arrival number and record.
-local function enqueue(tok, mode, limit, ttl, owner, info, entry_ms, publish_ms)
+-- is published (nil for a waiter). `tenant`: a parked task's tenant id and priority (24 hex,
+-- see above; nil: none). Returns the entry's arrival number and record.
+local function enqueue(tok, mode, limit, ttl, owner, info, entry_ms, publish_ms, tenant)
   local seq = redis.call('HINCRBY', K.meta, 'qseq', 1)
-  redis.call('ZADD', K.queue, seq, tok)
+  local q = {m = mode, n = limit, t = ttl, o = owner, i = info, e = entry_ms}
+  if tenant then
+    q.k = tenant .. string.format('%015.0f', seq) .. tok
+    redis.call('ZADD', K.tenants, 0, q.k)
+    redis.call('ZADD', K.queue, 'NX', seq, slot_of(q.k)) -- a tenant new to the line: its turn
+  else
+    redis.call('ZADD', K.queue, seq, tok)
+  end
   queue_known = true
   if mode == 'w' then
     redis.call('HINCRBY', K.meta, 'qw', 1)
   end
-  local q = {m = mode, n = limit, t = ttl, o = owner, i = info, e = entry_ms}
   if publish_ms then
     q.p = publish_ms
     redis.call('HINCRBY', K.meta, 'qp', 1)
@@ -93,38 +132,58 @@ end
 
 -- Puts a parked task whose hand-over was never published (its publisher died, or its lease was
 -- freed first) back in line, at its old place: `raw`, its parked record, holds the only copy of
--- the task.
+-- the task. A task with a tenant goes back among its tenant's, and the tenant's place back to
+-- the turn the task was served at ('t:', unless the place is ahead of it already). Returns
+-- whether it went back (false: it is in line already).
 local function requeue(tok, raw)
   local p = cjson.decode(raw)
-  redis.call('ZADD', K.queue, p.s, tok)
+  local q = cjson.decode(p.q)
+  if q.k then
+    if redis.call('ZSCORE', K.tenants, q.k) then
+      return false
+    end
+    redis.call('ZADD', K.tenants, 0, q.k)
+    local slot = slot_of(q.k)
+    local turn = tonumber(redis.call('HGET', K.meta, 't:' .. tok) or p.s)
+    local now_at = redis.call('ZSCORE', K.queue, slot)
+    if not now_at or tonumber(now_at) > turn then
+      redis.call('ZADD', K.queue, turn, slot)
+    end
+  else
+    if redis.call('ZSCORE', K.queue, tok) then
+      return false
+    end
+    redis.call('ZADD', K.queue, p.s, tok)
+  end
   queue_known = true
   redis.call('ZADD', K.qdl, p.d, tok)
   redis.call('HSET', K.meta, 'q:' .. tok, p.q)
   redis.call('HINCRBY', K.meta, 'qp', 1)
-  if cjson.decode(p.q).m == 'w' then
+  if q.m == 'w' then
     redis.call('HINCRBY', K.meta, 'qw', 1)
   end
+  return true
 end
 
 -- `rec`: the lease's record, when the caller read it already. Returns whether a parked task
--- went back in line.
+-- went back in line. (Put back before the lease's fields go: its turn is one of them.)
 local function drop_lease(tok, rec)
   rec = rec or read_lease(tok)
   redis.call('ZREM', K.leases, tok)
   local parked = is_parked_token(tok) and redis.call('HGET', K.meta, 'p:' .. tok)
+  local requeued = parked and requeue(tok, parked) or false
   redis.call('HDEL', K.meta, unpack(lease_fields(tok, rec)))
-  if parked and redis.call('ZSCORE', K.queue, tok) == false then
-    requeue(tok, parked)
-    return true
-  end
-  return false
+  return requeued
 end
 
 -- `raw`: the entry's record when the caller read it already (false: it has none). `own`: the
 -- mode of a plain caller's own entry (not a parked task's: their records differ), whose record
 -- is the one this call's own arguments wrote (enqueue: that mode, no parked task), so it need
--- not be read; it counts as a queued writer only while it is there.
-local function dequeue(tok, raw, own)
+-- not be read; it counts as a queued writer only while it is there. `member`: a tenant's
+-- task's member in K.tenants, when the caller knows it (else read from the record). Returns
+-- the place of the task's tenant when the tenant has tasks left (nil otherwise).
+local function dequeue(tok, raw, own, member)
+  local rest = nil
   if own then
     if redis.call('HDEL', K.meta, 'q:' .. tok) == 1 and own == 'w' then
       redis.call('HINCRBY', K.meta, 'qw', -1)
@@ -141,12 +200,23 @@ local function dequeue(tok, raw, own)
       if q.p then
         redis.call('HINCRBY', K.meta, 'qp', -1)
       end
+      member = member or q.k
     end
     redis.call('HDEL', K.meta, 'q:' .. tok)
   end
-  redis.call('ZREM', K.queue, tok)
+  if member then
+    redis.call('ZREM', K.tenants, member)
+    rest = slot_of(member)
+    if tenant_next(rest) == nil then
+      redis.call('ZREM', K.queue, rest)
+      rest = nil
+    end
+  else
+    redis.call('ZREM', K.queue, tok)
+  end
   redis.call('ZREM', K.qdl, tok)
   queue_known = nil -- whether anyone is left is not known
+  return rest
 end
 
 -- Parked entries in line (they come before newcomers, fair lock or not).

@@ -3,7 +3,7 @@
 -- Defines: K, parse_spec, reply, append, LINE_PREFIX, is_parked_token, record_done,
 -- put_lease.
 --
--- Every lock script takes the same six keys, all sharing the lock's hash tag:
+-- Every lock script takes the same seven keys, all sharing the lock's hash tag:
 --   KEYS[1] leases  sorted set: lease token -> expiry (server ms)
 --   KEYS[2] meta    hash: 'fence' high-water mark, 'm' mode of the live leases,
 --                   'l:<token>' lease record 'mode|count|fence|requests|owner' (requests: the
@@ -21,11 +21,17 @@
 --                   hand-over is published, 'c:<token>' '' while a lease handed to a parked
 --                   task is unclaimed, then the id of the call that claimed it,
 --                   'x' tokens of parked entries whose wait deadline passed (to publish as
---                   expired)
---   KEYS[3] queue   sorted set: waiter token -> arrival number
+--                   expired), 't:<token>' the turn a parked task with a tenant was handed the
+--                   lock at (its tenant's place goes back there if the hand-over lapses)
+--   KEYS[3] queue   sorted set: waiter token -> arrival number; and for each tenant with
+--                   parked tasks, its place in the rotation '#<tenant id>' -> its turn (an
+--                   arrival number: a tenant served goes to the end of the line)
 --   KEYS[4] qdl     sorted set: waiter token -> deadline (server ms) of its queue entry
 --   KEYS[5] wake    list: wake-up signals for waiters of a non-fair lock
 --   KEYS[6] done    sorted set: job id -> server ms until which it is known finished
+--   KEYS[7] tenants sorted set, every score 0 (ordered by member): the parked tasks with a
+--                   tenant, member '<tenant id: 16 hex><priority: 8 hex, highest first>
+--                   <arrival: 15 digits><token>' (see _line.lua)
 -- and the lock's spec 'mode limit ttl fair entry keep' (see parse_spec).
 -- A lease is live while its expiry is greater than the server's TIME in ms.
 --
@@ -37,6 +43,7 @@
 
 local K = {
   leases = KEYS[1], meta = KEYS[2], queue = KEYS[3], qdl = KEYS[4], wake = KEYS[5], done = KEYS[6],
+  tenants = KEYS[7],
 }
 
 -- The lock's spec: mode 'r' | 'w', limit (0 = unbounded), ttl ms, fair '0' | '1', queue entry

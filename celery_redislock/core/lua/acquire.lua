@@ -1,5 +1,5 @@
 -- acquire.lua: take a lease, re-enter one, or wait in line for one.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see _lock.lua)
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants (see _lock.lua)
 -- ARGV: 1 token (chosen by the client: run again with the same token, this call returns the
 --         lease it made, never a second one nor a second re-entry),
 --       2 the lock's spec 'mode limit ttl fair entry keep' (see parse_spec in _lock.lua),
@@ -14,7 +14,10 @@
 --         claim id is refused as status 3 (another delivery of the same hand-over holds it),
 --       park = 1 only: 8 payload (stored as given, published again on hand-over),
 --         9 wait ms (the entry's deadline), 10 max parked entries (0 = unbounded),
---         11 publish ms (how long a lease handed to it lasts until the hand-over is published)
+--         11 publish ms (how long a lease handed to it lasts until the hand-over is published),
+--         12 tenant ('' or absent = none): 24 hex, the tenant's id (16) and the priority
+--         within it (8, 0 the highest), see _line.lua: parked tasks with a tenant are served
+--         tenant by tenant in turn
 -- Returns 'status token fence expiry count next mode granted...' (one string, space-separated):
 --   expiry in server ms, count the reentry count, next the ms until the earliest lease expires,
 --   mode the held lease's mode;
@@ -142,8 +145,17 @@ end
 -- This call's own entry in line, when it is a plain caller's, need not be read (see dequeue).
 local own = not park and not is_parked_token(tok) and mode or nil
 
+-- Whether this call has a place in line (a parked task with a tenant has none of its own in
+-- the queue: its record says it waits).
+local function placed_in_line()
+  if is_parked_token(tok) then
+    return in_line(tok)
+  end
+  return redis.call('ZSCORE', K.queue, tok) ~= false
+end
+
 local function leave_line()
-  if not (waiters and redis.call('ZSCORE', K.queue, tok)) then
+  if not (waiters and placed_in_line()) then
     return {}
   end
   dequeue(tok, nil, own)
@@ -190,7 +202,13 @@ if park then
   -- again when the lock is handed to it. A lock with nobody parked and room is taken as any
   -- newcomer would take it (non-fair); otherwise the task joins the line behind everyone.
   local own_raw = nil -- this call's entry record, when it wrote it
-  if redis.call('ZSCORE', K.queue, tok) == false then
+  local tenant = ARGV[12] or ''
+  if tenant == '' then
+    tenant = nil
+  elseif not string.match(tenant, '^' .. string.rep('%x', 24) .. '$') then
+    return redis.error_reply('acquire: the tenant must be 24 hex digits, got ' .. tenant)
+  end
+  if not placed_in_line() then
     if not fair and parked == 0 then
       local writer_waits = mode == 'r' and tonumber(redis.call('HGET', K.meta, 'qw') or '0') or 0
       local room, empty = fits(mode, limit)
@@ -205,7 +223,8 @@ if park then
       return not_held_as(5, parked, {})
     end
     local wait_ms = tonumber(ARGV[9])
-    local seq, raw = enqueue(tok, mode, limit, ttl, owner, info, entry_ms, tonumber(ARGV[11]))
+    local seq, raw = enqueue(tok, mode, limit, ttl, owner, info, entry_ms, tonumber(ARGV[11]),
+      tenant)
     own_raw = raw
     redis.call('ZADD', K.qdl, int(now + wait_ms), tok)
     redis.call('HSET', K.meta, 'p:' .. tok,
@@ -214,6 +233,9 @@ if park then
     -- worker down past the deadline, nobody purges the entry, and a sweep must still find it
     -- to publish it as expired when one comes back (the payload is the only copy of the task).
     keep({K.meta, K.queue, K.qdl}, wait_ms + keep_ms, entry_ms)
+    if tenant then
+      keep({K.tenants}, wait_ms + keep_ms, entry_ms)
+    end
   end
   local granted = grant(now, now_us, tok, keep_ms, own_raw)
   local expiry = redis.call('ZSCORE', K.leases, tok)

@@ -1,7 +1,7 @@
 -- line_drop.lua: a parked task's hand-over will never be claimed (its message was revoked, or
 -- expired, and discarded): its lease goes now, rather than at the end of the hand-over window,
 -- and the lock is handed on. A hand-over already claimed is left alone (a delivery runs it).
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see _lock.lua)
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants (see _lock.lua)
 -- ARGV: 1 the lock's spec (see parse_spec in _lock.lua), 2 the hand-over's token
 -- Returns 'dropped granted...' (one string, space-separated): dropped 1 or 0, and token, fence,
 --   expiry of each hand-over made (as in release.lua). Run twice, the second drops nothing.
@@ -17,7 +17,7 @@ if redis.call('ZSCORE', K.leases, tok) and redis.call('HGET', K.meta, 'c:' .. to
   redis.call('HDEL', K.meta, 'p:' .. tok) -- published already: nothing to put back in line
   drop_lease(tok)
   dropped = 1
-elseif redis.call('ZSCORE', K.queue, tok) then
+elseif in_line(tok) then
   -- Still waiting in line (revoked meanwhile): its place goes, and with it the task.
   dequeue(tok)
   redis.call('HDEL', K.meta, 'p:' .. tok)

@@ -4,7 +4,7 @@
 -- next call on the lock, or a worker's sweeper within its interval, puts the task back at its
 -- place at the head of the line and hands it over again, publishing it. Newcomers meanwhile
 -- find the parked task in line first, as they would have found its hand-over.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see _lock.lua; only leases is
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants (see _lock.lua; only leases is
 --   written)
 -- ARGV: token, fence of each hand-over (the fence tells this hand-over from a later one made to
 --   the same entry, which this call must leave alone)

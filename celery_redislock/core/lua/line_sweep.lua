@@ -1,7 +1,7 @@
 -- line_sweep.lua: look after a lock's task line when nobody else touches the lock: purge what
 -- lapsed (a hand-over whose publisher died puts its task back in line; a parked task past its
 -- wait deadline leaves the line as expired) and hand free capacity to the parked tasks in order.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see _lock.lua)
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants (see _lock.lua)
 -- ARGV: 1 the lock's spec (see parse_spec in _lock.lua)
 -- Returns 'parked leases expired tokens... granted...' (one string, space-separated): the
 --   parked entries left in line, the leases on the lock, the number of expired entries and

@@ -1,5 +1,5 @@
 -- release.lua: give back a lease (one reentry level, or all of it) and hand the lock on.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see _lock.lua)
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants (see _lock.lua)
 -- ARGV: 1 token, 2 the lock's spec (see parse_spec in _lock.lua),
 --       3 whole: '1' drops the lease whatever its reentry count (or, for a parked task's token
 --         'L...' still in line, its place), '0' one level,
@@ -77,7 +77,7 @@ if expiry and tonumber(expiry) > now then
   end
 elseif was_released(request) then -- this very release ran before
   return reply({1, 0})
-elseif whole and is_parked_token(tok) and redis.call('ZSCORE', K.queue, tok) then
+elseif whole and is_parked_token(tok) and in_line(tok) then
   -- A park whose reply was lost (the caller gave up on it): its entry leaves the line.
   dequeue(tok)
   redis.call('HDEL', K.meta, 'p:' .. tok)

@@ -2,7 +2,7 @@
 -- worker child that was killed and cannot release for itself, or an operator's choice of leases
 -- (by token), and hand the lock on: the one way a lease is freed by someone other than its
 -- holder.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done (see _lock.lua)
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants (see _lock.lua)
 -- ARGV: 1 the lock's spec (see parse_spec in _lock.lua),
 --       2 match (JSON object: every field must equal the lease's info field; {} matches any),
 --       3 request id (chosen by the client; '' = none),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..lock import Lock
-from ..naming import lock_name
+from ..naming import lock_name, tenant_of
 from ..options import LockOptions
 from ..rate_options import RateOptions
 from ..unique_options import UniqueOptions
@@ -31,6 +31,12 @@ class TaskSpec:
     def name_of(self, keying: LockOptions, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         """The name a call takes under ``keying`` (the lock's, the unique key's, the rate's)."""
         return lock_name(self.name, keying, self.signature, args, kwargs)
+
+    def tenant_of(
+        self, options: LockOptions, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[str, int] | None:
+        """A call's tenant and priority in the task line (``None``: the lock has no tenant)."""
+        return tenant_of(self.name, options, self.signature, args, kwargs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,6 +204,7 @@ class LockedRun:
             if d.queued and d.payload is not None and (action == "queue" or d.line_token):
                 # A run that waited in the line goes on through it, whatever its lock says now.
                 token = d.line_token or line_token()
+                tenant, priority = self.spec.tenant_of(options, d.args, d.kwargs) or (None, 0)
                 got = park(
                     lock,
                     d.payload(lock, token),
@@ -213,6 +214,8 @@ class LockedRun:
                     job=d.finish_job,
                     max_wait=options.max_wait,
                     max_waiting=options.max_waiting,
+                    tenant=tenant,
+                    priority=priority,
                 )
             else:
                 # owner = the task id, not re-entrant: a second delivery of a running task is
