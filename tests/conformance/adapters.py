@@ -73,10 +73,18 @@ class Adapter:
     # -- per framework ----------------------------------------------------------------------
 
     def send(
-        self, job: str, key: str, seconds: float = 0.0, *, delay: float = 0.0, run_id: str = ""
+        self,
+        job: str,
+        key: str,
+        seconds: float = 0.0,
+        *,
+        delay: float = 0.0,
+        run_id: str = "",
+        tenant: str = "",
     ) -> str:
-        """Sends a call (with the id ``run_id``, if given); returns the run id the producer got
-        (another, for a duplicate handed the copy's), or raises ``DuplicateTask``."""
+        """Sends a call (with the id ``run_id``, if given; with the argument ``tenant``, if
+        given); returns the run id the producer got (another, for a duplicate handed the copy's),
+        or raises ``DuplicateTask``."""
         raise NotImplementedError
 
     def send_copy(self, job: str, key: str, run_id: str) -> None:
@@ -124,10 +132,20 @@ class CeleryAdapter(Adapter):
         ]
 
     def send(
-        self, job: str, key: str, seconds: float = 0.0, *, delay: float = 0.0, run_id: str = ""
+        self,
+        job: str,
+        key: str,
+        seconds: float = 0.0,
+        *,
+        delay: float = 0.0,
+        run_id: str = "",
+        tenant: str = "",
     ) -> str:
         result = self.tasks[job].apply_async(
-            (key, seconds), countdown=delay or None, task_id=run_id or None, queue=self.queue
+            (key, seconds, *([tenant] if tenant else [])),
+            countdown=delay or None,
+            task_id=run_id or None,
+            queue=self.queue,
         )
         return str(result.id)
 
@@ -199,13 +217,21 @@ class RQAdapter(Adapter):
             raise
 
     def send(
-        self, job: str, key: str, seconds: float = 0.0, *, delay: float = 0.0, run_id: str = ""
+        self,
+        job: str,
+        key: str,
+        seconds: float = 0.0,
+        *,
+        delay: float = 0.0,
+        run_id: str = "",
+        tenant: str = "",
     ) -> str:
         fn, job_id = self.jobs[job], run_id or None
+        args = (key, seconds, *([tenant] if tenant else []))
         if delay:
             at = timedelta(seconds=delay)
-            return str(self.queue.enqueue_in(at, fn, key, seconds, job_id=job_id).id)
-        return str(self.queue.enqueue(fn, key, seconds, job_id=job_id).id)
+            return str(self.queue.enqueue_in(at, fn, *args, job_id=job_id).id)
+        return str(self.queue.enqueue(fn, *args, job_id=job_id).id)
 
     def send_copy(self, job: str, key: str, run_id: str) -> None:
         self.queue.enqueue_job(Job.fetch(run_id, connection=self.marks))

@@ -66,8 +66,8 @@ def body(run_id: str, key: str, seconds: float) -> str:
 def _declare(job: str) -> Any:
     spec = JOBS[job]
 
-    def run(self: Any, key: str, seconds: float = 0.0) -> str:
-        return body(self.request.id, key, seconds)
+    def run(self: Any, key: str, seconds: float = 0.0, tenant: str = "") -> str:
+        return body(self.request.id, key, seconds)  # (`tenant`: a lock's tenant= reads it)
 
     run.__name__ = run.__qualname__ = job
     return app.task(

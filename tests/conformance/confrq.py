@@ -57,8 +57,8 @@ def body(key: str, seconds: float) -> str:
 def _declare(job: str) -> Callable[..., str]:
     spec = JOBS[job]
 
-    def run(key: str, seconds: float = 0.0) -> str:
-        return body(key, seconds)
+    def run(key: str, seconds: float = 0.0, tenant: str = "") -> str:
+        return body(key, seconds)  # (`tenant`: a lock's tenant= reads it)
 
     # RQ runs a job by its import path: the function must look like a module-level one.
     run.__name__ = run.__qualname__ = job

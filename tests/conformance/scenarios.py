@@ -83,6 +83,8 @@ JOBS: dict[str, Job] = {
     "unique_in_line": Job(
         lock=_lock(on_conflict="queue"), unique={"lifecycle": "until_started", "key": KEY}
     ),
+    # Called with a third argument, ``tenant`` (every call takes it, "" by default).
+    "queue_tenant": Job(lock=_lock(on_conflict="queue", tenant="{tenant}")),
 }
 
 ADAPTERS = ("celery", "rq")
@@ -340,6 +342,15 @@ SCENARIOS: list[Scenario] = [
             first="ran",  # it ran on without its lease, and ends as its body does
             lease=HELD,
         ),
+    ),
+    Scenario(
+        "tenants_take_turns_in_the_line",
+        "queue_tenant",
+        "tenant_flood",
+        # B's last call: it parked behind A's flood, and ran among the first starts.
+        Expect("ran", 303, actions("queue"), log=PARKED, lease=HELD),
+        params={"flood": 300},
+        marks=("slow",),
     ),
     Scenario(
         "a_lease_taken_away_is_reported_lost_and_the_run_goes_on",

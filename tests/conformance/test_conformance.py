@@ -27,6 +27,7 @@ from celery_redislock import DuplicateTask, LockBackendError
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.admin import force_release
 from celery_redislock.core.keys import LockKeys
+from celery_redislock.core.lock import Lock
 
 from .adapters import FINAL, Adapter
 from .scenarios import SCENARIOS, Expect, Scenario
@@ -252,6 +253,33 @@ def line_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
         settle(adapter, run_id)
     assert settle(adapter, parked) == "ran"  # the one parked runs once the holder released
     return observe(adapter, row, key, run_id)
+
+
+def tenant_flood(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """Tenant A floods the line with ``flood`` calls while the lock is held; tenant B sends 3
+    once A's have parked. From the release on, tenants take turns: B's three are among the
+    first 10 starts (one start in two), and every call runs once."""
+    flood, name = row.params["flood"], lock_name(row, key)
+    meta = LockKeys.of("redislock", name).meta
+
+    def parked() -> int:
+        return int(adapter.lock_client.hget(meta, "qp") or 0)
+
+    # Held far longer than the flood takes to park (a lapse would hand the line on early).
+    lease = Lock(adapter.lock_client, name, ttl=600).acquire(info={"task_id": "the-test"})
+    try:
+        flooded = [adapter.send(row.job, key, tenant="A") for _ in range(flood)]
+        wait_for(lambda: parked() == flood, f"A's {flood} calls parked", DEADLINE_S * 6)
+        few = [adapter.send(row.job, key, tenant="B") for _ in range(3)]
+        wait_for(lambda: parked() == flood + 3, "B's 3 calls parked", DEADLINE_S)
+    finally:
+        lease.release()
+    wait_for(lambda: adapter.runs(key) == flood + 3, "every call ran", DEADLINE_S * 20)
+    ran = [r.decode() for r in adapter.marks.lrange(f"ran:{key}", 0, -1)]
+    starts = sorted(ran.index(run_id) for run_id in few)
+    assert starts[-1] < 10, f"B's calls started {starts} (0: the first start after the release)"
+    assert sorted(ran) == sorted(flooded + few)  # each once
+    return observe(adapter, row, key, few[-1])
 
 
 DELAY_S = 2.0  # long enough to send the second call while the first is still queued
@@ -565,6 +593,7 @@ PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
         released_after_action,
         released_once_it_waits,
         line_full,
+        tenant_flood,
         duplicate_while_queued,
         duplicate_while_running,
         send_after_finished,
