@@ -24,10 +24,11 @@ from .core.clients import sentinel_client
 from .core.heartbeat import Heartbeat
 from .core.lease import Holder, Lease, Mode, RenewReport, renew_leases
 from .core.lock import Lock
-from .core.rate import RateLimit
+from .core.rate import RateLimit, reserve_all
 from .core.redlock import RedLock
 from .core.redlock_masters import master_clients
 from .core.replicas import require_replicas
+from .core.run.current import RateSlot, current_rate
 from .errors import (
     DuplicateTask,
     JobFinished,
@@ -68,6 +69,9 @@ __all__ = [  # noqa: RUF022 (in groups: the docs list them in this order)
     "sentinel_client",
     "require_replicas",
     "RateLimit",
+    "reserve_all",
+    "current_rate",
+    "RateSlot",
     # the exceptions
     "RedisLockError",
     "LockNotAcquired",

@@ -66,6 +66,8 @@ class LockNotAcquired(RedisLockError):
 
     ``owner_expires_in`` is set (seconds) when the lock was refused because the call's own
     ``owner`` holds a live lease already (``reentrant=False``): that lease's time left.
+    ``retry_after`` is set (seconds) when the refusal says when a try could succeed: a rate
+    limit's next free slot, past the task's ``max_delay``.
     """
 
     def __init__(
@@ -75,10 +77,12 @@ class LockNotAcquired(RedisLockError):
         name: str | None = None,
         timeout: float | None = None,
         owner_expires_in: float | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message, name=name)
         self.timeout = timeout
         self.owner_expires_in = owner_expires_in
+        self.retry_after = retry_after
 
 
 class LineFull(LockNotAcquired):

@@ -1,5 +1,6 @@
 """The operator commands (click), over :mod:`celery_redislock.core.admin`: ``list``, ``show``,
-``release``, ``unique`` and ``release-claim``. Framework-free: a group gives them their Redis
+``release``, ``unique``, ``release-claim``; ``rates``, ``limit set|clear``, ``pause`` and
+``resume`` for rate limits. Framework-free: a group gives them their Redis
 client and namespace with :func:`set_target` (the ``redislock`` console script from flags and
 the environment, ``celery redislock`` from the app's settings).
 
@@ -240,11 +241,89 @@ def release_claim_command(key: str, task_id: str | None, dry_run: bool, as_json:
     )
 
 
+@click.command(name="rates")
+@click.argument("pattern", default="*")
+@_json_option
+@_errors
+def rates_command(pattern: str, as_json: bool) -> None:
+    """Rate limits whose name matches PATTERN (a glob, default: all) with a rate or burst set
+    at runtime, or paused. Exit code 1 if none."""
+    target = _target()
+    states = admin.list_rates(target.client(), pattern, target.namespace)
+    _report(
+        as_json,
+        [render.rate_dict(s) for s in states],
+        bool(states),
+        render.table([render.RATE_HEADER, *(render.rate_row(s) for s in states)]),
+        f"no rate limit set at runtime or paused matches {pattern!r}",
+    )
+
+
+@click.group(name="limit")
+def limit_group() -> None:
+    """Set or clear a rate limit's rate and burst at runtime (every worker applies them at its
+    next reservation, in place of the code's)."""
+
+
+@limit_group.command(name="set")
+@click.argument("name")
+@click.option("--rate", help="A rate such as 100/m, 10/s, 5/2s.")
+@click.option("--burst", type=int, help="Units that may start at once.")
+@_json_option
+@_errors
+def limit_set_command(name: str, rate: str | None, burst: int | None, as_json: bool) -> None:
+    """Set the rate and/or burst of rate limit NAME."""
+    target = _target()
+    state = admin.set_limits(
+        target.client(), name, rate=rate, burst=burst, namespace=target.namespace
+    )
+    _report(as_json, render.rate_dict(state), True, [render.rate_line(state)], "")
+
+
+@limit_group.command(name="clear")
+@click.argument("name")
+@_json_option
+@_errors
+def limit_clear_command(name: str, as_json: bool) -> None:
+    """Forget the runtime rate and burst of rate limit NAME: the code's apply again."""
+    target = _target()
+    state = admin.clear_limits(target.client(), name, namespace=target.namespace)
+    _report(as_json, render.rate_dict(state), True, [render.rate_line(state)], "")
+
+
+@click.command(name="pause")
+@click.argument("name")
+@click.argument("seconds", type=float)
+@_json_option
+@_errors
+def pause_command(name: str, seconds: float, as_json: bool) -> None:
+    """Pause rate limit NAME for SECONDS: no task starts under it until then (tasks wait for a
+    slot after the pause; a longer pause already set is kept)."""
+    target = _target()
+    state = admin.pause_rate(target.client(), name, seconds, namespace=target.namespace)
+    _report(as_json, render.rate_dict(state), True, [render.rate_line(state)], "")
+
+
+@click.command(name="resume")
+@click.argument("name")
+@_json_option
+@_errors
+def resume_command(name: str, as_json: bool) -> None:
+    """End a pause of rate limit NAME now."""
+    target = _target()
+    state = admin.resume_rate(target.client(), name, namespace=target.namespace)
+    _report(as_json, render.rate_dict(state), True, [render.rate_line(state)], "")
+
+
 COMMANDS: tuple[click.Command, ...] = (
     list_command,
     show_command,
     release_command,
     unique_command,
     release_claim_command,
+    rates_command,
+    limit_group,
+    pause_command,
+    resume_command,
 )
 """Every operator command, to add to a group."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.admin import ClaimState, LockState, Released, Waiter
+from ..core.admin import ClaimState, LockState, RateState, Released, Waiter
 from ..core.lease import Holder
 
 __all__ = [
     "CLAIM_HEADER",
     "LIST_HEADER",
+    "RATE_HEADER",
     "claim_dict",
     "claim_lines",
     "claim_row",
@@ -18,6 +19,9 @@ __all__ = [
     "lock_dict",
     "lock_lines",
     "lock_row",
+    "rate_dict",
+    "rate_line",
+    "rate_row",
     "released_lines",
     "table",
     "waiter_dict",
@@ -174,3 +178,31 @@ def claim_lines(claim: ClaimState, *, dry_run: bool) -> list[str]:
         f"{verb} the queued claim on unique key {claim.name!r}: task {claim.task_id}, "
         f"{_seconds(claim.expires_in)} left"
     ]
+
+
+RATE_HEADER = ("NAME", "RATE", "BURST", "PAUSED FOR")
+
+
+def rate_row(state: RateState) -> tuple[str, ...]:
+    return (
+        state.name,
+        "code's" if state.rate is None else str(state.rate),
+        "code's" if state.burst is None else str(state.burst),
+        _seconds(state.paused_for) if state.paused_for else "-",
+    )
+
+
+def rate_dict(state: RateState) -> dict[str, Any]:
+    return {
+        "name": state.name,
+        "rate": None if state.rate is None else str(state.rate),
+        "burst": state.burst,
+        "paused_for": _rounded(state.paused_for),
+    }
+
+
+def rate_line(state: RateState) -> str:
+    rate = "the code's rate" if state.rate is None else f"rate {state.rate}"
+    burst = "the code's burst" if state.burst is None else f"burst {state.burst}"
+    paused = f", paused for {_seconds(state.paused_for)}" if state.paused_for else ", not paused"
+    return f"rate limit {state.name!r}: {rate}, {burst}{paused}"

@@ -59,6 +59,20 @@ class LockKeys:
         return f"{self.prefix}:pending"
 
     @property
+    def bucket(self) -> str:
+        """The rate limit of this name: its bucket and pause (hash, see lua/rate.lua)."""
+        return f"{self.prefix}:bucket"
+
+    @property
+    def limits(self) -> str:
+        """The limits set at runtime for this name (hash: ``rate``, ``burst``, ``cap``)."""
+        return f"{self.prefix}:limits"
+
+    def rate_request(self, request_id: str) -> str:
+        """A rate request's slot and cost, kept for 30 seconds past the slot."""
+        return f"{self.prefix}:r:{request_id}"
+
+    @property
     def done(self) -> str:
         """Jobs finished under this lock (sorted set: job id -> server ms it is kept until)."""
         return f"{self.prefix}:done"

@@ -1,47 +1,88 @@
-"""Fleet-wide rate limits: at most ``limit`` starts per ``per`` seconds of Redis server time
-across every process, per name, as a sliding window of reserved start slots (``lua/rate.lua``).
-A caller reserves a slot, in request order, and learns when it may start: now, or later, so it
-waits for its slot (a task is published again once, with that countdown) instead of retrying."""
+"""Fleet-wide rate limits: at most ``limit`` units (starts, or what calls cost) per ``per``
+seconds of Redis server time across every process, per name, with a burst: a bucket of
+``burst`` units refilled at the rate (a generic cell rate algorithm, ``lua/rate.lua``), O(1) per
+call. A caller reserves a slot, in request order, and learns when it may start: now, or later,
+so it waits for its slot (a task is published again once, with that countdown) instead of
+retrying. Limits set at runtime in Redis (:mod:`.limits`) take the place of the caller's, and a
+name may be paused (after an upstream 429)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from ..errors import LockConfigError
-from ._validate import non_empty_string
+from ._validate import finite_real, non_empty_string, refuse
 from .durations import Duration, seconds_or_none
 from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
 from .protocol import text
-from .rate_options import MAX_DELAY, Rate, parse_rate
+from .rate_options import MAX_DELAY, Rate, check_burst, check_cost, parse_rate
 from .scripts import run
 from .store import RedisClient, backend_errors
 
 __all__ = [
     "MAX_DELAY",
     "MAX_LATE",
+    "MAX_PAUSE",
     "Rate",
     "RateLimit",
     "RateUsage",
     "Reservation",
     "parse_rate",
     "rate_key",
+    "reserve_all",
 ]
 
 MAX_LATE = Duration(0.0, 86400.0)
 """The range of ``max_late``: 0 to a day."""
+MAX_PAUSE = 30 * 86400.0
+"""The longest pause, in seconds (30 days)."""
 
 
 def rate_key(namespace: str, name: str) -> str:
-    """The key of the rate limit ``name``: its window. It shares the hash tag of the lock of the
+    """The key of the rate limit ``name``: its bucket. It shares the hash tag of the lock of the
     same name (``namespace:{name}:...``), so one script may touch both on a Redis Cluster."""
-    return f"{LockKeys.of(namespace, name).prefix}:rate"
+    return LockKeys.of(namespace, name).bucket
 
 
 def _ms(value: float | None) -> str:
     return "" if value is None else str(int(value * 1000))
+
+
+def _units(value: float) -> str:
+    return repr(float(value))
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    granted: bool
+    slot_ms: int
+    delay: float
+    rate: Rate
+    burst: int
+    paused_ms: int
+    tat_ms: int
+    now_ms: int
+    by: int
+
+    @classmethod
+    def read(cls, reply: object) -> _Answer:
+        granted, slot, delay, limit, per, burst, paused, tat, now, by = text(reply).split()
+        return cls(
+            granted == "1",
+            int(slot),
+            int(delay) / 1000,
+            Rate(int(limit), int(per) / 1000),
+            int(float(burst)),
+            int(paused),
+            int(tat),
+            int(now),
+            int(by) - 1,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,34 +91,63 @@ class Reservation:
 
     ``granted``: the slot is the request's (``False``: refused by ``max_delay``, and nothing was
     reserved). ``delay``: seconds from now until the slot (0: start now); when refused, the delay
-    it would have had. ``slot_ms``: the slot in Redis server time (ms since the epoch).
+    it would have had: the retry-after. ``slot_ms``: the slot in Redis server time (ms since the
+    epoch). ``rate`` and ``burst``: the limits in effect (set at runtime, or the caller's) of
+    ``name``, the limit that set the slot (of several, :func:`reserve_all`: the fullest).
+    ``cost``: the units this request reserved (in that limit).
     """
 
     granted: bool
     delay: float
     slot_ms: int
+    rate: Rate | None = None
+    burst: int = 1
+    cost: float = 1.0
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class RateUsage:
     """A rate limit's state, as :meth:`RateLimit.usage` reads it.
 
-    ``started``: slots in the last ``per`` seconds up to now (starts in the current window).
-    ``ahead``: slots reserved after now. ``next_delay``: seconds until the slot a new request
-    would get now (0: it would start at once); ``next_slot_ms`` that slot in server time.
+    ``available``: units the bucket holds now (below 0: owed, slots reserved ahead).
+    ``next_delay``: seconds until the slot a request of cost 1 would get now (0: at once), and
+    ``next_slot_ms`` that slot in server time. ``paused_for``: seconds left of a pause (0:
+    none). ``rate`` and ``burst``: the limits in effect.
     """
 
-    started: int
-    ahead: int
+    available: float
     next_delay: float
     next_slot_ms: int
+    paused_for: float
+    rate: Rate
+    burst: int
+
+    @classmethod
+    def of(cls, answer: _Answer) -> RateUsage:
+        interval_ms = answer.rate.per * 1000 / answer.rate.limit
+        owed = max(answer.tat_ms - answer.now_ms, 0) / interval_ms
+        return cls(
+            available=round(answer.burst - owed, 3),
+            next_delay=answer.delay,
+            next_slot_ms=answer.slot_ms,
+            paused_for=max(answer.paused_ms - answer.now_ms, 0) / 1000,
+            rate=answer.rate,
+            burst=answer.burst,
+        )
 
 
 class RateLimit:
-    """At most ``rate`` starts across the fleet, for the name ``name``.
+    """At most ``rate`` units across the fleet, for the name ``name``, ``burst`` at once.
 
-    ``rate`` is a :class:`Rate` or its text (``"100/m"``, ``"5/2s"``, see :func:`parse_rate`).
-    Every user of one name should give the same rate: each call applies the rate it is given.
+    ``rate`` is a :class:`Rate` or its text (``"100/m"``, ``"5/2s"``, see :func:`parse_rate`);
+    a call costs 1 unit unless it says otherwise (tokens of an API, points). ``burst``: units
+    that may start at once (the bucket's size); the default 1 spreads starts evenly, so that
+    any ``per`` seconds hold at most ``limit`` units. Every user of one name should give the
+    same rate and burst: each call applies what it is given, unless limits were set at runtime
+    for the name (:func:`~celery_redislock.core.admin.set_limits`), which apply instead.
+    ``slack`` (seconds) widens the period, the code's or the runtime one, so that starts that
+    lag their slots by up to that much still keep the rate (tasks use 5% of the period).
     ``client`` is a ``redis.Redis`` (also from Sentinel's ``master_for``) or a
     ``redis.cluster.RedisCluster``.
 
@@ -93,6 +163,8 @@ class RateLimit:
         name: str,
         rate: Rate | str,
         *,
+        burst: int = 1,
+        slack: float = 0.0,
         namespace: str = DEFAULT_NAMESPACE,
     ) -> None:
         self._name = check_name(name)
@@ -103,9 +175,12 @@ class RateLimit:
                 name=self._name,
             )
         self._rate = parse_rate(rate, name=self._name)
+        self._burst = check_burst(burst, name=self._name)
+        self._slack = seconds_or_none(slack, MAX_LATE, "slack", name=self._name) or 0.0
         self.client = client
         self.namespace = check_namespace(namespace)
-        self.key = rate_key(self.namespace, self._name)
+        self._keys = LockKeys.of(self.namespace, self._name)
+        self.key = self._keys.bucket
 
     @property
     def name(self) -> str:
@@ -114,65 +189,176 @@ class RateLimit:
 
     @property
     def rate(self) -> Rate:
-        """The rate this limit applies."""
+        """The rate this limit applies when none was set at runtime."""
         return self._rate
 
+    @property
+    def burst(self) -> int:
+        """The burst this limit applies when none was set at runtime."""
+        return self._burst
+
     def __repr__(self) -> str:
-        return f"RateLimit({self._name!r}, {str(self._rate)!r}, namespace={self.namespace!r})"
+        burst = f", burst={self._burst}" if self._burst != 1 else ""
+        return (
+            f"RateLimit({self._name!r}, {str(self._rate)!r}{burst}, namespace={self.namespace!r})"
+        )
+
+    def _run(self, op: str, request: str | None, *args: str) -> _Answer:
+        keys = [self.key, self._keys.rate_request(request or ""), self._keys.limits]
+        rate = (str(self._rate.limit), str(self._rate.per_ms), str(self._burst))
+        with backend_errors(self._name, "rate limit"):
+            reply = run("rate", self.client, keys, (op, *rate, *args, _ms(self._slack)))
+        return _Answer.read(reply)
 
     def reserve(
-        self, request_id: str, *, max_delay: float | None = None, max_late: float | None = None
+        self,
+        request_id: str,
+        *,
+        cost: float = 1.0,
+        max_delay: float | None = None,
+        max_late: float | None = None,
     ) -> Reservation:
-        """Reserves the next free slot for the request ``request_id`` (one round trip).
+        """Reserves the next free slot for the request ``request_id``, costing ``cost`` units
+        (one round trip).
 
-        The slot is the latest of now, the last slot handed out, and the ``limit``-th most
-        recent slot plus ``per``; a later request never gets an earlier slot. ``max_delay``
-        (seconds): if the slot would be further ahead, nothing is reserved and the answer is
-        refused (``granted=False``) with the delay it would have had.
+        The slot is the earliest at which the bucket holds ``cost`` units, not before the last
+        slot handed out (a later request never gets an earlier slot) nor within a pause.
+        ``max_delay`` (seconds): if the slot would be further ahead, nothing is reserved and the
+        answer is refused (``granted=False``) with the delay it would have had.
 
         The same ``request_id`` gets the same slot again, and takes no second one: a call run
         twice after a lost reply, or a task published again with its delay that asks once
         more as it starts (then with a delay of 0, or what is left). Use one id per start (a
         task's retry is a new start: ``f"{task_id}:{retries}"``). An id is remembered for
-        2 minutes after its slot (and among the last 10,000 or ``limit`` reservations, which
-        is more); one asked again later gets a new slot, a spare one, never one too many.
-        ``max_late`` (seconds): if this request's slot passed more than that long ago, it is
-        given up and a new slot reserved at the back, since a start that lags its slot crowds
-        the slots after it (see the docs on lateness).
+        30 seconds after its slot; one asked again later gets a new slot, a spare one, never
+        one too many. ``max_late`` (seconds): if this request's slot passed more than that long
+        ago, it gets a new slot at the back, since a start that lags its slot crowds the slots
+        after it (see the docs on lateness); so does a request whose slot a pause overtook.
 
         Raises :class:`~celery_redislock.LockConfigError` for bad arguments and
         :class:`~celery_redislock.LockBackendError` if Redis fails; the call may then have
         reserved the slot, and calling again with the same id returns it.
 
         >>> RateLimit(client, "api", "2/s").reserve("job-1")   # doctest: +SKIP
-        Reservation(granted=True, delay=0.0, slot_ms=1767225600000)
+        Reservation(granted=True, delay=0.0, slot_ms=1767225600000, ...)
+        """
+        return reserve_all([(self, cost)], request_id, max_delay=max_delay, max_late=max_late)
+
+    def _args(self, cost: str) -> tuple[str, ...]:
+        """This limit's part of a reservation of several (see rate.lua)."""
+        rate = self._rate
+        return (str(rate.limit), str(rate.per_ms), str(self._burst), cost, _ms(self._slack))
+
+    def settle(self, request_id: str, cost: float, *, estimate: float = 1.0) -> None:
+        """Tells the limit what the request ``request_id`` really cost, once it is known (the
+        tokens an API call used): more than it reserved is owed by the slots after it; less is
+        given back at once (never past a full bucket). Safe to call again: it records the cost,
+        so a second call with the same cost changes nothing. ``estimate``: what it reserved,
+        used only if the request is no longer remembered (30 seconds past its slot).
+
+        >>> RateLimit(client, "llm", "90000/m", burst=20000).settle("job-1", 1250)  # doctest: +SKIP
         """
         request_id = non_empty_string(request_id, "request_id", name=self._name)
-        delay_s = seconds_or_none(max_delay, MAX_DELAY, "max_delay", name=self._name)
-        late_s = seconds_or_none(max_late, MAX_LATE, "max_late", name=self._name)
-        args = ("r", request_id, str(self._rate.limit), str(self._rate.per_ms))
-        with backend_errors(self._name, "rate limit"):
-            reply = run("rate", self.client, [self.key], (*args, _ms(delay_s), _ms(late_s)))
-        granted, slot, delay = text(reply).split()
-        return Reservation(granted=granted == "1", delay=int(delay) / 1000, slot_ms=int(slot))
+        units = check_cost(cost, name=self._name)
+        reserved = check_cost(estimate, "estimate", name=self._name)
+        self._run("s", request_id, _units(units), _units(reserved), "")
+
+    def pause(self, seconds: float) -> RateUsage:
+        """Hands out no slot for ``seconds`` from now (an upstream answered 429, or an operator
+        says so); a longer pause already set is kept. Requests reserved before it whose slot
+        falls in it get a new slot after it as they ask again (a task does, as it starts). The
+        pause lives in Redis with a TTL: it outlives no one. Answers the usage after it.
+
+        >>> RateLimit(client, "api", "100/m").pause(30)   # doctest: +SKIP
+        """
+        number = finite_real(seconds)
+        if number is None or not 0 < number <= MAX_PAUSE:
+            raise refuse(
+                "pause", f"a number of seconds from 0 to {MAX_PAUSE:g}", seconds, name=self._name
+            )
+        return RateUsage.of(self._run("p", None, str(int(number * 1000)), "", ""))
+
+    def resume(self) -> RateUsage:
+        """Ends a pause now (nothing happens without one). Answers the usage after it."""
+        return RateUsage.of(self._run("q", None, "", "", ""))
 
     def usage(self) -> RateUsage:
-        """How the window stands now (reads only, one round trip).
+        """How the bucket stands now (reads only, one round trip).
 
         >>> RateLimit(client, "api", "2/s").usage()   # doctest: +SKIP
-        RateUsage(started=2, ahead=1, next_delay=0.73, next_slot_ms=1767225601730)
+        RateUsage(available=-1.0, next_delay=0.73, next_slot_ms=1767225601730, paused_for=0.0, ...)
         """
-        args = ("u", "", str(self._rate.limit), str(self._rate.per_ms), "", "")
-        with backend_errors(self._name, "rate limit"):
-            reply = run("rate", self.client, [self.key], args)
-        started, ahead, slot, delay = (int(v) for v in text(reply).split())
-        return RateUsage(started=started, ahead=ahead, next_delay=delay / 1000, next_slot_ms=slot)
+        return RateUsage.of(self._run("u", None, "", "", ""))
 
     def reset(self) -> None:
-        """Forgets every slot of this name, past and reserved (an operator's tool: callers that
-        hold a reserved slot still start at it, and new ones may start at once beside them).
+        """Forgets the bucket and a pause (an operator's tool: callers that hold a reserved slot
+        still start at it, and new ones may start at once beside them). Limits set at runtime
+        stay (see :func:`~celery_redislock.core.admin.clear_limits`).
 
         >>> RateLimit(client, "api", "2/s").reset()   # doctest: +SKIP
         """
         with backend_errors(self._name, "rate limit"):
             self.client.delete(self.key)
+
+
+def reserve_all(
+    limits: Sequence[tuple[RateLimit, float]],
+    request_id: str,
+    *,
+    max_delay: float | None = None,
+    max_late: float | None = None,
+    near: float = 0.0,
+) -> Reservation:
+    """Reserves a slot for the request ``request_id`` in every limit of ``limits`` (each with
+    the cost it is given): the latest of the slots each would give, so that every limit holds
+    (one round trip, one script). See :meth:`RateLimit.reserve` for the rest; the answer names
+    the limit that set the slot (``name``), with its figures.
+
+    A slot within ``near`` seconds is taken in every limit. A later one is taken only in the
+    limits whose own slot is that far (a limit with room keeps it for others meanwhile): ask
+    again at the slot, with the same id, and start once the answer's delay is within
+    ``near`` (a task does this by itself). Refused past ``max_delay``: nothing is taken.
+
+    Every limit must be on the same client; on a Redis Cluster, in the same hash slot (their
+    names start with one hash tag, ``{acme}:api`` and ``{acme}:tenant:7``), else
+    :class:`~celery_redislock.LockConfigError`.
+
+    >>> reserve_all([(tenant, 1), (api, 1)], f"{task_id}:0")   # doctest: +SKIP
+    Reservation(granted=True, delay=0.3, slot_ms=1767225600300, ..., name='api')
+    """
+    if not limits:
+        raise LockConfigError("reserve_all needs at least one rate limit")
+    first = limits[0][0]
+    names = [limit.name for limit, _ in limits]
+    request_id = non_empty_string(request_id, "request_id", name=first.name)
+    delay_s = seconds_or_none(max_delay, MAX_DELAY, "max_delay", name=first.name)
+    late_s = seconds_or_none(max_late, MAX_LATE, "max_late", name=first.name)
+    if len(set(names)) != len(names) or any(lim.namespace != first.namespace for lim, _ in limits):
+        raise LockConfigError(f"rate limits must differ by name, got {names}", name=first.name)
+    if any(limit.client is not first.client for limit, _ in limits):
+        raise LockConfigError(
+            f"rate limits {names} must share one Redis client to be reserved at once",
+            name=first.name,
+        )
+    costs = [check_cost(cost, name=limit.name) for limit, cost in limits]
+    keys: list[str] = []
+    for limit, _ in limits:
+        keys += [limit.key, limit._keys.rate_request(request_id), limit._keys.limits]
+    if isinstance(first.client, RedisCluster) and len({key_slot(k.encode()) for k in keys}) > 1:
+        raise LockConfigError(
+            f"rate limits {names} are in different Redis Cluster slots, so they cannot be "
+            f"reserved all or nothing: start every name with one hash tag (such as "
+            f"'{{acme}}:{names[0]}')",
+            name=first.name,
+        )
+    head = first._args(_units(costs[0]))
+    near_s = seconds_or_none(near, MAX_DELAY, "near", name=first.name)
+    args = ["r", *head[:4], _ms(delay_s), _ms(late_s), head[4], _ms(near_s)]
+    for (other, _), cost in list(zip(limits, costs, strict=True))[1:]:
+        args += other._args(_units(cost))
+    with backend_errors(first.name, "rate limit"):
+        got = _Answer.read(run("rate", first.client, keys, args))
+    by = limits[got.by][0]
+    return Reservation(
+        got.granted, got.delay, got.slot_ms, got.rate, got.burst, costs[got.by], by.name
+    )

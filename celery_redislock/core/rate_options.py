@@ -1,13 +1,14 @@
 """The ``rate=`` task option (Celery tasks and RQ jobs alike), parsed and checked once, when the
-task is defined; and a rate, ``"100/m"``: at most ``limit`` starts per ``per`` seconds, refused
-early with an error naming the value and the forms allowed."""
+task is defined; and a rate, ``"100/m"``: at most ``limit`` units (starts, or what calls cost)
+per ``per`` seconds, refused early with an error naming the value and the forms allowed."""
 
 from __future__ import annotations
 
 import inspect
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, TypedDict
 
 from ..errors import LockConfigError
@@ -16,21 +17,33 @@ from .durations import Duration, seconds_or_none
 from .options import KeyFunction, LockOptions, Scope, known_options, option_what, parse_keying
 
 __all__ = [
+    "MAX_BURST",
+    "MAX_COST",
     "MAX_DELAY",
     "MAX_LIMIT",
     "MAX_PER",
+    "MAX_UNITS_PER_SECOND",
     "MIN_PER",
+    "CostFunction",
     "Rate",
     "RateOptionDict",
     "RateOptions",
+    "check_burst",
+    "check_cost",
     "parse_rate",
     "parse_rate_option",
 ]
 
 MAX_DELAY = Duration(0.0, 30 * 86400.0)
 """The range of ``max_delay``: 0 (start now or not at all) to 30 days."""
-MAX_LIMIT = 100_000
-"""The largest ``limit``: the window keeps one entry (the request id) per start in it."""
+MAX_LIMIT = 1_000_000_000
+"""The largest ``limit`` (units per period)."""
+MAX_UNITS_PER_SECOND = 1_000_000
+"""The fastest rate: the bucket counts time in microseconds, one unit at least one."""
+MAX_BURST = 1_000_000_000
+"""The largest ``burst`` (units at once)."""
+MAX_COST = 1_000_000_000.0
+"""The largest cost of one call, in units."""
 MIN_PER = 0.001
 """The shortest window, in seconds: the server's clock is read in milliseconds."""
 MAX_PER = 7 * 86400.0
@@ -84,10 +97,8 @@ class Rate:
 def _check(limit: object, per: object, what: str, value: object, name: str | None) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise LockConfigError(
-            f"{what}: the limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}"
-            f"{_in(limit, value)}: the window keeps one entry per start, so its memory and cost "
-            f"grow with the limit; give a large quota over a shorter period ('1000/36s' rather "
-            f"than '100000/h')",
+            f"{what}: the limit must be an integer from 1 to {MAX_LIMIT:,}, got {limit!r}"
+            f"{_in(limit, value)}",
             name=name,
         )
     seconds = finite_real(per)
@@ -97,6 +108,27 @@ def _check(limit: object, per: object, what: str, value: object, name: str | Non
             f"(7 days), got {per!r}{_in(per, value)}",
             name=name,
         )
+    if limit / seconds > MAX_UNITS_PER_SECOND:
+        raise LockConfigError(
+            f"{what}: at most {MAX_UNITS_PER_SECOND:,} units a second, got {limit} per "
+            f"{seconds:g}s{_in(limit, value)}: count in larger units",
+            name=name,
+        )
+
+
+def check_burst(value: object, what: str = "burst", name: str | None = None) -> int:
+    """A burst: how many units may start at once (an integer from 1 to :data:`MAX_BURST`)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BURST:
+        raise refuse(what, f"an integer from 1 to {MAX_BURST:,}", value, name=name)
+    return value
+
+
+def check_cost(value: object, what: str = "cost", name: str | None = None) -> float:
+    """A call's cost in units: a number from 0 to :data:`MAX_COST`."""
+    number = finite_real(value)
+    if number is None or not 0 <= number <= MAX_COST:
+        raise refuse(what, f"a number from 0 to {MAX_COST:,.0f}", value, name=name)
+    return number
 
 
 def parse_rate(value: object, *, what: str = "rate", name: str | None = None) -> Rate:
@@ -128,6 +160,10 @@ def parse_rate(value: object, *, what: str = "rate", name: str | None = None) ->
     return Rate(limit, per)
 
 
+CostFunction = Callable[..., float]
+"""A call's cost from its arguments: called as the task is, ``cost(*args, **kwargs)``."""
+
+
 class RateOptionDict(TypedDict, total=False):
     """The dict form of a task's ``rate=`` option (``rate`` is required).
 
@@ -138,6 +174,8 @@ class RateOptionDict(TypedDict, total=False):
     key: str | KeyFunction | None
     scope: Scope
     max_delay: float | None
+    burst: int
+    cost: float | CostFunction
 
 
 _ALLOWED = tuple(RateOptionDict.__annotations__)
@@ -153,6 +191,30 @@ class RateOptions:
     default the task's name (one limit for every call of the task)."""
     max_delay: float | None = None
     """A start further ahead than this is refused (the task fails) rather than delayed."""
+    burst: int = 1
+    """Units that may start at once (the bucket's size); 1: starts spread evenly."""
+    cost: float | CostFunction = 1.0
+    """What one call costs, in units of the rate: a number, or a function of the call's
+    arguments."""
+    also: tuple[RateOptions, ...] = ()
+    """Further limits a start takes with this one, all or nothing (``rate=`` as a list)."""
+
+    @property
+    def limits(self) -> tuple[RateOptions, ...]:
+        """Every limit a start takes: this one, then :attr:`also`."""
+        return (self, *self.also)
+
+    def cost_of(self, task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> float:
+        """The cost of one call; :class:`LockConfigError` naming the task if the function
+        fails or answers what is not a cost."""
+        if not callable(self.cost):
+            return self.cost
+        what = option_what(task, "cost", "rate")
+        try:
+            value = self.cost(*args, **kwargs)
+        except Exception as exc:
+            raise LockConfigError(f"{what} the cost function failed: {exc!r}") from exc
+        return check_cost(value, f"{what} the cost function's answer")
 
     @property
     def slack(self) -> float:
@@ -161,11 +223,6 @@ class RateOptions:
         keep the rate. 5% of ``per``, from 0.1 s to 1 s (never more than ``per``)."""
         return min(self.rate.per, max(0.1, min(1.0, 0.05 * self.rate.per)))
 
-    @property
-    def reserved(self) -> Rate:
-        """The rate slots are reserved at: ``per`` widened by :attr:`slack`."""
-        return Rate(self.rate.limit, self.rate.per + self.slack)
-
 
 def parse_rate_option(
     task: str, signature: inspect.Signature | None, value: object
@@ -173,13 +230,49 @@ def parse_rate_option(
     """Checks a task's ``rate=`` option and returns it parsed: ``None``/``False`` (no limit), a
     rate (``"100/m"``, see :func:`~celery_redislock.core.rate.parse_rate`), or a dict with
     ``rate`` and optionally ``key`` (a template over the call's arguments, or a callable),
-    ``scope`` and ``max_delay``. Raises :class:`LockConfigError` naming the task and option.
+    ``scope``, ``max_delay``, ``burst`` and ``cost`` (a number, or a callable of the call's
+    arguments); or a list of those, limits taken all or nothing (each with its own ``key``).
+    Raises :class:`LockConfigError` naming the task and option.
 
     >>> parse_rate_option("api", None, "100/m").rate
     Rate(limit=100, per=60.0)
     """
     if value is None or value is False:
         return None
+    if isinstance(value, list | tuple):
+        return _several(task, signature, value)
+    return _one(task, signature, value)
+
+
+def _several(
+    task: str, signature: inspect.Signature | None, value: list[Any] | tuple[Any, ...]
+) -> RateOptions:
+    """Several limits taken all or nothing: the first carries the rest (``also``) and the
+    smallest ``max_delay`` given."""
+    if not value:
+        raise LockConfigError(
+            f"task {task!r}: rate must name at least one rate, got an empty {type(value).__name__}"
+        )
+    items = []
+    for item in value:
+        if isinstance(item, list | tuple):
+            raise LockConfigError(
+                f"task {task!r}: rate: each of several limits must be a rate or a dict, got "
+                f"{item!r}"
+            )
+        items.append(_one(task, signature, item))
+    seen = [(i.keying.key, i.keying.scope) for i in items]
+    if len(set(map(repr, seen))) != len(seen):
+        raise LockConfigError(
+            f"task {task!r}: rate: several limits need a key each (two would share one limit), "
+            f"got keys {[k for k, _ in seen]!r}"
+        )
+    delays = [i.max_delay for i in items if i.max_delay is not None]
+    first, *rest = items
+    return replace(first, max_delay=min(delays) if delays else None, also=tuple(rest))
+
+
+def _one(task: str, signature: inspect.Signature | None, value: object) -> RateOptions:
     if isinstance(value, str | Rate):
         value = {"rate": value}
     opts: dict[str, Any] = known_options(task, "rate", value, _ALLOWED, "a rate such as '100/m'")
@@ -195,4 +288,8 @@ def parse_rate_option(
     max_delay = seconds_or_none(
         opts.get("max_delay"), MAX_DELAY, option_what(task, "max_delay", "rate")
     )
-    return RateOptions(rate, keying, max_delay)
+    burst = check_burst(opts.get("burst", 1), option_what(task, "burst", "rate"))
+    cost = opts.get("cost", 1.0)
+    if not callable(cost):
+        cost = check_cost(cost, option_what(task, "cost", "rate"))
+    return RateOptions(rate, keying, max_delay, burst, cost)

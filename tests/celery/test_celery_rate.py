@@ -78,6 +78,11 @@ def test_a_start_past_max_delay_fails_and_reserves_nothing(
         ({"rate": "1/s", "key": "{nope}"}, "template names argument(s) 'nope'"),
         ({"rate": "1/s", "max_delay": -1}, "rate option 'max_delay'"),
         (3, "rate must be a rate such as '100/m'"),
+        ({"rate": "1/s", "burst": 0}, "rate option 'burst': must be an integer from 1"),
+        ({"rate": "1/s", "burst": 2.5}, "rate option 'burst': must be an integer from 1"),
+        ({"rate": "1/s", "cost": -1}, "rate option 'cost': must be a number from 0"),
+        ({"rate": "1/s", "cost": "3"}, "rate option 'cost': must be a number from 0"),
+        ("2000000/s", "at most 1,000,000 units a second"),
     ],
 )
 def test_a_bad_rate_is_refused_when_the_task_is_declared(rate: object, message: str) -> None:

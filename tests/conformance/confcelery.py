@@ -24,7 +24,7 @@ from celery_redislock import (
     lock_released,
 )
 
-from .scenarios import JOBS
+from .scenarios import JOBS, rate_hooks
 
 URL = os.environ["LOCKAPP_REDIS_URL"]
 # Apart from the queue of tests/lockapp.py, on the same Redis; a test's own workers take another.
@@ -55,6 +55,7 @@ def body(run_id: str, key: str, seconds: float) -> str:
         notes.rpush(f"args:{key}", repr(seconds))
         notes.hset("pid", key, os.getpid())
         notes.execute()
+    rate_hooks(r, key)
     if seconds < 0:  # a call that fails
         raise RuntimeError("failed on purpose")
     deadline = time.monotonic() + seconds

@@ -27,7 +27,7 @@ from celery_redislock.integrations.rq import (
     locked,
 )
 
-from .scenarios import JOBS
+from .scenarios import JOBS, rate_hooks
 
 
 class ConfWorker(LockWorker):
@@ -46,6 +46,7 @@ def body(key: str, seconds: float) -> str:
         notes.rpush(f"args:{key}", repr(seconds))
         notes.hset("pid", key, os.getpid())
         notes.execute()
+    rate_hooks(r, key)
     if seconds < 0:  # a call that fails
         raise RuntimeError("failed on purpose")
     deadline = time.monotonic() + seconds

@@ -6,7 +6,9 @@ Every call takes ``(key, seconds=0.0)``: its lock (or unique key, or rate key) i
 ``conf:<key>``, a test's own key, so that one worker per framework serves a whole module. The
 body notes that it ran (``ran:<key>``, with the run id; ``args:<key>``, its ``seconds``) and its
 pid, then holds until
-``seconds`` passed or the test sets ``stop:<key>`` (``seconds`` below 0: it fails).
+``seconds`` passed or the test sets ``stop:<key>`` (``seconds`` below 0: it fails). Under
+``rate=`` it notes its slot's cost (``rate-cost:<key>``) and does what the test asks of its
+limit (:func:`rate_hooks`: settle a cost, pause after a 429).
 
 What an outcome is, in words common to both (the adapters map each framework's onto them):
 
@@ -27,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from celery_redislock import current_rate
+
 KEY = "conf:{key}"
 
 
@@ -43,6 +47,26 @@ class Job:
 
 def _lock(**options: Any) -> dict[str, Any]:
     return {"key": KEY, **options}
+
+
+def _cost(key: str, seconds: float = 0.0) -> float:
+    """A call's cost from its arguments: 30 units (the rows' bursts) unless it holds."""
+    return 30.0 if seconds == 0 else 1.0
+
+
+def rate_hooks(marks: Any, key: str) -> None:
+    """What a body does with its rate slot, as both frameworks' bodies do: notes its cost;
+    settles the cost the test put in ``settle:<key>``; pauses its limit for the seconds in
+    ``pause:<key>`` (as after an upstream 429)."""
+    slot = current_rate()
+    if slot is None:
+        return
+    marks.rpush(f"rate-cost:{key}", repr(slot.reservation.cost))
+    settle, pause = marks.mget(f"settle:{key}", f"pause:{key}")
+    if settle is not None:
+        slot.settle(float(settle))
+    if pause is not None:
+        slot.pause(float(pause))
 
 
 JOBS: dict[str, Job] = {
@@ -73,6 +97,13 @@ JOBS: dict[str, Job] = {
     "dup_cancel": Job(unique={"lifecycle": "until_finished", "key": KEY, "on_duplicate": "cancel"}),
     "rated": Job(rate={"rate": "1/4s", "key": KEY}),
     "rated_max_delay": Job(rate={"rate": "1/60s", "key": KEY, "max_delay": 1}),
+    # 30 units of 10 a second: a full bucket holds one call; the next waits 3 s for its slot.
+    "rated_cost": Job(rate={"rate": "10/s", "key": KEY, "burst": 30, "cost": _cost}),
+    "rated_fast": Job(rate={"rate": "100/s", "key": KEY}),
+    # A tenant's limit (its ``seconds`` names the tenant) and a shared one, all or nothing.
+    "rated_two": Job(
+        rate=[{"rate": "1/3s", "key": "conf:{key}:t{seconds}"}, {"rate": "100/s", "key": KEY}]
+    ),
     # ttl 3: a copy that finds its own run's lease looks again after a second.
     "redelivered": Job(lock=_lock(ttl=3), acks_late=True),
     "plain": Job(lock=_lock()),
@@ -156,6 +187,9 @@ EXPIRED = (
 )
 FULL = r"WARNING not run: the task line of lock '{lock}' is full \(1 parked\)"
 RATE_FULL = r"INFO : rate limit '{lock}' \(.*\) is full; it comes back for its slot in \d+\.\d\ds"
+RATE_FULL_ANY = (
+    r"INFO : rate limit '[^']+' \(.*\) is full; it comes back for its slot in \d+\.\d\ds"
+)
 DROPPED = r"INFO dropped: a copy of it already ran to its end under lock '{lock}'"
 AWAITS = r"INFO : another copy of it holds lock '{lock}' \(running, or its worker died\); this one"
 UNLOCKED = r"ERROR runs WITHOUT lock '{lock}': Redis failed: "
@@ -557,6 +591,40 @@ SCENARIOS: list[Scenario] = [
             r"past max_delay \(1\.0s\)",
         ),
         params={"per": 0.0},
+    ),
+    Scenario(
+        "rate_cost_from_the_arguments_spaces_the_calls",
+        "rated_cost",
+        "rate_costs",
+        Expect("ran", 2, actions("rate"), log=RATE_FULL),
+        params={"gap": 3.0},
+    ),
+    Scenario(
+        "rate_cost_settled_lower_gives_the_bucket_back",
+        "rated_cost",
+        "rate_settled",
+        Expect("ran", 2),
+    ),
+    Scenario(
+        "rate_paused_by_a_run_holds_the_next_until_it_ends",
+        "rated_fast",
+        "rate_paused",
+        Expect("ran", 2, actions("rate"), log=RATE_FULL),
+        params={"gap": 3.0},
+    ),
+    Scenario(
+        "rate_several_limits_a_tenant_backlog_does_not_hold_the_shared_one",
+        "rated_two",
+        "rate_several",
+        Expect("ran", 3, actions("rate"), log=RATE_FULL_ANY),
+        marks=("slow",),  # (RQ counts whole seconds: about 10 s)
+    ),
+    Scenario(
+        "rate_set_at_runtime_applies_at_the_next_start",
+        "rated_fast",
+        "rate_set_live",
+        Expect("ran", 2, actions("rate"), log=RATE_FULL),
+        params={"gap": 3.0},
     ),
     # -- another delivery of the same run --------------------------------------------------------
     Scenario(

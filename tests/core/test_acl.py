@@ -4,14 +4,23 @@ them gets an error naming the command it lacks."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import redis
 from helpers import wait_for, wait_until_queued
 
 from celery_redislock import Lock, LockBackendError, LockNotAcquired, iter_locks, renew_leases
+from celery_redislock.core.admin import (
+    clear_limits,
+    describe_rate,
+    list_rates,
+    pause_rate,
+    resume_rate,
+    set_limits,
+)
 from celery_redislock.core.line import Parked, park, sweep
-from celery_redislock.core.rate import RateLimit
+from celery_redislock.core.rate import Rate, RateLimit
 
 # The list in docs/topologies.md ("Redis permissions"), as one ACL rule set.
 DOCUMENTED_RULES = [
@@ -40,8 +49,15 @@ DOCUMENTED_RULES = [
     ],
     *["+zadd", "+zcard", "+zrange", "+zrangebyscore", "+zrem", "+zremrangebyscore", "+zscore"],
     "+zrangebylex",  # tenants in the task line
-    *["+zcount", "+zrevrange", "+zremrangebyrank"],  # rate limits
+    "+hmget",  # rate limits: the bucket and the runtime limits (rate.lua, describe_rate)
 ]
+
+
+def _documented() -> list[str]:
+    """The rules of the ACL SETUSER line in docs/topologies.md ("Redis permissions")."""
+    text = (Path(__file__).parents[2] / "docs" / "topologies.md").read_text()
+    block = text.split("## Redis permissions (ACL)", 1)[1].split("```", 2)[1]
+    return [word for word in block.split() if word.startswith(("~", "+"))]
 
 
 def _user(client: redis.Redis, name: str, rules: list[str]) -> redis.Redis:
@@ -102,16 +118,41 @@ def test_the_listed_permissions_run_the_task_line(client: redis.Redis) -> None:
     assert set(client.zrange(lock.keys.leases, 0, -1)) == handed
 
 
+def test_the_documented_list_is_the_tested_one() -> None:
+    assert sorted(_documented()) == sorted(DOCUMENTED_RULES)
+
+
 def test_the_listed_permissions_run_a_rate_limit(client: redis.Redis) -> None:
+    """Every rate limit call and the admin functions, as a user with the listed permissions;
+    the keys are the namespace's (bucket, request records, runtime limits)."""
     restricted = _user(client, "rates", DOCUMENTED_RULES)
     client.script_flush()
-    limit = RateLimit(restricted, "acl-rate", "2/s")
+    limit = RateLimit(restricted, "acl-rate", "2/s", burst=2)
     first, second, third = (limit.reserve(f"r{i}") for i in range(3))
     assert first.granted and second.granted and third.granted
-    assert first.delay == 0 and second.delay == 0 and third.delay > 0.5
-    assert limit.reserve("r2").delay == pytest.approx(third.delay, abs=0.2)  # the same slot
-    refused = limit.reserve("r3", max_delay=0.1)
+    assert first.delay == 0 and second.delay == 0 and third.delay > 0.3
+    assert limit.reserve("r2").slot_ms == third.slot_ms  # the same slot
+    refused = limit.reserve("r3", max_delay=0.1, cost=2)
     assert not refused.granted
+    limit.settle("r0", 2)
+    limit.settle("gone", 0, estimate=1)
+    assert limit.pause(30).paused_for > 29
+    assert limit.resume().paused_for == 0.0
+    assert limit.usage().rate == Rate(2, 1.0)
+    limit.reset()
+    assert set_limits(restricted, "acl-rate", rate="1/s", burst=3).burst == 3
+    assert pause_rate(restricted, "acl-rate", 10).paused_for > 9
+    assert [s.name for s in list_rates(restricted)] == ["acl-rate"]
+    assert resume_rate(restricted, "acl-rate").paused_for == 0.0
+    assert describe_rate(restricted, "acl-rate").rate == Rate(1, 1.0)
+    assert clear_limits(restricted, "acl-rate").rate is None
+    assert all(key.startswith(b"redislock:{acl-rate}:") for key in client.keys("*"))
+
+
+def test_rate_limits_without_hmget_name_it(client: redis.Redis) -> None:
+    restricted = _user(client, "nohmget", [r for r in DOCUMENTED_RULES if r != "+hmget"])
+    with pytest.raises(LockBackendError, match=r"rate limit 'acl-rate'.*\+hmget"):
+        RateLimit(restricted, "acl-rate", "2/s").reserve("r0")
 
 
 def test_a_missing_permission_is_named(client: redis.Redis) -> None:

@@ -198,3 +198,98 @@ def test_bad_pattern_and_name_are_config_errors(client: redis.Redis) -> None:
         admin.list_locks(client, "")
     with pytest.raises(LockConfigError, match="name"):
         admin.describe_lock(client, "}x")
+
+
+# -- rate limits: limits set at runtime, pauses ------------------------------------------------
+
+
+def test_rate_limits_set_shown_listed_and_cleared(client: redis.Redis) -> None:
+    from celery_redislock.core.rate import Rate, RateLimit
+
+    assert admin.list_rates(client) == []
+    state = admin.set_limits(client, "partner:api", rate="50/m", burst=5)
+    assert state == admin.RateState("partner:api", Rate(50, 60.0), 5, 0.0)
+    assert client.hgetall("redislock:{partner:api}:limits") == {
+        b"rate": b"50 60000",
+        b"burst": b"5",
+    }
+    # Each set alone keeps the other.
+    assert admin.set_limits(client, "partner:api", burst=2).rate == Rate(50, 60.0)
+    assert admin.set_limits(client, "partner:api", rate="1/s").burst == 2
+    assert admin.describe_rate(client, "partner:api") == admin.RateState(
+        "partner:api", Rate(1, 1.0), 2, 0.0
+    )
+    # The code's limits give way to them at the next call.
+    assert RateLimit(client, "partner:api", "100/s").reserve("r").rate == Rate(1, 1.0)
+    # A name with a bucket but nothing set at runtime and no pause is not listed.
+    RateLimit(client, "plain", "1/s").reserve("r")
+    admin.pause_rate(client, "paused:one", 60)
+    assert [s.name for s in admin.list_rates(client)] == ["partner:api", "paused:one"]
+    assert [s.name for s in admin.list_rates(client, "paused:*")] == ["paused:one"]
+    cleared = admin.clear_limits(client, "partner:api")
+    assert cleared == admin.RateState("partner:api", None, None, 0.0)
+    assert not client.exists("redislock:{partner:api}:limits")
+    assert [s.name for s in admin.list_rates(client)] == ["paused:one"]
+
+
+def test_rate_limits_in_another_namespace(client: redis.Redis) -> None:
+    admin.set_limits(client, "api", burst=3, namespace="jobs")
+    assert client.exists("jobs:{api}:limits") and not client.exists("redislock:{api}:limits")
+    assert admin.list_rates(client) == []
+    assert [s.burst for s in admin.list_rates(client, namespace="jobs")] == [3]
+
+
+def test_a_rate_limit_paused_and_resumed(client: redis.Redis) -> None:
+    from celery_redislock.core.rate import RateLimit
+
+    limit = RateLimit(client, "api", "10/s")
+    state = admin.pause_rate(client, "api", 30)
+    assert state.rate is None and state.burst is None and 29 < state.paused_for <= 30
+    got = limit.reserve("r")
+    assert got.granted and 29 < got.delay <= 30  # the code's rate, after the pause
+    assert admin.pause_rate(client, "api", 5).paused_for > 29  # a longer pause is kept
+    assert admin.resume_rate(client, "api").paused_for == 0.0
+    assert limit.usage().paused_for == 0.0
+    assert admin.resume_rate(client, "api").paused_for == 0.0  # nothing to end: no error
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda c: admin.set_limits(c, "api", rate="fast"), "rate must be"),
+        (lambda c: admin.set_limits(c, "api", burst=0), "burst must be an integer"),
+        (lambda c: admin.set_limits(c, "api", rate="1/s", burst=1.5), "burst must be"),  # type: ignore[arg-type]
+        (lambda c: admin.set_limits(c, "api"), "needs a rate, a burst or both"),
+        (lambda c: admin.set_limits(c, "", rate="1/s"), "name must be"),
+        (lambda c: admin.set_limits(c, "api", rate="1/s", namespace="a{b"), "namespace"),
+        (lambda c: admin.clear_limits(c, ""), "name must be"),
+        (lambda c: admin.pause_rate(c, "api", 0), "pause must be a number of seconds"),
+        (lambda c: admin.pause_rate(c, "api", -1), "pause must be a number of seconds"),
+        (lambda c: admin.pause_rate(c, "", 1), "name must be"),
+        (lambda c: admin.resume_rate(c, "}x"), "must not start with '}'"),
+        (lambda c: admin.describe_rate(c, ""), "name must be"),
+        (lambda c: admin.list_rates(c, ""), "pattern must be"),
+    ],
+)
+def test_bad_rate_admin_arguments_are_config_errors_and_write_nothing(
+    client: redis.Redis, call: Callable[[redis.Redis], object], message: str
+) -> None:
+    with pytest.raises(LockConfigError, match=message):
+        call(client)
+    assert client.keys("*") == []
+
+
+def test_rate_admin_with_redis_unreachable_is_a_backend_error() -> None:
+    client = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    for call in (
+        lambda: admin.set_limits(client, "api", rate="1/s"),
+        lambda: admin.clear_limits(client, "api"),
+        lambda: admin.pause_rate(client, "api", 1),
+        lambda: admin.resume_rate(client, "api"),
+        lambda: admin.describe_rate(client, "api"),
+    ):
+        with pytest.raises(LockBackendError) as info:
+            call()
+        assert info.value.name == "api"
+    with pytest.raises(LockBackendError):
+        admin.list_rates(client)

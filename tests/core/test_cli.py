@@ -177,3 +177,110 @@ def test_unreachable_redis_is_exit_code_3() -> None:
     assert result.returncode == 3, (result.stdout, result.stderr)
     assert result.stderr.startswith(f"Error: Redis at redis://:***@127.0.0.1:{url.split(':')[-1]}")
     assert "secret" not in result.stderr and "Connection refused" in result.stderr
+
+
+# -- rate limits: rates, limit set/clear, pause, resume ----------------------------------------
+
+
+def test_rates_limit_set_and_clear(client: redis.Redis, redis_server: RedisServer) -> None:
+    url = redis_server.url
+    nothing = run("rates", url=url)
+    assert nothing.returncode == 1 and "no rate limit" in nothing.stderr, nothing
+    assert run("rates", "--json", url=url).returncode == 1
+    assert as_json(run("rates", "--json", url=url)) == []
+
+    done = run("limit", "set", "partner:api", "--rate", "50/m", "--burst", "5", url=url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "rate limit 'partner:api': rate 50/60s, burst 5, not paused"
+    assert client.hgetall("redislock:{partner:api}:limits") == {
+        b"rate": b"50 60000",
+        b"burst": b"5",
+    }
+    only_burst = as_json(run("limit", "set", "partner:api", "--burst", "2", "--json", url=url))
+    assert only_burst == {"name": "partner:api", "rate": "50/60s", "burst": 2, "paused_for": 0}
+
+    listed = run("rates", url=url)
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["NAME", "RATE", "BURST", "PAUSED", "FOR"]
+    assert row.split() == ["partner:api", "50/60s", "2", "-"]
+    assert as_json(run("rates", "partner:*", "--json", url=url)) == [only_burst]
+    assert run("rates", "other:*", url=url).returncode == 1
+
+    cleared = run("limit", "clear", "partner:api", url=url)
+    assert cleared.returncode == 0, cleared.stderr
+    assert "the code's rate, the code's burst, not paused" in cleared.stdout
+    assert not client.exists("redislock:{partner:api}:limits")
+    assert as_json(run("limit", "clear", "partner:api", "--json", url=url))["rate"] is None
+    assert run("rates", url=url).returncode == 1
+
+
+def test_pause_and_resume(client: redis.Redis, redis_server: RedisServer) -> None:
+    from celery_redislock.core.rate import RateLimit
+
+    url = redis_server.url
+    paused = run("pause", "api", "30", url=url)
+    assert paused.returncode == 0, paused.stderr
+    assert paused.stdout.startswith("rate limit 'api': the code's rate, the code's burst, paused")
+    limit = RateLimit(client, "api", "10/s")
+    assert 29 < limit.usage().paused_for <= 30
+    got = limit.reserve("r")
+    assert 29 < got.delay <= 30  # no start before the pause ends
+    (entry,) = as_json(run("rates", "--json", url=url))
+    assert entry["name"] == "api" and 20 < entry["paused_for"] <= 30  # (a few CLI runs later)
+    assert entry["rate"] is None and entry["burst"] is None
+    row = run("rates", url=url).stdout.splitlines()[1].split()
+    assert row[:3] == ["api", "code's", "code's"]
+
+    resumed = as_json(run("resume", "api", "--json", url=url))
+    assert resumed == {"name": "api", "rate": None, "burst": None, "paused_for": 0}
+    assert limit.usage().paused_for == 0.0
+    assert run("rates", url=url).returncode == 1
+    assert run("resume", "api", url=url).returncode == 0  # nothing to end: done
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["limit", "set", "api", "--rate", "fast"], "rate must be '<limit>/<period>'"),
+        (["limit", "set", "api", "--burst", "0"], "burst must be an integer from 1"),
+        (["limit", "set", "api", "--burst", "many"], "'many' is not a valid integer"),
+        (["limit", "set", "api", "--rate", "0/s"], "the limit must be an integer from 1"),
+        (["limit", "set", "api", "--rate", "5/s", "--burst", "-1"], "burst must be"),
+        (["limit", "set", "api"], "needs a rate, a burst or both"),
+        (["limit", "set", "", "--rate", "1/s"], "name must be"),
+        (["limit", "clear"], "Missing argument 'NAME'"),
+        (["limit", "frobnicate"], "No such command"),
+        (["pause", "api", "0"], "pause must be a number of seconds"),
+        (["pause", "api", "-5"], "No such option"),
+        (["pause", "api", "soon"], "'soon' is not a valid float"),
+        (["pause", "api"], "Missing argument 'SECONDS'"),
+        (["resume", "}x"], "must not start with '}'"),
+        (["rates", ""], "pattern must be"),
+    ],
+)
+def test_bad_rate_commands_are_exit_code_2_and_write_nothing(
+    client: redis.Redis, redis_server: RedisServer, args: list[str], message: str
+) -> None:
+    result = run(*args, url=redis_server.url)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert message in result.stderr, result.stderr
+    assert client.keys("*") == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["rates"],
+        ["limit", "set", "api", "--rate", "1/s"],
+        ["limit", "clear", "api"],
+        ["pause", "api", "10"],
+        ["resume", "api"],
+    ],
+)
+def test_rate_commands_with_redis_unreachable_are_exit_code_3(args: list[str]) -> None:
+    port = free_port()
+    result = run(*args, url=f"redis://127.0.0.1:{port}/0")
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert result.stderr.startswith(f"Error: Redis at redis://127.0.0.1:{port}")
+    assert "Connection refused" in result.stderr

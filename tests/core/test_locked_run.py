@@ -12,6 +12,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from celery_redislock import RateLimit, current_rate
 from celery_redislock.core.claims import ClaimKind, claim
 from celery_redislock.core.options import call_signature, parse_lock_option
 from celery_redislock.core.rate_options import parse_rate_option
@@ -32,7 +33,7 @@ from celery_redislock.core.run import (
 )
 from celery_redislock.core.signal import Signal
 from celery_redislock.core.unique_options import parse_unique_option
-from celery_redislock.errors import LineFull, LockBackendError, LockNotAcquired
+from celery_redislock.errors import LineFull, LockBackendError, LockConfigError, LockNotAcquired
 
 FRAMEWORK = Framework(
     word="task",
@@ -126,7 +127,13 @@ def test_held_then_released_with_the_finish_record_then_a_copy_is_dropped(
     assert copy == Finished("sync:42", ["a"])
     assert bus.sent[-1] == (
         "conflict",
-        {"task_id": "a", "lock": "sync:42", "action": "drop", "holders": ["a"]},
+        {
+            "task_id": "a",
+            "lock": "sync:42",
+            "action": "drop",
+            "holders": ["a"],
+            "retry_after": None,
+        },
     )
 
 
@@ -145,7 +152,13 @@ def test_skip_names_the_holder(
     assert line.getMessage() == "task sync[b] skipped: lock 'sync:42' is held by a"
     assert (
         "conflict",
-        {"task_id": "b", "lock": "sync:42", "action": "skip", "holders": ["a"]},
+        {
+            "task_id": "b",
+            "lock": "sync:42",
+            "action": "skip",
+            "holders": ["a"],
+            "retry_after": None,
+        },
     ) in bus.sent
 
 
@@ -232,6 +245,48 @@ def test_a_rate_slot_ahead_comes_back_for_it(client: redis.Redis, bus: Bus) -> N
     assert _run(client, spec, "a", bus, rate_request="a.0").take() == Held(None)
     later = _run(client, spec, "b", bus, rate_request="b.0").take()
     assert isinstance(later, RetryAfter) and later.cause == "rate" and later.delay > 50
+
+
+def test_a_rate_slot_ahead_is_signalled_with_its_retry_after(client: redis.Redis, bus: Bus) -> None:
+    spec = _spec(rate={"rate": "1/m", "key": "sync:{customer_id}", "max_delay": 5})
+    assert _run(client, spec, "a", bus, rate_request="a.0").take() == Held(None)
+    refused = _run(client, spec, "b", bus, rate_request="b.0").take()
+    assert isinstance(refused, Fail) and isinstance(refused.error, LockNotAcquired)
+    assert refused.error.retry_after is not None and 55 < refused.error.retry_after <= 63
+    (conflict,) = [kw for name, kw in bus.sent if name == "conflict"]
+    assert conflict["action"] == "rate" and conflict["retry_after"] == refused.error.retry_after
+
+
+def test_the_running_task_sees_its_rate_slot_until_it_is_released(
+    client: redis.Redis, bus: Bus
+) -> None:
+    spec = _spec(rate={"rate": "10/s", "key": "sync:{customer_id}", "burst": 5, "cost": 4})
+    run = _run(client, spec, "a", bus, rate_request="a.0")
+    assert current_rate() is None
+    assert run.take() == Held(None)
+    slot = current_rate()
+    assert slot is not None and slot.name == "sync:42" and slot.reservation.cost == 4.0
+    assert slot.reservation.burst == 5 and slot.waited >= 0
+    slot.settle(1)  # 3 units back: the bucket holds 5 - 1 units again
+    limit = RateLimit(client, "sync:42", "10/s", burst=5)
+    assert limit.usage().available == pytest.approx(4, abs=0.2)
+    run.release(finished=True)
+    assert current_rate() is None
+
+
+def test_a_cost_function_that_fails_fails_the_run_naming_the_task(
+    client: redis.Redis, bus: Bus
+) -> None:
+    spec = _spec(rate={"rate": "10/s", "cost": lambda customer_id: 1 / 0})
+    failed = _run(client, spec, "a", bus, rate_request="a.0").take()
+    assert isinstance(failed, Fail) and isinstance(failed.error, LockConfigError)
+    assert "task 'sync': rate option 'cost': the cost function failed" in str(failed.error)
+    spec = _spec(rate={"rate": "10/s", "cost": lambda customer_id: "many"})
+    failed = _run(client, spec, "b", bus, rate_request="b.0").take()
+    assert isinstance(failed, Fail) and "cost function's answer must be a number" in str(
+        failed.error
+    )
+    assert client.keys("*") == []  # nothing reserved
 
 
 def test_a_copy_replaced_under_its_unique_key_is_superseded(client: redis.Redis, bus: Bus) -> None:

@@ -1,17 +1,28 @@
-"""Model-based test of the rate limit: random reservations (new and repeated requests, with and
-without ``max_delay`` and ``max_late``), usage reads and pauses, against a plain-Python model,
-on a real Redis with its real clock.
+"""Model-based test of the rate limit's GCRA bucket: random reservations (new, repeated, late,
+with costs and ``max_delay``), settles (of known and forgotten requests), pauses, resumes, usage
+reads and short sleeps, on a few rates and bursts, against a plain-Python model, on a real
+Redis with its real clock.
 
-The server's time cannot be set, but each answer tells it: a slot is never before the time
-the script read (``slot = max(now, ...)``), and the delay is ``slot - now``, so ``now`` is
-``slot - delay`` whenever the script chose a new slot or the slot lies ahead. With that ``now``
-the model predicts every answer exactly: the slot, whether it is refused, whether a late
-request gives its slot up. After every step the window in Redis must equal the model's, and
-hold at most ``limit`` slots in any ``per`` ms; new slots never go back in time.
+The test is the only client, so the model knows the bucket (``tat``, ``last``, ``paused``, in
+server microseconds) and every request record before each call. The server's time ``now`` is
+read before (``t0``) and after (``t1``) each call. A new slot is ``max(now, B)`` where
+``B = max(tat + min(need, size) - size, last, paused)`` depends only on the bucket (a cost
+above the burst starts on a full bucket, and the calls after it pay it back): when the slot
+lies beyond ``B`` it tells ``now`` exactly, and the
+state after the call follows exactly; where an answer depends on ``now`` alone (a pause that
+ends within ``[t0, t1]``, a request on the edge of ``max_late``), the model accepts either
+outcome and checks it is one of the two.
+
+After every step: the bucket and the records in Redis are the model's; new slots never go back;
+and the GCRA invariant holds: for any two grants ``i`` before ``j``, everything charged from
+``i`` up to ``j`` (the grants and settles between, and ``j``'s need up to a full bucket) is at
+most ``size + slot_j - slot_i`` (in us) -- so no window of ``w`` holds more than
+``burst + w * limit / per`` units.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import ClassVar
@@ -29,6 +40,8 @@ from hypothesis.stateful import (
 )
 
 from celery_redislock.contrib.redis_server import RedisServer
+from celery_redislock.core.admin import clear_limits, set_limits
+from celery_redislock.core.keys import LockKeys
 from celery_redislock.core.rate import Rate, RateLimit, Reservation
 
 SETTINGS = settings(
@@ -40,15 +53,32 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 
-# Short windows, so that pauses of a few ms let slots leave them and requests go late.
-RATES = (Rate(1, 0.02), Rate(2, 0.05), Rate(3, 0.03), Rate(4, 0.1))
+# Intervals of 10 to 20 ms, so that sleeps and pauses of a few ms let the bucket refill and
+# requests go late; one not a whole number of ms (16,667 us), where rounding shows.
+RATES = (Rate(1, 0.02), Rate(3, 0.03), Rate(10, 0.1), Rate(3, 0.05))
+BURSTS = (1, 2, 4)
+COSTS = (0.3, 0.5, 1.0, 2.0, 3.0)  # 3 is above some bursts: it starts on a full one
 DELAYS = (None, 0.0, 0.01, 0.05, 10.0)  # max_delay
 LATES = (None, 0.0, 0.005, 0.03, 10.0)  # max_late
 
 
-def server_ms(client: redis.Redis) -> int:
+def server_us(client: redis.Redis) -> int:
     seconds, micros = client.time()
-    return seconds * 1000 + micros // 1000
+    return seconds * 1_000_000 + micros
+
+
+def _ms(seconds: float | None) -> int | None:
+    """As rate.py sends it: whole ms."""
+    return None if seconds is None else int(seconds * 1000)
+
+
+def _delay_ms(got: Reservation) -> int:
+    return round(got.delay * 1000)
+
+
+def _delay_range(slot: int, now_lo: int, now_hi: int) -> tuple[int, int]:
+    """The delay (ms) the script answers for ``slot`` at a time from ``now_lo`` to ``now_hi``."""
+    return math.ceil(max(slot - now_hi, 0) / 1000), math.ceil(max(slot - now_lo, 0) / 1000)
 
 
 class RateModel(RuleBasedStateMachine):
@@ -59,117 +89,342 @@ class RateModel(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.held: dict[str, int] = {}  # request id -> its slot (the model's window)
+        self.bucket: dict[str, int] = {}  # the bucket hash as Redis should hold it
+        self.records: dict[str, tuple[int, float]] = {}  # request -> (slot us, cost)
+        self.charges: list[tuple[int | None, int]] = []  # (slot of a grant or None, us charged)
         self.highest = 0  # the latest slot handed to a new request so far
         self.count = 0
 
-    @initialize(rate=st.sampled_from(RATES))
-    def start(self, rate: Rate) -> None:
-        self.rate = rate
-        self.per = rate.per_ms
-        self.limit = RateLimit(self.client, f"rate-{uuid.uuid4().hex[:12]}", rate)
+    @initialize(rate=st.sampled_from(RATES), burst=st.sampled_from(BURSTS))
+    def start(self, rate: Rate, burst: int) -> None:
+        self.code = (rate, burst)  # the caller's limits
+        self.runtime: tuple[Rate | None, int | None] = (None, None)  # set in Redis
+        self.limit = RateLimit(self.client, f"rate-{uuid.uuid4().hex[:12]}", rate, burst=burst)
+        self.keys = LockKeys.of(self.limit.namespace, self.limit.name)
+        self.apply()
 
-    def expected_slot(self, now: int) -> int:
-        """The slot a new request gets at server time ``now``."""
-        ordered = sorted(self.held.values(), reverse=True)
-        slot = max(now, ordered[0]) if ordered else now
-        if len(ordered) >= self.rate.limit:
-            slot = max(slot, ordered[self.rate.limit - 1] + self.per)
-        return slot
+    def apply(self) -> None:
+        """The limits in effect: the runtime ones where set, else the caller's."""
+        self.rate = self.runtime[0] or self.code[0]
+        self.burst = self.runtime[1] or self.code[1]
+        self.interval = -(-self.rate.per_ms * 1000 // self.rate.limit)
+        self.size = self.burst * self.interval
+        # The window invariant holds for one set of limits: start counting again. (Slots still
+        # never go back: not before the last slot handed out.)
+        self.charges = []
 
-    def check_new(
-        self, request: str, got: Reservation, max_delay: float | None, t0: int, t1: int
+    # -- reading Redis -------------------------------------------------------------------------
+
+    def now(self) -> int:
+        return server_us(self.client)
+
+    def stored(self) -> dict[str, int]:
+        raw = self.client.hgetall(self.limit.key)
+        return {k.decode(): int(v) for k, v in raw.items()}  # type: ignore[union-attr]
+
+    def stored_record(self, request: str) -> tuple[int, float] | None:
+        raw = self.client.get(self.keys.rate_request(request))
+        if raw is None:
+            return None
+        slot, cost = raw.decode().split()  # type: ignore[union-attr]
+        return int(slot), float(cost)
+
+    def field(self, name: str) -> int:
+        return self.bucket.get(name, 0)
+
+    def stale(self, t: int) -> bool:
+        """Whether the bucket says nothing any more at ``t`` (Redis may have let it expire)."""
+        return max(self.bucket.values(), default=0) <= t
+
+    def adopt(self, after: dict[str, int], expect: dict[str, tuple[int, int]], t0: int) -> None:
+        """Checks the bucket Redis holds after a call against ``expect`` (field -> the range
+        it may take; a missing field: absent), and makes it the model's. ``last`` is kept by
+        pause, resume and settle: it is the model's, or 0 if the bucket had expired."""
+        assert set(after) == set(expect), (after, expect)
+        for name, (lo, hi) in expect.items():
+            value = after[name]
+            if name == "last" and value == 0 and self.stale(t0):
+                continue
+            assert lo <= value <= hi, (name, value, lo, hi, after, self.bucket)
+        self.bucket = after
+
+    # -- reservations --------------------------------------------------------------------------
+
+    def reserve(
+        self, request: str, cost: float, max_delay: float | None, max_late: float | None
     ) -> None:
-        """Checks an answer that chose a new slot (``request`` is not in the window now)."""
-        delay_ms = round(got.delay * 1000)
-        now = got.slot_ms - delay_ms
-        assert t0 <= now <= t1, (t0, now, t1)
-        assert got.slot_ms == self.expected_slot(now), (got, self.held, now)
-        refuse = max_delay is not None and delay_ms > int(max_delay * 1000)
-        assert got.granted is not refuse, (got, max_delay)
-        event("refused" if refuse else "queued" if delay_ms else "started at once")
-        if got.granted:
-            assert got.slot_ms >= self.highest  # first come, first served
-            self.highest = got.slot_ms
-            self.held[request] = got.slot_ms
+        old = self.records.get(request)
+        before = dict(self.bucket)
+        paused = self.field("paused")
+        t0 = self.now()
+        got = self.limit.reserve(request, cost=cost, max_delay=max_delay, max_late=max_late)
+        t1 = self.now()
+        after, record = self.stored(), self.stored_record(request)
+        if old is not None:
+            slot = old[0]
+            late_ms = _ms(max_late)
+            late_sure = late_ms is not None and t0 - slot > late_ms * 1000
+            late_maybe = late_ms is not None and t1 - slot > late_ms * 1000
+            over_sure = paused > t1 and slot < paused
+            over_maybe = paused > t0 and slot < paused
+            if record == old and got.granted and got.slot_ms == slot // 1000:
+                assert not late_sure, "a late request kept its slot"
+                assert not over_sure, "a request a pause overtook kept its slot"
+                lo, hi = _delay_range(slot, t0, t1)
+                assert lo <= _delay_ms(got) <= hi, (got, slot, t0, t1)
+                assert got.cost == cost and got.rate == self.rate and got.burst == self.burst
+                if after:  # a repeat writes nothing
+                    assert after == before, (after, before)
+                event("repeat kept its slot")
+                return
+            assert late_maybe or over_maybe, ("a request lost its slot", old, got, record)
+            event("late: a new slot" if late_maybe else "overtaken by a pause: a new slot")
+            del self.records[request]
+        self.new_slot(request, cost, max_delay, got, t0, t1, after, record)
 
-    @rule(target=requests, max_delay=st.sampled_from(DELAYS))
-    def reserve_new(self, max_delay: float | None) -> str:
+    def new_slot(
+        self,
+        request: str,
+        cost: float,
+        max_delay: float | None,
+        got: Reservation,
+        t0: int,
+        t1: int,
+        after: dict[str, int],
+        record: tuple[int, float] | None,
+    ) -> None:
+        need = math.ceil(cost * self.interval)
+        beyond = 0  # (a cost above the burst starts on a full bucket: no wait beyond it)
+        tat, last, paused = self.field("tat"), self.field("last"), self.field("paused")
+        floor = max(tat + min(need, self.size) - self.size, last, paused)
+        lo, hi = max(t0 + beyond, floor), max(t1 + beyond, floor)
+        delay_ms = _delay_ms(got)
+        if not got.granted:
+            limit_ms = _ms(max_delay)
+            assert limit_ms is not None and delay_ms > limit_ms, (got, max_delay)
+            assert lo // 1000 <= got.slot_ms <= hi // 1000, (got, lo, hi)
+            assert record is None, record
+            if after:  # a refusal writes nothing
+                assert after == self.bucket, (after, self.bucket)
+            event("refused")
+            return
+        assert record is not None and record[1] == cost, (record, cost)
+        slot = record[0]
+        assert lo <= slot <= hi, (slot, lo, hi, self.bucket, t0, t1, need)
+        assert got.slot_ms == slot // 1000 and got.cost == cost
+        assert (got.rate, got.burst) == (self.rate, self.burst)
+        # The slot tells the time the script read, or bounds it.
+        now_lo, now_hi = (slot - beyond, slot - beyond) if slot > floor else (t0, slot - beyond)
+        now_hi = min(now_hi, t1)
+        assert t0 <= now_lo <= now_hi <= t1, (now_lo, now_hi, t0, t1)
+        d_lo, d_hi = _delay_range(slot, now_lo, now_hi)
+        assert d_lo <= delay_ms <= d_hi, (got, d_lo, d_hi)
+        if max_delay is not None:
+            assert delay_ms <= _ms(max_delay)  # type: ignore[operator]
+        assert slot >= self.highest and slot >= last  # first come, first served
+        if slot == last > max(tat + min(need, self.size) - self.size, paused, now_hi + beyond):
+            event("not before the last slot (limits changed)")
+        self.highest = slot
+        expect = {"tat": (max(tat, slot) + need,) * 2, "last": (slot, slot)}
+        if paused > now_lo and (paused > now_hi or "paused" in after):
+            expect["paused"] = (paused, paused)  # still on (else dropped)
+        self.adopt(after, expect, t0)
+        self.records[request] = (slot, cost)
+        self.charges.append((slot, need))
+        event("queued" if delay_ms else "started at once")
+
+    @rule(target=requests, cost=st.sampled_from(COSTS), max_delay=st.sampled_from(DELAYS))
+    def reserve_new(self, cost: float, max_delay: float | None) -> str:
         self.count += 1
         request = f"r{self.count}"
-        t0 = server_ms(self.client)
-        got = self.limit.reserve(request, max_delay=max_delay)
-        self.check_new(request, got, max_delay, t0, server_ms(self.client))
+        self.reserve(request, cost, max_delay, None)
         return request
 
-    @rule(request=requests, max_delay=st.sampled_from(DELAYS), max_late=st.sampled_from(LATES))
-    def reserve_again(self, request: str, max_delay: float | None, max_late: float | None) -> None:
-        self.again(request, max_delay, max_late)
+    @rule(
+        request=requests,
+        cost=st.sampled_from(COSTS),
+        max_delay=st.sampled_from(DELAYS),
+        max_late=st.sampled_from(LATES),
+    )
+    def reserve_again(
+        self, request: str, cost: float, max_delay: float | None, max_late: float | None
+    ) -> None:
+        self.reserve(request, cost, max_delay, max_late)
 
     @rule(request=requests, max_delay=st.sampled_from(DELAYS), max_late=st.sampled_from(LATES[1:4]))
     def reserve_again_late(self, request: str, max_delay: float | None, max_late: float) -> None:
         """As a task published again with its delay that starts late: waits (if its slot is
         near) until the slot passed more than ``max_late`` ago, then asks again."""
-        old = self.held.get(request)
-        if old is not None and old - server_ms(self.client) <= 30:
-            while server_ms(self.client) <= old + max_late * 1000:
+        old = self.records.get(request)
+        if old is not None and old[0] - self.now() <= 30_000:
+            while self.now() <= old[0] + max_late * 1_000_000:
                 time.sleep(0.002)
-        self.again(request, max_delay, max_late)
+        self.reserve(request, 1.0, max_delay, max_late)
 
-    def again(self, request: str, max_delay: float | None, max_late: float | None) -> None:
-        t0 = server_ms(self.client)
-        got = self.limit.reserve(request, max_delay=max_delay, max_late=max_late)
-        t1 = server_ms(self.client)
-        old = self.held.get(request)
-        if old is None:  # refused before, or given up: a new request, as far as Redis knows
-            self.check_new(request, got, max_delay, t0, t1)
-            return
-        if got.granted and got.slot_ms == old:  # kept (a new slot would be after now > old)
-            assert max(old - t1, 0) <= round(got.delay * 1000) <= max(old - t0, 0)
-            if max_late is not None:
-                assert t0 - old <= max_late * 1000, "a late request kept its slot"
-            event("repeat kept its slot")
-            return
-        # Given up: only a request whose slot passed more than max_late ago.
-        assert max_late is not None, (got, old)
-        del self.held[request]
-        self.check_new(request, got, max_delay, t0, t1)
-        now = got.slot_ms - round(got.delay * 1000)
-        assert now - old > max_late * 1000, (now, old, max_late)
-        event("late: slot given up")
+    # -- settle, pause, resume -----------------------------------------------------------------
+
+    @rule(
+        request=st.one_of(requests, st.just("ghost")),
+        actual=st.sampled_from((0.0, *COSTS)),
+        estimate=st.sampled_from(COSTS),
+    )
+    def settle(self, request: str, actual: float, estimate: float) -> None:
+        if request == "ghost":  # a request no longer remembered
+            self.count += 1
+            request = f"ghost{self.count}"
+        old = self.records.get(request)
+        reserved = old[1] if old else estimate
+        tat, last, paused = self.field("tat"), self.field("last"), self.field("paused")
+        t0 = self.now()
+        self.limit.settle(request, actual, estimate=estimate)
+        t1 = self.now()
+        after, record = self.stored(), self.stored_record(request)
+        assert record is not None and record[1] == actual, (record, actual)
+        if old is not None:
+            assert record[0] == old[0]
+            now_lo, now_hi = t0, t1
+        else:
+            assert t0 <= record[0] <= t1  # written at the time the script read
+            now_lo = now_hi = record[0]
+        if actual > reserved:
+            charged = math.ceil((actual - reserved) * self.interval)
+        elif actual < reserved:
+            charged = -math.floor((reserved - actual) * self.interval)
+        else:
+            charged = 0
+
+        def new_tat(now: int) -> int:
+            full = max(tat, now)
+            return full + charged if charged >= 0 else max(full + charged, now)
+
+        expect: dict[str, tuple[int, int]] = {}
+        alive_lo = max(new_tat(now_lo), last, paused if paused > now_lo else 0) > now_lo
+        alive_hi = max(new_tat(now_hi), last, paused if paused > now_hi else 0) > now_hi
+        if alive_hi or (alive_lo and after):
+            expect = {"tat": (new_tat(now_lo), new_tat(now_hi)), "last": (last, last)}
+            if paused > now_lo and (paused > now_hi or "paused" in after):
+                expect["paused"] = (paused, paused)
+        self.adopt(after, expect, t0)
+        self.records[request] = (record[0], actual)
+        self.charges.append((None, charged))
+        event("settled: more" if charged > 0 else "settled: less" if charged < 0 else "settled")
+
+    @rule(ms=st.sampled_from((5, 20, 50)))
+    def pause(self, ms: int) -> None:
+        tat, last, paused = self.field("tat"), self.field("last"), self.field("paused")
+        t0 = self.now()
+        usage = self.limit.pause(ms / 1000)
+        t1 = self.now()
+        span = ms * 1000
+        self.adopt(
+            self.stored(),
+            {
+                "tat": (max(tat, t0), max(tat, t1)),
+                "last": (last, last),
+                "paused": (max(paused, t0 + span), max(paused, t1 + span)),
+            },
+            t0,
+        )
+        assert usage.paused_for > 0
+        event("pause kept a longer one" if self.field("paused") == paused else "paused")
+
+    @rule()
+    def resume(self) -> None:
+        tat, last = self.field("tat"), self.field("last")
+        t0 = self.now()
+        usage = self.limit.resume()
+        t1 = self.now()
+        after = self.stored()
+        expect: dict[str, tuple[int, int]] = {}
+        if max(tat, last) > t1 or (max(tat, last) > t0 and after):
+            expect = {"tat": (max(tat, t0), max(tat, t1)), "last": (last, last)}
+        self.adopt(after, expect, t0)
+        assert usage.paused_for == 0.0
+
+    # -- limits set at runtime -----------------------------------------------------------------
+
+    @rule(rate=st.sampled_from((None, *RATES)), burst=st.sampled_from((None, *BURSTS)))
+    def change_runtime_limits(self, rate: Rate | None, burst: int | None) -> None:
+        """Sets a rate and/or a burst at runtime; neither: clears them (the code's apply)."""
+        if rate is None and burst is None:
+            state = clear_limits(self.client, self.limit.name)
+            self.runtime = (None, None)
+            event("limits cleared")
+        else:
+            state = set_limits(self.client, self.limit.name, rate=rate, burst=burst)
+            self.runtime = (rate or self.runtime[0], burst or self.runtime[1])
+            event("limits set at runtime")
+        assert (state.rate, state.burst) == self.runtime
+        self.apply()
 
     @rule(ms=st.sampled_from((1, 5, 25)))
-    def pause(self, ms: int) -> None:
+    def sleep(self, ms: int) -> None:
         time.sleep(ms / 1000)
 
     @rule()
     def usage(self) -> None:
-        t0 = server_ms(self.client)
+        tat, last, paused = self.field("tat"), self.field("last"), self.field("paused")
+        t0 = self.now()
         usage = self.limit.usage()
-        now = usage.next_slot_ms - round(usage.next_delay * 1000)
-        assert t0 <= now <= server_ms(self.client)
-        assert usage.next_slot_ms == self.expected_slot(now)
-        slots = self.held.values()
-        assert usage.started == sum(now - self.per < s <= now for s in slots)
-        assert usage.ahead == sum(s > now for s in slots)
+        t1 = self.now()
+        beyond = max(0, self.interval - self.size)
+        floor = max(tat + self.interval - self.size, last, paused)
+        lo, hi = max(t0 + beyond, floor), max(t1 + beyond, floor)
+        assert lo // 1000 <= usage.next_slot_ms <= hi // 1000, (usage, lo, hi)
+        assert (usage.rate, usage.burst) == (self.rate, self.burst)
+        if paused > t1:
+            assert (paused - t1) / 1e6 - 0.002 <= usage.paused_for <= (paused - t0) / 1e6 + 0.002
+        elif paused <= t0:
+            assert usage.paused_for == 0.0
+        owed_lo, owed_hi = max(tat - t1, 0) / self.interval, max(tat - t0, 0) / self.interval
+        slack = 1000 / self.interval + 0.01  # read in whole ms
+        assert self.burst - owed_hi - slack <= usage.available <= self.burst - owed_lo + slack
+
+    # -- invariants ----------------------------------------------------------------------------
 
     @invariant()
-    def the_window_is_the_models(self) -> None:
+    def the_bucket_and_records_are_the_models(self) -> None:
         if not hasattr(self, "limit"):
             return
-        stored = self.client.zrange(self.limit.key, 0, -1, withscores=True)
-        assert {m.decode(): int(s) for m, s in stored} == self.held  # type: ignore[union-attr,str-unpack]
+        stored = self.stored()
+        if not stored:  # expired: only once it said nothing
+            assert self.stale(self.now()), self.bucket
+            self.bucket = {}
+        else:
+            assert stored == self.bucket, (stored, self.bucket)
+        prefix = self.keys.rate_request("")
+        found = {
+            key.decode()[len(prefix) :]: self.stored_record(key.decode()[len(prefix) :])
+            for key in self.client.scan_iter(match=f"{prefix}*")
+        }
+        assert found == self.records, (found, self.records)
 
     @invariant()
-    def no_window_holds_more_than_limit(self) -> None:
-        ordered = sorted(self.held.values())
-        n = self.rate.limit if hasattr(self, "rate") else 0
-        for i in range(n, len(ordered)):
-            assert ordered[i] - ordered[i - n] >= self.per, (ordered, self.rate)
+    def no_window_holds_more_than_the_bucket_and_the_rate(self) -> None:
+        """For grants i before j: everything charged from i up to j, and j's need up to a full
+        bucket, <= size + slot_j - slot_i. (A grant costing more than the burst starts on a
+        full bucket: the grants after it pay the rest back.)"""
+        charges = getattr(self, "charges", [])
+        size = getattr(self, "size", 0)
+        for i, (first, need) in enumerate(charges):
+            if first is None:
+                continue
+            total = need
+            for later, charged in charges[i + 1 :]:
+                if later is not None:
+                    within = total + min(charged, size)
+                    assert within <= size + later - first, (first, later, within, charges)
+                total += charged
+
+    @invariant()
+    def new_slots_never_go_back(self) -> None:
+        slots = [slot for slot, _ in getattr(self, "charges", []) if slot is not None]
+        assert slots == sorted(slots), slots
 
 
 def test_rate_limit_matches_model(redis_server: RedisServer) -> None:
-    """Random reservations, repeats, late starts and usage reads agree with the model."""
+    """Random reservations, repeats, late starts, settles, pauses and usage reads agree with
+    the model."""
     client = redis.Redis.from_url(redis_server.url)
     machine = type("RateModelRun", (RateModel,), {"client": client})
     try:

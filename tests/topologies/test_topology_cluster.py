@@ -31,10 +31,13 @@ from celery_redislock import (
     Lease,
     Lock,
     LockBackendError,
+    LockConfigError,
     LockNotAcquired,
     LockNotOwned,
+    RateLimit,
     RedisLockError,
     renew_leases,
+    reserve_all,
 )
 from celery_redislock.core.claims import claim, release_claim
 from celery_redislock.core.protocol import ClaimKind, ClaimStatus
@@ -258,6 +261,20 @@ def test_moved_and_ask_are_followed(
     with pytest.raises(LockNotOwned):
         lease.release()
     assert not lock.locked()
+
+
+def test_several_rate_limits_need_one_hash_slot(cluster: RedisCluster) -> None:
+    """All or nothing needs one script: limits in different slots are refused saying how to
+    put them in one; names that share a hash tag are reserved together."""
+    apart = [(RateLimit(cluster, name, "1/10s"), 1.0) for name in ("tenant:7", "partner-api")]
+    with pytest.raises(LockConfigError, match=r"different Redis Cluster slots.*hash tag"):
+        reserve_all(apart, "r1")
+    together = [
+        (RateLimit(cluster, name, "1/10s"), 1.0) for name in ("{acme}:tenant:7", "{acme}:api")
+    ]
+    assert reserve_all(together, "r1").delay == 0.0
+    again = reserve_all(together, "r2")
+    assert 9 < again.delay <= 10 and again.name == "{acme}:tenant:7"
 
 
 def test_unique_task_specs_registry_on_the_cluster(cluster: RedisCluster) -> None:

@@ -13,10 +13,12 @@ from helpers import wait_until_queued
 from redis.crc import key_slot
 
 from celery_redislock import Lease, Lock, renew_leases
+from celery_redislock.core.admin import set_limits
 from celery_redislock.core.claims import claim, release_claim
 from celery_redislock.core.debounce import defer, sweep_pending
 from celery_redislock.core.keys import LockKeys, check_name, registry_key
 from celery_redislock.core.protocol import ClaimKind
+from celery_redislock.core.rate import RateLimit
 from celery_redislock.core.scripts import NAMES, assembled
 
 _CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'\s*(,|\))")
@@ -63,6 +65,12 @@ def _key_names(source: str) -> tuple[dict[str, int], set[str]]:
         # Every field of K is a KEYS entry: nothing else may hide in it.
         assert len(fields) == found.group(1).count("="), found.group(1)
     names: set[str] = set()
+    # A table of keys and other values, as a helper builds one per rate limit:
+    # local b = {key = KEYS[k], request = KEYS[k + 1], now = now}: its fields bound to KEYS
+    # are keys wherever the table goes (`b.key`, `first.request`), as ".key", ".request".
+    for body in re.findall(r"local\s+\w+\s*=\s*\{([^{}]*)\}", source):
+        for field_name in re.findall(r"(\w+)\s*=\s*KEYS\[", body):
+            names.add(f".{field_name}")
     # local a, b, tok = KEYS[...], KEYS[...], ARGV[...]
     for lhs, rhs in re.findall(r"local\s+([\w\s,]+?)\s*=\s*([^\n]+)", source):
         targets = [t.strip() for t in lhs.split(",")]
@@ -89,6 +97,9 @@ def _is_key(expr: str, fields: dict[str, int], names: set[str]) -> bool:
     field = re.fullmatch(r"K\.(\w+)", expr)
     if field:
         return field.group(1) in fields
+    member = re.fullmatch(r"\w+(\.\w+)", expr)
+    if member and member.group(1) in names:
+        return True
     return expr in names
 
 
@@ -124,6 +135,12 @@ def test_the_check_catches_a_key_built_inside_a_script() -> None:
     bad = "local K = { leases = KEYS[1], other = 'ns:x' }\n"
     with pytest.raises(AssertionError):
         _key_names(bad)
+    # A table of keys and other values: its KEYS fields are keys, nothing else of it is.
+    source = "local b = {key = KEYS[k], now = now}\nredis.call('GET', b.key)\n"
+    fields, names = _key_names(source)
+    assert _is_key("b.key", fields, names) and _is_key("first.key", fields, names)
+    assert not _is_key("b.now", fields, names)
+    assert not _is_key("b.key .. ':x'", fields, names)
 
 
 @pytest.mark.parametrize("name", ["report", "a}b{c", "{x}", "sync:{42}", "é ü", "x" * 300])
@@ -136,6 +153,10 @@ def test_every_key_of_a_lock_shares_its_hash_tag(name: str) -> None:
         keys.pending,
         keys.done,
         keys.waiter("tok"),
+        keys.bucket,  # a rate limit of the same name: its bucket, runtime limits, requests
+        keys.limits,
+        keys.rate_request("job-1"),
+        keys.rate_request(""),
     ]
     # Every key-valued property of LockKeys is in that list: a new one cannot be missed.
     properties = {
@@ -197,6 +218,16 @@ def test_at_run_time_every_key_a_script_touches_was_passed_to_it(client: redis.R
         # A debounced call: kept, then taken and published by a sweep.
         defer(worker, "redislock", f"keys-{name}", "d", "payload", quiet=0.0, max_wait=None)
         sweep_pending(worker, "redislock", lambda call_id, payload: None)
+        # A rate limit of the same name, with limits set at runtime: every op of rate.lua.
+        set_limits(worker, f"keys-{name}", burst=2)
+        limit = RateLimit(worker, f"keys-{name}", "10/s")
+        limit.reserve("r1", cost=2)
+        limit.reserve("r1", max_late=0)
+        limit.settle("r1", 3)
+        limit.settle("gone", 1)
+        limit.pause(5)
+        limit.usage()
+        limit.resume()
     client.echo("end-of-check")
     watcher.join(10)
     keys: list[str] = []

@@ -1,7 +1,8 @@
 """Operating on locks from outside their holders (the CLI, the pytest plugin, the
 integrations; no framework): :mod:`.reading` what a lock's records say, :mod:`.listing` finding
 locks by pattern, :mod:`.release` freeing leases (by token, task id, or a whole namespace),
-:mod:`.claims` unique tasks' queued claims. Import the names from here.
+:mod:`.claims` unique tasks' queued claims, :mod:`.limits` rate limits set and paused live.
+Import the names from here.
 
 >>> from celery_redislock.core import admin
 >>> [s.name for s in admin.list_locks(redis.Redis(), "sync:*")]   # doctest: +SKIP
@@ -11,6 +12,15 @@ locks by pattern, :mod:`.release` freeing leases (by token, task id, or a whole 
 from __future__ import annotations
 
 from .claims import ClaimState, force_release_claim, iter_claims, list_claims
+from .limits import (
+    RateState,
+    clear_limits,
+    describe_rate,
+    list_rates,
+    pause_rate,
+    resume_rate,
+    set_limits,
+)
 from .listing import iter_locks, list_locks
 from .reading import TEST_HOLDER, LockState, Waiter, describe_holder, describe_lock
 from .release import Released, force_release, release_all
@@ -19,15 +29,22 @@ __all__ = [
     "TEST_HOLDER",
     "ClaimState",
     "LockState",
+    "RateState",
     "Released",
     "Waiter",
+    "clear_limits",
     "describe_holder",
     "describe_lock",
+    "describe_rate",
     "force_release",
     "force_release_claim",
     "iter_claims",
     "iter_locks",
     "list_claims",
     "list_locks",
+    "list_rates",
+    "pause_rate",
     "release_all",
+    "resume_rate",
+    "set_limits",
 ]

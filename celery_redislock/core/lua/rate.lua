@@ -1,88 +1,167 @@
--- rate.lua: a fleet-wide rate limit, a sliding window of reserved start slots.
--- KEYS: 1 log  sorted set: request id -> its slot (server ms); the rate limit's name is the
---              hash tag. It holds the recent and the future slots, so it is both the window
---              and the record that makes a request run twice get the same slot.
--- ARGV: 1 op: 'r' reserve a slot for a request, 'u' usage (reads only)
---       2 request id ('r'; chosen by the client, so a call run twice is one request)
---       3 limit (starts per window), 4 per (the window, ms)
---       5 max delay ms, or '' for none ('r': refuse a new slot further ahead than this)
---       6 max late ms, or '' for none ('r': a known request whose slot passed more than this
---         long ago gets a new slot, at the back; its stale slot is given up)
--- Returns one string:
---   'r': 'granted slot delay': granted 1 (the slot is this request's) or 0 (refused: it would
---        be more than max delay ahead; nothing reserved); slot in server ms; delay = slot - now
---        in ms, at least 0
---   'u': 'started ahead slot delay': slots in (now - per, now], slots after now, and the slot
---        the next new request would get, with its delay
+-- rate.lua: fleet-wide rate limits with costs and a burst, each a generic cell rate (GCRA)
+-- bucket that hands out start slots in request order. O(1) per limit and call: one small hash
+-- per name, one short-lived record per request. A reservation may take several limits at once
+-- (a tenant's and a global one): one slot in all of them, or in none.
+-- KEYS: three per limit, the first limit's first (every key of one call in one hash slot):
+--       bucket   hash: tat (the theoretical arrival time, server us: the bucket is full at
+--                and after it), last (the last slot handed out, us), paused (server us
+--                before which no slot is handed out)
+--       request  string 'slot_us cost' of one request id, so that a request asked twice (a
+--                lost reply, a task published again with its delay) gets the same slot;
+--                any key of the name's hash tag when the call names no request ('u', 'p', 'q')
+--       limits   hash: the limits set at runtime (rate = 'limit per_ms', burst), which take
+--                the place of the caller's
+-- ARGV: 1 op: 'r' reserve a slot, 's' settle a request's actual cost, 'u' usage (reads only),
+--             'p' pause for ARGV[5] ms, 'q' resume; all but 'r' on the first limit only
+--       2 limit (units per window), 3 per (the window, ms), 4 burst (units at once)
+--       5 'r': cost (units); 's': actual cost; 'p': pause ms
+--       6 'r': max delay ms or '' ; 's': the estimate, used when the record is gone
+--       7 'r': max late ms or ''
+--       8 slack ms, or '' for none: the window (the code's or the runtime one) is widened by it,
+--         so that starts which lag their slots a little still keep the rate
+--       9 'r': near, ms ('' for 0): a slot within it is taken in every limit at once
+--       10.. 'r': five per further limit: limit, per, burst, cost, slack
+-- Returns one string: 'granted slot_ms delay_ms limit per_ms burst paused_ms tat_ms now_ms by'
+-- ('r': granted 1 with a slot further than `near`: ask again then, with the same request id).
+--   granted: 1, the slot is this request's ('r'); 0, refused by max delay and nothing reserved
+--   (for 'u', 'p', 'q', 's': 1). slot: the slot in server ms ('r'; for the others the slot a
+--   request of cost 1 would get now); delay = slot - now, at least 0. by: the limit (1, 2, ...)
+--   whose bucket set the slot, and limit, per_ms, burst, paused_ms, tat_ms its figures (the
+--   runtime ones if set): paused_ms the end of a pause (0: none); its bucket holds
+--   burst - (tat - now) / (per / limit) units.
 --
--- The invariant: any `per` ms of server time hold at most `limit` slots. Slots are handed out
--- in request order, never decreasing: a new slot is the latest of now, the last slot, and the
--- limit-th most recent slot + per.
+-- The invariant, for each limit: a request of cost c starts at the earliest slot, not before the
+-- last slot handed out, when the bucket (burst units, refilled at limit per per) holds c; so
+-- any window of w ms holds at most burst + w * limit / per units of slots (with burst 1: at
+-- most `limit` in any `per`). Slots are handed out in request order, never decreasing.
 
--- #include _time.lua
+-- #include _bucket.lua
 
--- How long a request id is remembered after its slot (a call run again after a lost reply, a
--- re-published task asking again), and how many ids are kept at most (never fewer than
--- `limit`, which the window needs). Forgetting one costs a spare slot, never a slot too many.
-local KEEP_MS = 120000
-local KEPT = 10000
+local op = ARGV[1]
+local _, now = server_now()
+local first, malformed = bucket_of(1, tonumber(ARGV[2]), tonumber(ARGV[3]),
+  tonumber(ARGV[4]), tonumber(ARGV[8]) or 0, now)
+if not first then
+  return redis.error_reply(malformed)
+end
+local buckets = {first}
 
-local op, id = ARGV[1], ARGV[2]
-local limit, per = tonumber(ARGV[3]), tonumber(ARGV[4])
-local log = KEYS[1]
-local now = server_now()
-
--- The slot a new request gets now.
-local function next_free()
-  local slot = now
-  local top = redis.call('ZREVRANGE', log, 0, 0, 'WITHSCORES')[2]
-  if top then
-    -- A server clock that stepped back must not hand out a slot before one given already.
-    slot = math.max(slot, tonumber(top))
-  end
-  local kth = top
-  if limit > 1 then
-    kth = redis.call('ZREVRANGE', log, limit - 1, limit - 1, 'WITHSCORES')[2]
-  end
-  if kth then
-    slot = math.max(slot, tonumber(kth) + per)
-  end
-  return slot
+-- Whole ms (13 digits: tostring keeps them all, and costs less than string.format).
+local function ms(us)
+  return tostring(math.floor(us / 1000))
 end
 
-local function answer(a, slot)
-  return int(a) .. ' ' .. int(slot) .. ' ' .. int(math.max(slot - now, 0))
+local function answer(granted, slot, by)
+  local b = buckets[by or 1]
+  return granted .. ' ' .. ms(slot) .. ' ' .. tostring(math.ceil(math.max(slot - now, 0) / 1000))
+    .. ' ' .. tostring(b.limit) .. ' ' .. tostring(b.per) .. ' ' .. tostring(b.burst) .. ' '
+    .. ms(b.paused) .. ' ' .. ms(b.tat) .. ' ' .. ms(now) .. ' ' .. (by or 1)
 end
 
 if op == 'u' then
-  local started = redis.call('ZCOUNT', log, '(' .. int(now - per), int(now))
-  local ahead = redis.call('ZCOUNT', log, '(' .. int(now), '+inf')
-  local slot = next_free()
-  return int(started) .. ' ' .. int(ahead) .. ' ' .. int(slot) .. ' ' .. int(slot - now)
+  return answer(1, slot_for(first, need_of(first, 1)))
 end
 
-local max_delay, max_late = tonumber(ARGV[5]), tonumber(ARGV[6])
-local known = redis.call('ZSCORE', log, id)
+if op == 'p' then
+  first.paused = math.max(first.paused, now + tonumber(ARGV[5]) * 1000)
+  save_bucket(first)
+  return answer(1, slot_for(first, need_of(first, 1)))
+end
+
+if op == 'q' then
+  first.paused = 0
+  save_bucket(first)
+  return answer(1, slot_for(first, need_of(first, 1)))
+end
+
+local known = redis.call('GET', first.request)
+local slot, cost
 if known then
-  known = tonumber(known)
-  if not max_late or now - known <= max_late then
-    return answer(1, known)
-  end
-  -- Too late to start at its slot (a start that lags its slot would crowd the slots after it):
-  -- the slot was never used, so giving it up leaves every window within the limit.
-  redis.call('ZREM', log, id)
+  slot, cost = string.match(known, '^(%d+) (%S+)$')
+  slot, cost = tonumber(slot), tonumber(cost)
 end
 
--- Slots that left the window and whose ids need not be remembered.
-redis.call('ZREMRANGEBYSCORE', log, '-inf', '(' .. int(now - math.max(per, KEEP_MS)))
-local slot = next_free()
-if max_delay and slot - now > max_delay then
-  return answer(0, slot)
+if op == 's' then
+  local actual = tonumber(ARGV[5])
+  local estimate = cost or tonumber(ARGV[6]) or actual
+  if actual > estimate then -- more than reserved: the bucket owes the difference
+    first.tat = math.max(first.tat, now) + need_of(first, actual - estimate)
+  elseif actual < estimate then -- less: given back, never past a full bucket
+    first.tat = math.max(first.tat - math.floor((estimate - actual) * first.interval), now)
+  end
+  save_bucket(first)
+  local life = slot and math.max(slot - now, 0) / 1000 + KEEP_MS or KEEP_MS
+  redis.call('SET', first.request, int(slot or now) .. ' ' .. ARGV[5], 'PX', int(math.ceil(life)))
+  return answer(1, slot or now)
 end
-redis.call('ZADD', log, int(slot), id)
--- The oldest ids beyond the number kept (nothing when there are fewer).
-redis.call('ZREMRANGEBYRANK', log, 0, -(math.max(limit, KEPT) + 1))
--- The new slot is the last: the log is needed until it has left the window, and its id for
--- KEEP_MS after it. An idle limit costs nothing after that.
-redis.call('PEXPIRE', log, int(slot - now + math.max(per, KEEP_MS) + GRACE_MS))
-return answer(1, slot)
+
+-- 'r': reserve, in every limit at once. A start needs a slot in each; the slot is the latest
+-- of theirs. When it is near (within `near`), every limit takes it. When it is further, only
+-- the limits whose own slot is far take theirs (the others keep their room meanwhile: a slot
+-- taken now in a limit with room would leave that room unused until then), and the caller
+-- asks again at the slot, when the rest is near. Alone, a limit always takes its slot.
+local costs, units = {tonumber(ARGV[5])}, {ARGV[5]}
+local near = (tonumber(ARGV[9]) or 0) * 1000
+for i = 2, #KEYS / 3 do
+  local a = 10 + (i - 2) * 5
+  buckets[i], malformed = bucket_of(3 * i - 2, tonumber(ARGV[a]), tonumber(ARGV[a + 1]),
+    tonumber(ARGV[a + 2]), tonumber(ARGV[a + 4]) or 0, now)
+  if not buckets[i] then
+    return redis.error_reply(malformed)
+  end
+  costs[i], units[i] = tonumber(ARGV[a + 3]), ARGV[a + 3]
+end
+local max_delay, max_late = tonumber(ARGV[6]), tonumber(ARGV[7])
+
+-- Each limit's slot: the one its record keeps, or the one it would give now. A record is not
+-- kept if its start lags the slot past max late (it would crowd the slots after it), or a pause
+-- came after it was handed out: then a new slot, at the back. The old one is not given back
+-- to the bucket: a spare slot, never one too many.
+local own, needs, kept = {}, {}, {}
+local all_kept = true
+slot = 0
+local by = 1
+for i, b in ipairs(buckets) do
+  local got = known
+  if i > 1 then
+    got = redis.call('GET', b.request)
+  end
+  local at = got and tonumber(string.match(got, '^(%d+) '))
+  if at and not ((max_late and now - at > max_late * 1000) or (b.paused > 0 and at < b.paused)) then
+    own[i], kept[i] = at, true
+  else
+    all_kept = false
+    if at then
+      redis.call('DEL', b.request)
+    end
+    needs[i] = need_of(b, costs[i])
+    own[i] = slot_for(b, needs[i])
+  end
+  if own[i] > slot then
+    slot, by = own[i], i
+  end
+end
+if all_kept then -- asked again: the slot it holds, whatever max delay it asks with now
+  return answer(1, slot, by)
+end
+if max_delay and slot - now > max_delay * 1000 then
+  -- Refused: nothing is held for it, in any limit (a slot kept from an earlier answer goes:
+  -- a spare slot, never one too many).
+  for i, b in ipairs(buckets) do
+    if kept[i] then
+      redis.call('DEL', b.request)
+    end
+  end
+  return answer(0, slot, by)
+end
+local whole = slot - now <= near
+for i, b in ipairs(buckets) do
+  if not kept[i] and (whole or own[i] - now > near) then
+    local at = whole and slot or own[i]
+    b.tat, b.last = math.max(b.tat, at) + needs[i], at
+    save_bucket(b)
+    local life = math.ceil((at - now) / 1000) + KEEP_MS
+    redis.call('SET', b.request, int(at) .. ' ' .. units[i], 'PX', int(life))
+  end
+end
+return answer(1, slot, by)

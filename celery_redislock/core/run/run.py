@@ -30,8 +30,9 @@ from ..line import Handover, line_token, park
 from ..line import Parked as Place
 from ..lock import Lock
 from ..options import LockOptions
-from ..rate import RateLimit
+from ..rate import MAX_DELAY, RateLimit, reserve_all
 from ..redlock import lock_factory
+from .current import RateSlot, set_current_rate
 from .delivery import Delivery, Framework, RunSettings, SignalLike, Signals, TaskSpec
 from .outcome import (
     AwaitFirst,
@@ -134,6 +135,7 @@ class LockedRun:
         """Takes what the options ask for, in order: the rate slot, the lease (or a place in the
         line), the give-up of the queued unique claim; returns how the delivery goes on."""
         unlocked: RunUnlocked | None = None
+        set_current_rate(None)
         for wanted, step in ((self.spec.rate, self._rate_slot), (self.spec.lock, self._lease)):
             instead = None if wanted is None else step()
             if isinstance(instead, RunUnlocked):
@@ -145,37 +147,61 @@ class LockedRun:
     def _rate_slot(self) -> Outcome | None:
         options, d, fw = self.spec.rate, self.delivery, self.framework
         assert options is not None
-        name = self._name_of(options.keying)
+        names = [self._name_of(each.keying) for each in options.limits]
         try:
-            limit = RateLimit(
-                self.client, name, options.reserved, namespace=self.settings.namespace
-            )
-            slot = limit.reserve(
-                d.rate_request, max_delay=options.max_delay, max_late=options.slack
-            )
-        except LockBackendError as exc:
-            return self._backend_down(name, exc)
-        if not slot.granted:
-            self._conflict_signal(name, "rate")
-            return self._not_acquired(
-                f": rate limit {name!r} ({options.rate}) has no start free for "
-                f"{slot.delay:.1f}s, past max_delay ({options.max_delay}s)",
-                name,
-            )
+            costs = [each.cost_of(self.spec.name, d.args, d.kwargs) for each in options.limits]
+        except LockConfigError as exc:
+            return self._fail(exc)
         # A run brought back for its slot came early on purpose: it waits the rest in place.
         in_place = fw.rate_wait_in_place + (fw.rate_back_early if d.rate_came_back else 0.0)
-        if slot.delay <= in_place or not d.queued:
+        if not d.queued:  # (it cannot come back: it waits for its slot here, however far)
+            in_place = MAX_DELAY.high
+        asked = time.monotonic()
+        limits = [
+            RateLimit(
+                self.client,
+                name,
+                each.rate,
+                burst=each.burst,
+                slack=each.slack,
+                namespace=self.settings.namespace,
+            )
+            for name, each in zip(names, options.limits, strict=True)
+        ]
+        try:
+            slot = reserve_all(
+                list(zip(limits, costs, strict=True)),
+                d.rate_request,
+                max_delay=options.max_delay,
+                max_late=min(each.slack for each in options.limits),
+                near=in_place,
+            )
+        except LockBackendError as exc:
+            return self._backend_down(names[0], exc)
+        name = slot.name
+        shown = slot.rate or options.limits[names.index(name)].rate
+        if not slot.granted:
+            self._conflict_signal(name, "rate", retry_after=slot.delay)
+            return self._not_acquired(
+                f": rate limit {name!r} ({shown}) has no start free for "
+                f"{slot.delay:.1f}s, past max_delay ({options.max_delay}s)",
+                name,
+                retry_after=slot.delay,
+            )
+        if slot.delay <= in_place:
             if slot.delay:
                 time.sleep(slot.delay)
+            waited = time.monotonic() - asked
+            set_current_rate(RateSlot(tuple(limits), d.rate_request, slot, tuple(costs), waited))
             return None
         self._say(
             INFO,
             ": rate limit %r (%s) is full; it comes back for its slot in %.2fs",
             name,
-            options.rate,
+            shown,
             slot.delay,
         )
-        self._conflict_signal(name, "rate")
+        self._conflict_signal(name, "rate", retry_after=slot.delay)
         back = slot.delay - fw.rate_back_early
         if fw.whole_seconds:  # (the scheduler looks once a second: back 1 to 2 s early)
             back = float(max(1, math.floor(back)))
@@ -377,8 +403,17 @@ class LockedRun:
         self.end_claim()  # the job is over
         return Fail(error, mark, lock, list(holders))
 
-    def _not_acquired(self, why: str, name: str, timeout: float | None = None) -> Fail:
-        return self._fail(LockNotAcquired(f"{self.who}{why}", name=name, timeout=timeout))
+    def _not_acquired(
+        self,
+        why: str,
+        name: str,
+        timeout: float | None = None,
+        retry_after: float | None = None,
+    ) -> Fail:
+        error = LockNotAcquired(
+            f"{self.who}{why}", name=name, timeout=timeout, retry_after=retry_after
+        )
+        return self._fail(error)
 
     def _holders(self, lock: Lock) -> list[str]:
         try:
@@ -394,8 +429,20 @@ class LockedRun:
         if signal.receivers:  # (no cost without receivers)
             signal.send(sender=self.signals.sender, task_id=self.delivery.id, **named)
 
-    def _conflict_signal(self, name: str, action: str, holders: Sequence[str] = ()) -> None:
-        self._signal(self.signals.conflict, lock=name, action=action, holders=list(holders))
+    def _conflict_signal(
+        self,
+        name: str,
+        action: str,
+        holders: Sequence[str] = (),
+        retry_after: float | None = None,
+    ) -> None:
+        self._signal(
+            self.signals.conflict,
+            lock=name,
+            action=action,
+            holders=list(holders),
+            retry_after=retry_after,
+        )
 
     def _seconds(self, delay: float) -> float:
         return float(max(1, round(delay))) if self.framework.whole_seconds else delay
@@ -477,6 +524,7 @@ class LockedRun:
         """Gives the lease back (if held); for a run that ended for good (``finished``) with a
         finish record to make, records it in the same step, so a copy delivered again finds
         either the lease or the record, never neither. Sends ``lock_released``. Never raises."""
+        set_current_rate(None)
         record, self._finish = self._finish, False  # (only a run holding its lease records)
         lease, self.lease = self.lease, None
         if lease is None:

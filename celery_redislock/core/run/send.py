@@ -149,6 +149,7 @@ def send_unique(
                 action=action,
                 holders=[found.holder],
                 stage=by.stage,
+                retry_after=None,
             )
 
     if found.duplicate:
@@ -229,6 +230,7 @@ def _send_debounced(
             action="debounce",
             holders=[kept.id],
             stage=by.stage,
+            retry_after=None,
         )
     if kept.made:
         log.info("%s debounced under unique key %r: pending", what, name)

@@ -121,6 +121,7 @@ def _conflict(sender: Any = None, task_id: Any = None, **kw: Any) -> None:
         lock=kw.get("lock", ""),
         action=kw.get("action", ""),
         holders=holders,
+        retry_after=kw.get("retry_after"),
     )
 
 

@@ -1,0 +1,127 @@
+"""Rate limits seen and changed live: a rate and a burst set in Redis for a name take the place
+of the ones in code at the next reservation on every worker (no restart), until cleared; and a
+name paused for a while (after an upstream 429) and resumed. Checked before anything is
+written: a bad value is refused with a clear error and changes nothing.
+
+>>> set_limits(redis.Redis(), "partner-api", rate="50/m", burst=5)   # doctest: +SKIP
+>>> [s.name for s in list_rates(redis.Redis())]                      # doctest: +SKIP
+['partner-api']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import LockConfigError
+from ..keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
+from ..protocol import text
+from ..rate import RateLimit, RateUsage
+from ..rate_options import Rate, check_burst, parse_rate
+from ..store import RedisClient, backend_errors
+from .listing import scan_names
+
+__all__ = [
+    "RateState",
+    "clear_limits",
+    "describe_rate",
+    "list_rates",
+    "pause_rate",
+    "resume_rate",
+    "set_limits",
+]
+
+# A pause or a reading needs a rate to fall back on; with no limits set, the bucket's own
+# figures are meaningless without the code's rate, so only the pause is shown then.
+_ANY = Rate(1, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class RateState:
+    """A rate limit's name as Redis holds it: the limits set at runtime (``None``: the code's
+    apply), and the seconds left of a pause (0: none)."""
+
+    name: str
+    rate: Rate | None
+    burst: int | None
+    paused_for: float
+
+
+def _limit(client: RedisClient, name: str, namespace: str) -> RateLimit:
+    return RateLimit(client, name, _ANY, namespace=namespace)
+
+
+def set_limits(
+    client: RedisClient,
+    name: str,
+    *,
+    rate: Rate | str | None = None,
+    burst: int | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
+) -> RateState:
+    """Sets the rate and/or the burst of the rate limit ``name`` at runtime; each applies at
+    the next reservation of the name on every worker, in place of the code's, until cleared.
+
+    >>> set_limits(redis.Redis(), "partner-api", rate="50/m")   # doctest: +SKIP
+    RateState(name='partner-api', rate=Rate(limit=50, per=60.0), burst=None, paused_for=0.0)
+    """
+    name, namespace = check_name(name), check_namespace(namespace)
+    if rate is None and burst is None:
+        raise LockConfigError("set_limits needs a rate, a burst or both", name=name)
+    fields: dict[str, str] = {}
+    if rate is not None:
+        parsed = parse_rate(rate, name=name)
+        fields["rate"] = f"{parsed.limit} {parsed.per_ms}"
+    if burst is not None:
+        fields["burst"] = str(check_burst(burst, name=name))
+    with backend_errors(name, "rate limit"):
+        client.hset(LockKeys.of(namespace, name).limits, mapping=dict(fields))  # type: ignore[arg-type]
+    return describe_rate(client, name, namespace)
+
+
+def clear_limits(
+    client: RedisClient, name: str, *, namespace: str = DEFAULT_NAMESPACE
+) -> RateState:
+    """Forgets the limits set at runtime for ``name``: the code's apply again."""
+    name, namespace = check_name(name), check_namespace(namespace)
+    with backend_errors(name, "rate limit"):
+        client.delete(LockKeys.of(namespace, name).limits)
+    return describe_rate(client, name, namespace)
+
+
+def pause_rate(
+    client: RedisClient, name: str, seconds: float, *, namespace: str = DEFAULT_NAMESPACE
+) -> RateState:
+    """Pauses the rate limit ``name`` for ``seconds`` (see :meth:`RateLimit.pause`)."""
+    _limit(client, check_name(name), namespace).pause(seconds)
+    return describe_rate(client, name, namespace)
+
+
+def resume_rate(client: RedisClient, name: str, *, namespace: str = DEFAULT_NAMESPACE) -> RateState:
+    """Ends a pause of the rate limit ``name`` now."""
+    _limit(client, check_name(name), namespace).resume()
+    return describe_rate(client, name, namespace)
+
+
+def describe_rate(client: RedisClient, name: str, namespace: str = DEFAULT_NAMESPACE) -> RateState:
+    """The limits set at runtime for ``name`` and its pause (two round trips)."""
+    name, namespace = check_name(name), check_namespace(namespace)
+    keys = LockKeys.of(namespace, name)
+    with backend_errors(name, "rate limit"):
+        rate, burst = client.hmget(keys.limits, ["rate", "burst"])
+    usage: RateUsage = _limit(client, name, namespace).usage()
+    parsed = None
+    if rate is not None:
+        limit, per_ms = text(rate).split()
+        parsed = Rate(int(limit), int(per_ms) / 1000)
+    return RateState(name, parsed, None if burst is None else int(text(burst)), usage.paused_for)
+
+
+def list_rates(
+    client: RedisClient, pattern: str = "*", namespace: str = DEFAULT_NAMESPACE
+) -> list[RateState]:
+    """The rate limits of ``namespace`` matching the glob ``pattern`` with limits set at
+    runtime or a pause, by name (SCAN, never KEYS)."""
+    names = set(scan_names(client, namespace, pattern, "limits"))
+    names |= set(scan_names(client, namespace, pattern, "bucket"))
+    states = (describe_rate(client, name, namespace) for name in sorted(names))
+    return [s for s in states if s.rate is not None or s.burst is not None or s.paused_for]
