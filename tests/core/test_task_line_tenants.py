@@ -397,3 +397,18 @@ def test_an_operator_sees_each_tenants_tasks_at_its_turn(client: redis.Redis) ->
     assert [w.info.get("tenant") for w in state.waiters] == ["A", "A", None, "B"]
     assert [w.position for w in state.waiters] == [1, 2, 3, 4]
     held.release()
+
+
+def test_a_line_without_tenants_never_looks_for_them(client: redis.Redis) -> None:
+    """A line without tenants pays nothing for them: no tenant command runs, no key is made
+    (the cost measured per parked task, 86 commands from park to release, is in docs/line.md)."""
+    publisher = Publisher()
+    lock = _lock(client, publisher)
+    held = lock.acquire(owner="x")
+    for n in range(5):
+        _park(lock, f"p{n}", None)
+    client.config_resetstat()
+    held.release()
+    assert _run_line(lock, publisher) == [f"p{n}" for n in range(5)]
+    assert "cmdstat_zrangebylex" not in client.info("commandstats")
+    assert not client.exists(lock.keys.tenants)

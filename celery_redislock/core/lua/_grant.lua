@@ -24,8 +24,8 @@ end
 -- ('t:') for the task to go back to if its hand-over lapses unpublished.
 
 -- The head of the line: a waiter's token; or, for a tenant's place, its first task's token,
--- member in K.tenants and the place's turn. (A place with no task left is never kept; one
--- found anyway is dropped, not served.)
+-- member in K.tenants and the place. (A place with no task left is never kept; one found
+-- anyway is dropped, not served.)
 local function line_head()
   while true do
     local head = redis.call('ZRANGE', K.queue, 0, 0)[1]
@@ -34,7 +34,7 @@ local function line_head()
     end
     local member, tok = tenant_next(head)
     if member then
-      return tok, member, redis.call('ZSCORE', K.queue, head)
+      return tok, member, head
     end
     redis.call('ZREM', K.queue, head)
   end
@@ -49,7 +49,7 @@ end
 local function grant(now, now_us, skip, keep_ms, skip_raw)
   local out = {}
   while true do
-    local head, member, turn = line_head()
+    local head, member, place = line_head()
     if not head then
       break
     end
@@ -72,6 +72,9 @@ local function grant(now, now_us, skip, keep_ms, skip_raw)
     if not room then
       break
     end
+    -- (The turn it is served at, read only once it is served: the head is looked at on every
+    -- call that finds the lock full.)
+    local turn = place and q and q.p and head ~= skip and redis.call('ZSCORE', K.queue, place)
     local rest = dequeue(head, raw, nil, member)
     if rest then -- the tenant has tasks left: its next turn is at the end of the line
       redis.call('ZADD', K.queue, redis.call('HINCRBY', K.meta, 'qseq', 1), rest)
