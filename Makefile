@@ -51,7 +51,7 @@ lint: $(VENV)/.dev lua-check
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
-	luacheck --no-color -q celery_redislock/core/lua
+	luacheck --no-color -q celery_redislock/core/lua benchmarks/window_rate.lua
 
 # luacheck, the Lua linter `make lint` runs on the scripts (settings in .luacheckrc): Debian's
 # package lua-check, installed here when it is missing (as root, or with sudo), as .ci/run

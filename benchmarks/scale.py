@@ -77,6 +77,7 @@ from celery_redislock import Lease, Lock, RateLimit
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.claims import publish_claimed, release_claim
 from celery_redislock.core.handover import Handed
+from celery_redislock.core.keys import LockKeys
 from celery_redislock.core.line import park
 from celery_redislock.core.protocol import (
     AcquireArgs,
@@ -364,25 +365,29 @@ def pipelined(kind: str, client: Client, ns: str, tag: str) -> Iterator[int]:
             for lock, token in zip(locks, tokens, strict=True):
                 info = json.dumps(_info(token))
                 args = AcquireArgs(token, lock._spec, False, info, once=True, owner=token)
-                pipe.execute_command("EVALSHA", acquire, 6, *lock.encoded_keys, *args.encode())
+                keys = lock.encoded_keys
+                pipe.execute_command("EVALSHA", acquire, len(keys), *keys, *args.encode())
             replies = [AcquireReply.decode(r) for r in pipe.execute()]
             assert all(r.status is AcquireStatus.HELD for r in replies), replies
             pipe = client.pipeline(transaction=False)
             for lock, token in zip(locks, tokens, strict=True):
                 args = ReleaseArgs(token, lock._spec, False, os.urandom(8).hex()).encode()
-                pipe.execute_command("EVALSHA", release, 6, *lock.encoded_keys, *args)
+                keys = lock.encoded_keys
+                pipe.execute_command("EVALSHA", release, len(keys), *keys, *args)
             pipe.execute()
             yield BATCH
     elif kind == "rate*":
-        limits = [RateLimit(client, f"{tag}:{k}", "100000/s", namespace=ns) for k in range(100)]
+        limits = [LockKeys.of(ns, f"{tag}:{k}") for k in range(100)]
         rate, n = script("rate").sha, 0
         while True:
             pipe = client.pipeline(transaction=False)
             for _ in range(BATCH):
                 n += 1
-                limit = limits[n % 100]
-                args = ("r", f"{tag}:{n}", "100000", "1000", "", "")
-                pipe.execute_command("EVALSHA", rate, 1, limit.key, *args)
+                named = limits[n % 100]
+                keys = (named.bucket, named.rate_request(f"{tag}:{n}"), named.limits)
+                # (rate.lua's ARGV: reserve, 100000 per 1000 ms, burst 1, cost 1)
+                args = ("r", "100000", "1000", "1", "1.0", "", "", "", "")
+                pipe.execute_command("EVALSHA", rate, 3, *keys, *args)
             pipe.execute()
             yield BATCH
     else:
