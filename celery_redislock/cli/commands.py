@@ -135,14 +135,17 @@ def list_command(pattern: str, as_json: bool) -> None:
 @_errors
 def show_command(name: str, as_json: bool) -> None:
     """Each holder of lock NAME (task name and id, host, pid, fence, held for, expires in,
-    token) and each waiter. Exit code 1 if nobody holds it or waits for it."""
+    token) and each waiter; and the limits set at runtime for NAME, if any. Exit code 1 if
+    nobody holds it or waits for it."""
     target = _target()
     state = admin.describe_lock(target.client(), name, target.namespace)
+    limits = admin.describe_rate(target.client(), name, target.namespace)
+    live = (limits.rate, limits.burst, limits.cap) != (None, None, None) or limits.paused_for
     _report(
         as_json,
-        render.lock_dict(state, detail=True),
+        {**render.lock_dict(state, detail=True), "limits": render.rate_dict(limits)},
         bool(state.holders or state.waiters),
-        render.lock_lines(state),
+        render.lock_lines(state) + ([f"  {render.rate_line(limits)}"] if live else []),
         f"lock {name!r} is not held and nobody waits for it",
     )
 
@@ -246,8 +249,8 @@ def release_claim_command(key: str, task_id: str | None, dry_run: bool, as_json:
 @_json_option
 @_errors
 def rates_command(pattern: str, as_json: bool) -> None:
-    """Rate limits whose name matches PATTERN (a glob, default: all) with a rate or burst set
-    at runtime, or paused. Exit code 1 if none."""
+    """Names matching PATTERN (a glob, default: all) with a rate, burst or cap set at runtime,
+    or a paused rate limit. Exit code 1 if none."""
     target = _target()
     states = admin.list_rates(target.client(), pattern, target.namespace)
     _report(
@@ -261,21 +264,26 @@ def rates_command(pattern: str, as_json: bool) -> None:
 
 @click.group(name="limit")
 def limit_group() -> None:
-    """Set or clear a rate limit's rate and burst at runtime (every worker applies them at its
-    next reservation, in place of the code's)."""
+    """Set or clear a name's limits at runtime: its rate limit's rate and burst, its lock's cap
+    (every worker applies them at its next start, in place of the code's)."""
 
 
 @limit_group.command(name="set")
 @click.argument("name")
 @click.option("--rate", help="A rate such as 100/m, 10/s, 5/2s.")
 @click.option("--burst", type=int, help="Units that may start at once.")
+@click.option(
+    "--cap", type=int, help="How many hold the lock NAME at once (its limit in code: 2+)."
+)
 @_json_option
 @_errors
-def limit_set_command(name: str, rate: str | None, burst: int | None, as_json: bool) -> None:
-    """Set the rate and/or burst of rate limit NAME."""
+def limit_set_command(
+    name: str, rate: str | None, burst: int | None, cap: int | None, as_json: bool
+) -> None:
+    """Set the rate and/or burst of rate limit NAME, and/or the cap of lock NAME."""
     target = _target()
     state = admin.set_limits(
-        target.client(), name, rate=rate, burst=burst, namespace=target.namespace
+        target.client(), name, rate=rate, burst=burst, cap=cap, namespace=target.namespace
     )
     _report(as_json, render.rate_dict(state), True, [render.rate_line(state)], "")
 
@@ -285,7 +293,7 @@ def limit_set_command(name: str, rate: str | None, burst: int | None, as_json: b
 @_json_option
 @_errors
 def limit_clear_command(name: str, as_json: bool) -> None:
-    """Forget the runtime rate and burst of rate limit NAME: the code's apply again."""
+    """Forget the runtime limits of NAME (rate, burst, cap): the code's apply again."""
     target = _target()
     state = admin.clear_limits(target.client(), name, namespace=target.namespace)
     _report(as_json, render.rate_dict(state), True, [render.rate_line(state)], "")

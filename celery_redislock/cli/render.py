@@ -180,7 +180,7 @@ def claim_lines(claim: ClaimState, *, dry_run: bool) -> list[str]:
     ]
 
 
-RATE_HEADER = ("NAME", "RATE", "BURST", "PAUSED FOR")
+RATE_HEADER = ("NAME", "RATE", "BURST", "CAP", "PAUSED FOR")
 
 
 def rate_row(state: RateState) -> tuple[str, ...]:
@@ -188,6 +188,7 @@ def rate_row(state: RateState) -> tuple[str, ...]:
         state.name,
         "code's" if state.rate is None else str(state.rate),
         "code's" if state.burst is None else str(state.burst),
+        "code's" if state.cap is None else str(state.cap),
         _seconds(state.paused_for) if state.paused_for else "-",
     )
 
@@ -197,6 +198,7 @@ def rate_dict(state: RateState) -> dict[str, Any]:
         "name": state.name,
         "rate": None if state.rate is None else str(state.rate),
         "burst": state.burst,
+        "cap": state.cap,
         "paused_for": _rounded(state.paused_for),
     }
 
@@ -205,4 +207,5 @@ def rate_line(state: RateState) -> str:
     rate = "the code's rate" if state.rate is None else f"rate {state.rate}"
     burst = "the code's burst" if state.burst is None else f"burst {state.burst}"
     paused = f", paused for {_seconds(state.paused_for)}" if state.paused_for else ", not paused"
-    return f"rate limit {state.name!r}: {rate}, {burst}{paused}"
+    cap = f", cap {state.cap}" if state.cap is not None else ""
+    return f"rate limit {state.name!r}: {rate}, {burst}{paused}{cap}"

@@ -9,7 +9,7 @@ from ..errors import LockConfigError
 from ._validate import non_empty_string
 
 DEFAULT_NAMESPACE = "redislock"
-_SUFFIXES = ("leases", "meta", "queue", "qdl", "wake", "done", "tenants")
+_SUFFIXES = ("leases", "meta", "queue", "qdl", "wake", "done", "tenants", "limits")
 
 
 def check_name(name: object, *, what: str = "name") -> str:
@@ -65,7 +65,8 @@ class LockKeys:
 
     @property
     def limits(self) -> str:
-        """The limits set at runtime for this name (hash: ``rate``, ``burst``, ``cap``)."""
+        """The limits set at runtime for this name (hash: ``rate``, ``burst`` for its rate
+        limit, ``cap`` for its lock's ``limit``), read by the scripts."""
         return f"{self.prefix}:limits"
 
     def rate_request(self, request_id: str) -> str:

@@ -303,6 +303,13 @@ SCENARIOS: list[Scenario] = [
         params={"limit": 2},
     ),
     Scenario(
+        "a_cap_lowered_at_runtime_skips_where_the_code_s_would_run",
+        "cap2",
+        "held_with_a_cap_set_live",
+        Expect("skipped", 0, actions("skip"), log=SKIPPED, record=("the-test",)),
+        params={"limit": 2},
+    ),
+    Scenario(
         "a_full_cap_skips",
         "cap2",
         "held_throughout",

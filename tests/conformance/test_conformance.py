@@ -222,6 +222,18 @@ def held_throughout(adapter: Adapter, row: Scenario, key: str) -> Expect:
     return observe(adapter, row, key, run_id)
 
 
+def held_with_a_cap_set_live(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """One lease held of a lock whose code allows 2, and a cap of 1 set at runtime (as
+    ``redislock limit set NAME --cap 1``): the worker, started with the code's limit, finds the
+    lock full at this call."""
+    name = lock_name(row, key)
+    set_limits(adapter.lock_client, name, cap=1)
+    try:
+        return held_throughout(adapter, row, key)
+    finally:
+        clear_limits(adapter.lock_client, name)
+
+
 def released_after_action(adapter: Adapter, row: Scenario, key: str) -> Expect:
     action = row.params["action"]
     with held(adapter, row, key):
@@ -668,6 +680,7 @@ PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
     f.__name__: f
     for f in (
         held_throughout,
+        held_with_a_cap_set_live,
         released_after_action,
         released_once_it_waits,
         line_full,

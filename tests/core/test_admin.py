@@ -259,7 +259,7 @@ def test_a_rate_limit_paused_and_resumed(client: redis.Redis) -> None:
         (lambda c: admin.set_limits(c, "api", rate="fast"), "rate must be"),
         (lambda c: admin.set_limits(c, "api", burst=0), "burst must be an integer"),
         (lambda c: admin.set_limits(c, "api", rate="1/s", burst=1.5), "burst must be"),  # type: ignore[arg-type]
-        (lambda c: admin.set_limits(c, "api"), "needs a rate, a burst or both"),
+        (lambda c: admin.set_limits(c, "api"), "needs a rate, a burst or a cap"),
         (lambda c: admin.set_limits(c, "", rate="1/s"), "name must be"),
         (lambda c: admin.set_limits(c, "api", rate="1/s", namespace="a{b"), "namespace"),
         (lambda c: admin.clear_limits(c, ""), "name must be"),

@@ -197,15 +197,33 @@ def test_rates_limit_set_and_clear(client: redis.Redis, redis_server: RedisServe
         b"burst": b"5",
     }
     only_burst = as_json(run("limit", "set", "partner:api", "--burst", "2", "--json", url=url))
-    assert only_burst == {"name": "partner:api", "rate": "50/60s", "burst": 2, "paused_for": 0}
+    assert only_burst == {
+        "name": "partner:api",
+        "rate": "50/60s",
+        "burst": 2,
+        "cap": None,
+        "paused_for": 0,
+    }
 
     listed = run("rates", url=url)
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()
-    assert header.split() == ["NAME", "RATE", "BURST", "PAUSED", "FOR"]
-    assert row.split() == ["partner:api", "50/60s", "2", "-"]
+    assert header.split() == ["NAME", "RATE", "BURST", "CAP", "PAUSED", "FOR"]
+    assert row.split() == ["partner:api", "50/60s", "2", "code's", "-"]
     assert as_json(run("rates", "partner:*", "--json", url=url)) == [only_burst]
     assert run("rates", "other:*", url=url).returncode == 1
+
+    capped = run("limit", "set", "partner:api", "--cap", "3", url=url)
+    assert capped.returncode == 0 and capped.stdout.strip().endswith(", cap 3"), capped
+    refused = run("limit", "set", "partner:api", "--cap", "0", url=url)
+    assert refused.returncode == 2 and "cap must be an integer from 1" in refused.stderr
+    assert client.hget("redislock:{partner:api}:limits", "cap") == b"3"  # unchanged
+    lock = Lock(client, "partner:api", ttl=30, limit=5)
+    held = lock.acquire()
+    shown = run("show", "partner:api", url=url)
+    assert shown.stdout.splitlines()[-1].strip().endswith(", cap 3"), shown.stdout
+    assert as_json(run("show", "partner:api", "--json", url=url))["limits"]["cap"] == 3
+    held.release()
 
     cleared = run("limit", "clear", "partner:api", url=url)
     assert cleared.returncode == 0, cleared.stderr
@@ -233,7 +251,7 @@ def test_pause_and_resume(client: redis.Redis, redis_server: RedisServer) -> Non
     assert row[:3] == ["api", "code's", "code's"]
 
     resumed = as_json(run("resume", "api", "--json", url=url))
-    assert resumed == {"name": "api", "rate": None, "burst": None, "paused_for": 0}
+    assert resumed == {"name": "api", "rate": None, "burst": None, "cap": None, "paused_for": 0}
     assert limit.usage().paused_for == 0.0
     assert run("rates", url=url).returncode == 1
     assert run("resume", "api", url=url).returncode == 0  # nothing to end: done
@@ -247,7 +265,7 @@ def test_pause_and_resume(client: redis.Redis, redis_server: RedisServer) -> Non
         (["limit", "set", "api", "--burst", "many"], "'many' is not a valid integer"),
         (["limit", "set", "api", "--rate", "0/s"], "the limit must be an integer from 1"),
         (["limit", "set", "api", "--rate", "5/s", "--burst", "-1"], "burst must be"),
-        (["limit", "set", "api"], "needs a rate, a burst or both"),
+        (["limit", "set", "api"], "needs a rate, a burst or a cap"),
         (["limit", "set", "", "--rate", "1/s"], "name must be"),
         (["limit", "clear"], "Missing argument 'NAME'"),
         (["limit", "frobnicate"], "No such command"),

@@ -812,7 +812,7 @@ def test_a_limit_raised_at_runtime_never_hands_out_a_slot_before_the_last(
         ({"burst": True}, "burst must be an integer from 1"),
         ({"rate": "5/s", "burst": -1}, "burst must be an integer from 1"),
         ({"rate": "5/x", "burst": 2}, "rate must be"),
-        ({}, "needs a rate, a burst or both"),
+        ({}, "needs a rate, a burst or a cap"),
     ],
 )
 def test_bad_runtime_limits_are_refused_and_nothing_is_written(

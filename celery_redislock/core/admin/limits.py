@@ -1,6 +1,7 @@
-"""Rate limits seen and changed live: a rate and a burst set in Redis for a name take the place
-of the ones in code at the next reservation on every worker (no restart), until cleared; and a
-name paused for a while (after an upstream 429) and resumed. Checked before anything is
+"""Limits seen and changed live: a rate and a burst set in Redis for a name take the place of
+the ones in code at the next reservation on every worker (no restart), until cleared, and so
+does a cap for a lock declared with a ``limit`` of 2 or more; and a rate limit paused for a
+while (after an upstream 429) and resumed. Checked before anything is
 written: a bad value is refused with a clear error and changes nothing.
 
 >>> set_limits(redis.Redis(), "partner-api", rate="50/m", burst=5)   # doctest: +SKIP
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import LockConfigError
+from .._validate import refuse
 from ..keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
 from ..protocol import text
 from ..rate import RateLimit, RateUsage
@@ -30,6 +32,9 @@ __all__ = [
     "set_limits",
 ]
 
+MAX_CAP = 1_000_000
+"""The largest cap set at runtime."""
+
 # A pause or a reading needs a rate to fall back on; with no limits set, the bucket's own
 # figures are meaningless without the code's rate, so only the pause is shown then.
 _ANY = Rate(1, 1.0)
@@ -37,13 +42,15 @@ _ANY = Rate(1, 1.0)
 
 @dataclass(frozen=True, slots=True)
 class RateState:
-    """A rate limit's name as Redis holds it: the limits set at runtime (``None``: the code's
-    apply), and the seconds left of a pause (0: none)."""
+    """A name's limits as Redis holds them: those set at runtime (``None``: the code's apply),
+    and the seconds left of its rate limit's pause (0: none)."""
 
     name: str
     rate: Rate | None
     burst: int | None
     paused_for: float
+    cap: int | None = None
+    """The cap of the lock of this name, in place of its ``limit`` (of 2 or more)."""
 
 
 def _limit(client: RedisClient, name: str, namespace: str) -> RateLimit:
@@ -56,23 +63,30 @@ def set_limits(
     *,
     rate: Rate | str | None = None,
     burst: int | None = None,
+    cap: int | None = None,
     namespace: str = DEFAULT_NAMESPACE,
 ) -> RateState:
-    """Sets the rate and/or the burst of the rate limit ``name`` at runtime; each applies at
-    the next reservation of the name on every worker, in place of the code's, until cleared.
+    """Sets the rate and/or the burst of the rate limit ``name`` at runtime, and/or the cap of
+    the lock ``name`` (how many hold it at once, for a lock whose code gives a ``limit`` of 2
+    or more; 1 to 1,000,000); each applies at the next reservation or acquisition of the name
+    on every worker, in place of the code's, until cleared. Leases held already are kept.
 
     >>> set_limits(redis.Redis(), "partner-api", rate="50/m")   # doctest: +SKIP
     RateState(name='partner-api', rate=Rate(limit=50, per=60.0), burst=None, paused_for=0.0)
     """
     name, namespace = check_name(name), check_namespace(namespace)
-    if rate is None and burst is None:
-        raise LockConfigError("set_limits needs a rate, a burst or both", name=name)
+    if rate is None and burst is None and cap is None:
+        raise LockConfigError("set_limits needs a rate, a burst or a cap", name=name)
     fields: dict[str, str] = {}
     if rate is not None:
         parsed = parse_rate(rate, name=name)
         fields["rate"] = f"{parsed.limit} {parsed.per_ms}"
     if burst is not None:
         fields["burst"] = str(check_burst(burst, name=name))
+    if cap is not None:
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_CAP:
+            raise refuse("cap", f"an integer from 1 to {MAX_CAP:,}", cap, name=name)
+        fields["cap"] = str(cap)
     with backend_errors(name, "rate limit"):
         client.hset(LockKeys.of(namespace, name).limits, mapping=dict(fields))  # type: ignore[arg-type]
     return describe_rate(client, name, namespace)
@@ -107,21 +121,31 @@ def describe_rate(client: RedisClient, name: str, namespace: str = DEFAULT_NAMES
     name, namespace = check_name(name), check_namespace(namespace)
     keys = LockKeys.of(namespace, name)
     with backend_errors(name, "rate limit"):
-        rate, burst = client.hmget(keys.limits, ["rate", "burst"])
+        rate, burst, cap = client.hmget(keys.limits, ["rate", "burst", "cap"])
     usage: RateUsage = _limit(client, name, namespace).usage()
     parsed = None
     if rate is not None:
         limit, per_ms = text(rate).split()
         parsed = Rate(int(limit), int(per_ms) / 1000)
-    return RateState(name, parsed, None if burst is None else int(text(burst)), usage.paused_for)
+    return RateState(
+        name,
+        parsed,
+        None if burst is None else int(text(burst)),
+        usage.paused_for,
+        None if cap is None else int(text(cap)),
+    )
 
 
 def list_rates(
     client: RedisClient, pattern: str = "*", namespace: str = DEFAULT_NAMESPACE
 ) -> list[RateState]:
-    """The rate limits of ``namespace`` matching the glob ``pattern`` with limits set at
-    runtime or a pause, by name (SCAN, never KEYS)."""
+    """The names of ``namespace`` matching the glob ``pattern`` with limits set at runtime or
+    a paused rate limit, by name (SCAN, never KEYS)."""
     names = set(scan_names(client, namespace, pattern, "limits"))
     names |= set(scan_names(client, namespace, pattern, "bucket"))
     states = (describe_rate(client, name, namespace) for name in sorted(names))
-    return [s for s in states if s.rate is not None or s.burst is not None or s.paused_for]
+    return [
+        s
+        for s in states
+        if s.rate is not None or s.burst is not None or s.cap is not None or s.paused_for
+    ]

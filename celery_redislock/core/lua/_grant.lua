@@ -1,18 +1,29 @@
 -- _grant.lua (a part, not a script; see scripts.py): the lock handed on to those in line when
 -- leases are freed or the line moves.
--- Defines: WAKE_MS, fits, line_head, grant, wake_one, tidy, hand_on.
+-- Defines: WAKE_MS, runtime_cap, fits, line_head, grant, wake_one, tidy, hand_on.
 
 -- #include _line.lua
 
 -- How long a non-fair lock's wake-up signals live (a signal nobody pops must not linger).
 local WAKE_MS = 2000
 
--- Whether a new lease of `mode` fits beside the live ones; limit 0 means unbounded. A second
--- answer true: the lock has no lease at all.
+-- A cap set at runtime for the name (redislock limit set NAME --cap N), read once per call:
+-- nil, not read yet; false, none.
+local runtime_cap = nil
+
+-- Whether a new lease of `mode` fits beside the live ones; limit 0 means unbounded, and a limit
+-- of 2 or more (a cap in code) gives way to a cap set at runtime. A second answer true: the
+-- lock has no lease at all.
 local function fits(mode, limit)
   local n = lease_count()
   if n == 0 then
     return true, true
+  end
+  if limit >= 2 then
+    if runtime_cap == nil then
+      runtime_cap = tonumber(redis.call('HGET', K.limits, 'cap')) or false
+    end
+    limit = runtime_cap or limit
   end
   -- The count first: a full lock needs no look at the mode.
   return (limit == 0 or n < limit) and redis.call('HGET', K.meta, 'm') == mode

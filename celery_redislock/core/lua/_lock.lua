@@ -3,7 +3,7 @@
 -- Defines: K, parse_spec, reply, append, LINE_PREFIX, is_parked_token, record_done,
 -- put_lease.
 --
--- Every lock script takes the same seven keys, all sharing the lock's hash tag:
+-- Every lock script takes the same eight keys, all sharing the lock's hash tag:
 --   KEYS[1] leases  sorted set: lease token -> expiry (server ms)
 --   KEYS[2] meta    hash: 'fence' high-water mark, 'm' mode of the live leases,
 --                   'l:<token>' lease record 'mode|count|fence|requests|owner' (requests: the
@@ -32,6 +32,8 @@
 --   KEYS[7] tenants sorted set, every score 0 (ordered by member): the parked tasks with a
 --                   tenant, member '<tenant id: 16 hex><priority: 8 hex, highest first>
 --                   <arrival: 15 digits><token>' (see _line.lua)
+--   KEYS[8] limits  hash: the limits set at runtime for the name; 'cap' takes the place of a
+--                   lock's limit of 2 or more (see fits in _grant.lua)
 -- and the lock's spec 'mode limit ttl fair entry keep' (see parse_spec).
 -- A lease is live while its expiry is greater than the server's TIME in ms.
 --
@@ -43,7 +45,7 @@
 
 local K = {
   leases = KEYS[1], meta = KEYS[2], queue = KEYS[3], qdl = KEYS[4], wake = KEYS[5], done = KEYS[6],
-  tenants = KEYS[7],
+  tenants = KEYS[7], limits = KEYS[8],
 }
 
 -- The lock's spec: mode 'r' | 'w', limit (0 = unbounded), ttl ms, fair '0' | '1', queue entry
