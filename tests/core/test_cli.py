@@ -241,9 +241,9 @@ def test_pause_and_resume(client: redis.Redis, redis_server: RedisServer) -> Non
     assert paused.returncode == 0, paused.stderr
     assert paused.stdout.startswith("rate limit 'api': the code's rate, the code's burst, paused")
     limit = RateLimit(client, "api", "10/s")
-    assert 29 < limit.usage().paused_for <= 30
+    assert 25 < limit.usage().paused_for <= 30  # (the CLI process started and ended since)
     got = limit.reserve("r")
-    assert 29 < got.delay <= 30  # no start before the pause ends
+    assert 25 < got.delay <= 30  # no start before the pause ends
     (entry,) = as_json(run("rates", "--json", url=url))
     assert entry["name"] == "api" and 20 < entry["paused_for"] <= 30  # (a few CLI runs later)
     assert entry["rate"] is None and entry["burst"] is None

@@ -371,7 +371,7 @@ def test_a_call_costing_3_takes_3_units_of_the_bucket(client: redis.Redis) -> No
 def test_a_cost_above_the_burst_starts_on_a_full_bucket_and_is_paid_back(
     client: redis.Redis,
 ) -> None:
-    limit = RateLimit(client, "api", "10/s", burst=2)
+    limit = RateLimit(client, "api", "10/100s", burst=2)  # a unit every 10 s
     t0 = server_us(client)
     big = limit.reserve("big", cost=5)
     t1 = server_us(client)
@@ -379,13 +379,13 @@ def test_a_cost_above_the_burst_starts_on_a_full_bucket_and_is_paid_back(
     # A full bucket holds 2 units: a call of 5 starts on it (it could never hold 5) ...
     assert t0 <= slot <= t1 and big.granted and big.delay == 0.0
     # ... and owes the bucket 5 units: the calls after it wait until they are paid back, so
-    # the average stays the rate (a call of 5 every 0.5 s).
-    assert bucket(client, limit) == {"tat": slot + 500_000, "last": slot}
-    refused = limit.reserve("too-big", cost=5, max_delay=0.4)
-    assert not refused.granted and 0.45 < refused.delay <= 0.5
+    # the average stays the rate (a call of 5 every 50 s).
+    assert bucket(client, limit) == {"tat": slot + 50_000_000, "last": slot}
+    refused = limit.reserve("too-big", cost=5, max_delay=40)
+    assert not refused.granted and 45 < refused.delay <= 50
     assert record(client, limit, "too-big") is None
     second = limit.reserve("second", cost=5)
-    assert slot_us(client, limit, "second") == slot + 500_000 and second.delay > 0.45
+    assert slot_us(client, limit, "second") == slot + 50_000_000 and second.delay > 45
 
 
 def test_a_call_costing_nothing_takes_no_unit_but_keeps_the_order(client: redis.Redis) -> None:
