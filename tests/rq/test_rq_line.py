@@ -321,3 +321,18 @@ def test_a_claimed_hand_over_lasts_a_ttl_and_names_its_claimant(rq_conn):
     [holding] = lock.holders()
     assert holding.token == place.token and holding.info["runs_in"] == "claimant"
     assert holding.expires_in <= 3
+
+
+def test_a_job_that_only_parked_is_no_rerun_so_a_newer_copy_supersedes_it(rq_conn):
+    """Each park returns RQ's Retry, which RQ counts in number_of_retries; the job's body never
+    ran, so it is not a re-run: a copy replaced meanwhile (say, while its horse was still
+    returning, too late to cancel) skips itself when the lock is handed to it, as on Celery.
+    An RQ retry beyond the parks (its body ran and failed) still runs."""
+    from celery_redislock.integrations.rq.running import _PARKS_META, _delivery
+
+    job = Job.create(rqjobs.report, args=("k",), connection=rq_conn)
+    job.meta[_PARKS_META] = 2
+    job.number_of_retries = 2
+    assert not _delivery(job, ("k",), {}).republished
+    job.number_of_retries = 3  # one retry more than the parks: its body ran before
+    assert _delivery(job, ("k",), {}).republished

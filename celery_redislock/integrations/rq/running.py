@@ -51,6 +51,9 @@ RATE_META = "redislock_rate"
 """``job.meta`` key: the request id holding the job's reserved slot while it waits for it."""
 _CONFLICTS_META = "redislock_conflicts"
 _WAITS_META = "redislock_waits"
+# Times the job parked in a task line: each returned RQ's Retry (counted in number_of_retries)
+# though its body never ran, so they do not make it a re-run (as for Celery's hand-overs).
+_PARKS_META = "redislock_parks"
 # RQ's default job timeout; the parent kills a horse 60 s past its job's timeout.
 _RQ_DEFAULT_TIMEOUT = 180
 _KILL_GRACE = 60
@@ -108,7 +111,9 @@ def _delivery(job: Job | None, args: Any, kwargs: Any) -> Delivery:
         finish_job=job.id,
         conflicts=int(meta.get(_CONFLICTS_META, 0)),
         waits=int(meta.get(_WAITS_META, 0)),
-        republished=bool(job.number_of_retries) or _CONFLICTS_META in meta or _WAITS_META in meta,
+        republished=(job.number_of_retries or 0) > int(meta.get(_PARKS_META, 0))
+        or _CONFLICTS_META in meta
+        or _WAITS_META in meta,
         line_token=line.get("token"),
         line_ended=state == "expired" or (state == "parked" and now > float(line.get("until", 0))),
         line_waited=max(0.0, now - float(line.get("since", now))),
@@ -146,6 +151,7 @@ def _answer(run: LockedRun, job: Job | None, outcome: Outcome) -> Any:
             "until": now + outcome.max_wait,
             "since": before.get("since", now) if before is not None else now,
         }
+        meta[_PARKS_META] = int(meta.get(_PARKS_META, 0)) + 1
         _mark(job, "queued", outcome)
         window = run.settings.line_handover_window
         return retry_after(job, outcome.max_wait + window + FALLBACK_MARGIN_S)
