@@ -12,6 +12,8 @@ ran (a script's own ``redis.call``s included). The paths:
 * ``release, to a waiter``: the holder gives back the lease while one waits (a wake-up);
 * ``acquire, woken``: the waiter's try after its wake-up, which takes the lease;
 * the same three in fair mode, where the release hands the lease to the waiter;
+* ``acquire_all``, two locks taken at once (a task's ``lock=`` list), both free; and refused
+  by the second, held (nothing written);
 * for comparison, redis-py's ``Lock``: ``SET NX PX`` and its compare-and-delete script.
 
 The waiter's wake-up itself (a ``BLPOP`` that returns at once) is left out: it is a plain
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 
 import redis
 
-from celery_redislock import Lease, Lock
+from celery_redislock import Lease, Lock, LockNotAcquired, acquire_all
 from celery_redislock.core.protocol import AcquireArgs, AcquireReply, AcquireStatus
 from celery_redislock.core.scripts import run
 
@@ -101,6 +103,14 @@ def _path(client: redis.Redis, lock: Lock) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _refused(locks: list[Lock]) -> None:
+    try:
+        acquire_all(locks, blocking=False)
+    except LockNotAcquired:
+        return
+    raise AssertionError("acquire_all took a held lock")
+
+
 def costs(client: redis.Redis, prefix: str, calls: int) -> dict[str, Cost]:
     totals: dict[str, list[int]] = {}
     for fair in (False, True):
@@ -113,6 +123,22 @@ def costs(client: redis.Redis, prefix: str, calls: int) -> dict[str, Cost]:
                 total = totals.setdefault(label, [0, 0])
                 total[0] += usec
                 total[1] += count
+    pair = [Lock(client, f"{prefix}:pair{n}", ttl=30) for n in (1, 2)]
+    taken: list[Lease] = []
+    for _ in range(calls):
+        taken.clear()
+        usec, count = _one(client, lambda: taken.extend(acquire_all(pair)))
+        total = totals.setdefault("acquire_all, two free locks", [0, 0])
+        total[0] += usec
+        total[1] += count
+        for lease in taken:
+            lease.release()
+        held = pair[1].acquire()
+        usec, count = _one(client, lambda: _refused(pair))
+        total = totals.setdefault("acquire_all, refused by the second", [0, 0])
+        total[0] += usec
+        total[1] += count
+        held.release()
     peer = client.lock(f"{prefix}:redis-py", timeout=30)
     for _ in range(calls):
         for label, step in (("acquire (SET NX PX)", peer.acquire), ("release", peer.release)):

@@ -24,11 +24,12 @@ from .core.clients import sentinel_client
 from .core.heartbeat import Heartbeat
 from .core.lease import Holder, Lease, Mode, RenewReport, renew_leases
 from .core.lock import Lock
+from .core.lock_set import acquire_all
 from .core.rate import RateLimit, reserve_all
 from .core.redlock import RedLock
 from .core.redlock_masters import master_clients
 from .core.replicas import require_replicas
-from .core.run.current import RateSlot, current_rate
+from .core.run.current import RateSlot, current_lease, current_rate
 from .errors import (
     DuplicateTask,
     JobFinished,
@@ -62,6 +63,7 @@ __all__ = [  # noqa: RUF022 (in groups: the docs list them in this order)
     "Holder",
     "Mode",
     "Heartbeat",
+    "acquire_all",
     "renew_leases",
     "RenewReport",
     "RedLock",
@@ -71,6 +73,7 @@ __all__ = [  # noqa: RUF022 (in groups: the docs list them in this order)
     "RateLimit",
     "reserve_all",
     "current_rate",
+    "current_lease",
     "RateSlot",
     # the exceptions
     "RedisLockError",

@@ -1,6 +1,6 @@
 """The operator commands (click), over :mod:`celery_redislock.core.admin`: ``list``, ``show``,
 ``release``, ``unique``, ``release-claim``; ``rates``, ``limit set|clear``, ``pause`` and
-``resume`` for rate limits. Framework-free: a group gives them their Redis
+``resume`` for a name's rate limit and lock. Framework-free: a group gives them their Redis
 client and namespace with :func:`set_target` (the ``redislock`` console script from flags and
 the environment, ``celery redislock`` from the app's settings).
 
@@ -117,14 +117,19 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON 
 @_errors
 def list_command(pattern: str, as_json: bool) -> None:
     """Locks held or waited for, whose name matches PATTERN (a glob, default: all): mode,
-    holders, the nearest expiry, waiters. Exit code 1 if none."""
+    holders, the nearest expiry, waiters, and what is set at runtime (a cap, a pause). Exit
+    code 1 if none."""
     target = _target()
     states = admin.list_locks(target.client(), pattern, target.namespace)
+    live = {r.name: r for r in admin.list_rates(target.client(), pattern, target.namespace)}
     _report(
         as_json,
-        [render.lock_dict(s, detail=False) for s in states],
+        [
+            {**render.lock_dict(s, detail=False), **render.live_dict(live.get(s.name))}
+            for s in states
+        ],
         bool(states),
-        render.table([render.LIST_HEADER, *(render.lock_row(s) for s in states)]),
+        render.table([render.LIST_HEADER, *(render.lock_row(s, live.get(s.name)) for s in states)]),
         f"no lock matches {pattern!r}",
     )
 
@@ -135,18 +140,24 @@ def list_command(pattern: str, as_json: bool) -> None:
 @_errors
 def show_command(name: str, as_json: bool) -> None:
     """Each holder of lock NAME (task name and id, host, pid, fence, held for, expires in,
-    token) and each waiter; and the limits set at runtime for NAME, if any. Exit code 1 if
-    nobody holds it or waits for it."""
+    token) and each waiter; whether it is paused, and for how long; and the limits set at
+    runtime for NAME, if any. Exit code 1 if nobody holds it or waits for it and it is not
+    paused."""
     target = _target()
     state = admin.describe_lock(target.client(), name, target.namespace)
     limits = admin.describe_rate(target.client(), name, target.namespace)
     live = (limits.rate, limits.burst, limits.cap) != (None, None, None) or limits.paused_for
     _report(
         as_json,
-        {**render.lock_dict(state, detail=True), "limits": render.rate_dict(limits)},
-        bool(state.holders or state.waiters),
-        render.lock_lines(state) + ([f"  {render.rate_line(limits)}"] if live else []),
-        f"lock {name!r} is not held and nobody waits for it",
+        {
+            **render.lock_dict(state, detail=True),
+            "paused_for": render.rounded(limits.lock_paused_for),
+            "limits": render.rate_dict(limits),
+        },
+        bool(state.holders or state.waiters or limits.lock_paused_for),
+        render.lock_lines(state, limits.lock_paused_for)
+        + ([f"  {render.rate_line(limits)}"] if live else []),
+        f"lock {name!r} is not held, nobody waits for it and it is not paused",
     )
 
 
@@ -250,7 +261,7 @@ def release_claim_command(key: str, task_id: str | None, dry_run: bool, as_json:
 @_errors
 def rates_command(pattern: str, as_json: bool) -> None:
     """Names matching PATTERN (a glob, default: all) with a rate, burst or cap set at runtime,
-    or a paused rate limit. Exit code 1 if none."""
+    a paused rate limit or a paused lock. Exit code 1 if none."""
     target = _target()
     states = admin.list_rates(target.client(), pattern, target.namespace)
     _report(
@@ -258,7 +269,7 @@ def rates_command(pattern: str, as_json: bool) -> None:
         [render.rate_dict(s) for s in states],
         bool(states),
         render.table([render.RATE_HEADER, *(render.rate_row(s) for s in states)]),
-        f"no rate limit set at runtime or paused matches {pattern!r}",
+        f"no rate limit or lock with a limit set at runtime or a pause matches {pattern!r}",
     )
 
 
@@ -305,11 +316,16 @@ def limit_clear_command(name: str, as_json: bool) -> None:
 @_json_option
 @_errors
 def pause_command(name: str, seconds: float, as_json: bool) -> None:
-    """Pause rate limit NAME for SECONDS: no task starts under it until then (tasks wait for a
-    slot after the pause; a longer pause already set is kept)."""
+    """Pause NAME for SECONDS: its rate limit and its lock. No task starts under the rate limit
+    until then (tasks wait for a slot after the pause), and the lock hands out no new lease
+    (tasks on it meet a held lock: they skip, retry, wait or wait in line, as their on_conflict
+    says; holders go on). A longer pause already set is kept."""
     target = _target()
-    state = admin.pause_rate(target.client(), name, seconds, namespace=target.namespace)
-    _report(as_json, render.rate_dict(state), True, [render.rate_line(state)], "")
+    client = target.client()
+    # The lock first: its check refuses a bad SECONDS before anything is written.
+    admin.pause_lock(client, name, seconds, namespace=target.namespace)
+    state = admin.pause_rate(client, name, seconds, namespace=target.namespace)
+    _report(as_json, render.rate_dict(state), True, render.pause_lines(state, "paused"), "")
 
 
 @click.command(name="resume")
@@ -317,10 +333,22 @@ def pause_command(name: str, seconds: float, as_json: bool) -> None:
 @_json_option
 @_errors
 def resume_command(name: str, as_json: bool) -> None:
-    """End a pause of rate limit NAME now."""
+    """End a pause of NAME now: of its rate limit and of its lock, which is handed on at once
+    to its waiters and its task line (the parked tasks are published by this command under
+    Celery, else by a worker's sweeper)."""
     target = _target()
-    state = admin.resume_rate(target.client(), name, namespace=target.namespace)
-    _report(as_json, render.rate_dict(state), True, [render.rate_line(state)], "")
+    client = target.client()
+    admin.resume_rate(client, name, namespace=target.namespace)
+    admin.resume_lock(
+        client,
+        name,
+        namespace=target.namespace,
+        fence_keep=target.fence_keep,
+        handover=target.handover,
+        handover_window=target.handover_window,
+    )
+    state = admin.describe_rate(client, name, target.namespace)
+    _report(as_json, render.rate_dict(state), True, render.pause_lines(state, "resumed"), "")
 
 
 COMMANDS: tuple[click.Command, ...] = (

@@ -16,13 +16,16 @@ __all__ = [
     "claim_row",
     "holder_dict",
     "holder_line",
+    "live_dict",
     "lock_dict",
     "lock_lines",
     "lock_row",
+    "pause_lines",
     "rate_dict",
     "rate_line",
     "rate_row",
     "released_lines",
+    "rounded",
     "table",
     "waiter_dict",
 ]
@@ -32,7 +35,8 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
-def _rounded(value: float | None) -> float | None:
+def rounded(value: float | None) -> float | None:
+    """Seconds as JSON gives them: to the ms."""
     return None if value is None else round(value, 3)
 
 
@@ -65,7 +69,7 @@ def waiter_dict(waiter: Waiter) -> dict[str, Any]:
         "token": waiter.token,
         "mode": waiter.mode,
         "owner": waiter.owner,
-        "expires_in": _rounded(waiter.expires_in),
+        "expires_in": rounded(waiter.expires_in),
         "parked": waiter.parked,
         **_task_dict(waiter.info),
     }
@@ -75,23 +79,36 @@ def lock_dict(state: LockState, *, detail: bool) -> dict[str, Any]:
     return {
         "name": state.name,
         "mode": state.mode,
-        "expires_in": _rounded(state.expires_in),
+        "expires_in": rounded(state.expires_in),
         "holders": [holder_dict(h, state) for h in state.holders] if detail else len(state.holders),
         "waiters": [waiter_dict(w) for w in state.waiters] if detail else len(state.waiters),
     }
 
 
-LIST_HEADER = ("NAME", "MODE", "HOLDERS", "EXPIRES IN", "WAITERS")
+LIST_HEADER = ("NAME", "MODE", "HOLDERS", "EXPIRES IN", "WAITERS", "CAP SET", "PAUSED FOR")
 
 
-def lock_row(state: LockState) -> tuple[str, ...]:
+def lock_row(state: LockState, live: RateState | None = None) -> tuple[str, ...]:
+    """A lock's row of ``list``; ``live``: what is set at runtime for its name, if anything."""
+    cap = live.cap if live is not None else None
+    paused = live.lock_paused_for if live is not None else 0.0
     return (
         state.name,
         state.mode or "-",
         str(len(state.holders)),
         _seconds(state.expires_in),
         str(len(state.waiters)),
+        "-" if cap is None else str(cap),
+        _seconds(paused) if paused else "-",
     )
+
+
+def live_dict(live: RateState | None) -> dict[str, Any]:
+    """What ``list --json`` adds to a lock: its cap set at runtime and its pause."""
+    return {
+        "cap": live.cap if live is not None else None,
+        "paused_for": rounded(live.lock_paused_for) if live is not None else 0.0,
+    }
 
 
 def table(rows: list[tuple[str, ...]]) -> list[str]:
@@ -128,10 +145,12 @@ def holder_line(holder: Holder, state: LockState | None = None) -> str:
     return ", ".join(parts)
 
 
-def lock_lines(state: LockState) -> list[str]:
+def lock_lines(state: LockState, paused_for: float = 0.0) -> list[str]:
+    """``paused_for``: seconds left of the lock's pause (0: not paused)."""
+    paused = f", paused for {_seconds(paused_for)} (no new lease until then)" if paused_for else ""
     lines = [
         f"lock {state.name!r}: {state.mode or 'not held'}, {len(state.holders)} holder(s), "
-        f"{len(state.waiters)} waiter(s)"
+        f"{len(state.waiters)} waiter(s){paused}"
     ]
     lines += [f"  holder {i}: {holder_line(h, state)}" for i, h in enumerate(state.holders, 1)]
     lines += [f"  waiter {w.position}: {_waiter_line(w)}" for w in state.waiters]
@@ -168,7 +187,7 @@ def claim_dict(claim: ClaimState) -> dict[str, Any]:
         "name": claim.name,
         "task_id": claim.task_id,
         "started": claim.started,
-        "expires_in": _rounded(claim.expires_in),
+        "expires_in": rounded(claim.expires_in),
     }
 
 
@@ -180,7 +199,7 @@ def claim_lines(claim: ClaimState, *, dry_run: bool) -> list[str]:
     ]
 
 
-RATE_HEADER = ("NAME", "RATE", "BURST", "CAP", "PAUSED FOR")
+RATE_HEADER = ("NAME", "RATE", "BURST", "CAP", "PAUSED FOR", "LOCK PAUSED FOR")
 
 
 def rate_row(state: RateState) -> tuple[str, ...]:
@@ -190,6 +209,7 @@ def rate_row(state: RateState) -> tuple[str, ...]:
         "code's" if state.burst is None else str(state.burst),
         "code's" if state.cap is None else str(state.cap),
         _seconds(state.paused_for) if state.paused_for else "-",
+        _seconds(state.lock_paused_for) if state.lock_paused_for else "-",
     )
 
 
@@ -199,7 +219,8 @@ def rate_dict(state: RateState) -> dict[str, Any]:
         "rate": None if state.rate is None else str(state.rate),
         "burst": state.burst,
         "cap": state.cap,
-        "paused_for": _rounded(state.paused_for),
+        "paused_for": rounded(state.paused_for),
+        "lock_paused_for": rounded(state.lock_paused_for),
     }
 
 
@@ -208,4 +229,10 @@ def rate_line(state: RateState) -> str:
     burst = "the code's burst" if state.burst is None else f"burst {state.burst}"
     paused = f", paused for {_seconds(state.paused_for)}" if state.paused_for else ", not paused"
     cap = f", cap {state.cap}" if state.cap is not None else ""
-    return f"rate limit {state.name!r}: {rate}, {burst}{paused}{cap}"
+    lock = f"; lock paused for {_seconds(state.lock_paused_for)}" if state.lock_paused_for else ""
+    return f"rate limit {state.name!r}: {rate}, {burst}{paused}{cap}{lock}"
+
+
+def pause_lines(state: RateState, verb: str) -> list[str]:
+    """What ``pause`` and ``resume`` (``verb``) did to the name: its rate limit and its lock."""
+    return [f"{verb} rate limit and lock {state.name!r}", rate_line(state)]

@@ -67,6 +67,8 @@ ALLOWANCE = Duration(0.1, 30 * _DAY)
 PERIOD = Duration(0.1, 365 * _DAY)
 # A parked task's wait: under a second it would expire before a sweep sees it.
 MAX_WAIT = Duration(1.0, 7 * _DAY)
+# A pause of a rate limit or a lock (after an upstream 429): at most 30 days.
+MAX_PAUSE = 30 * _DAY
 # Any other duration (the fence mark's keep): at least a millisecond, as Redis counts them.
 OTHER = Duration(0.001, 365 * _DAY)
 

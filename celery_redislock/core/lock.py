@@ -30,7 +30,8 @@ from ..errors import (
     LockUpgradeError,
     RedisLockError,
 )
-from .durations import TIMEOUT, TTL, by_name, seconds, seconds_or_none
+from ._validate import finite_real, refuse
+from .durations import MAX_PAUSE, TIMEOUT, TTL, by_name, seconds, seconds_or_none
 from .handover import DEFAULT_HANDOVER_WINDOW, Handover, hand_over, is_line_token
 from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
 from .protocol import (
@@ -39,6 +40,7 @@ from .protocol import (
     AcquireStatus,
     FinishArgs,
     Grant,
+    LimitsReply,
     LockSpec,
     Mode,
     NotifyArgs,
@@ -465,6 +467,35 @@ class Lock:
         keep_ms = round(_positive_seconds(keep, "keep", self.name) * 1000)
         return FinishArgs(job=job, keep_ms=keep_ms)
 
+    # -- pausing -----------------------------------------------------------------------------
+
+    def pause(self, seconds: float) -> float:
+        """Hands out no new lease of this lock's name for ``seconds`` from now, on any worker
+        (after an upstream 429, say): acquires are refused or wait, tasks do what their
+        ``on_conflict`` says, the task line holds its tasks; leases held go on. A longer pause
+        already set is kept; up to 30 days. Answers the seconds the pause has left.
+        ``core.admin.resume_lock`` (or ``redislock resume NAME``) ends it early.
+
+        >>> Lock(client, "partner-api", ttl=30, limit=5).pause(60)   # doctest: +SKIP
+        60.0
+        """
+        return self._limits("p", str(check_pause(seconds, self.name)))
+
+    def paused_for(self) -> float:
+        """Seconds left of this lock's pause (0: not paused)."""
+        return self._limits("r")
+
+    def _limits(self, *args: str) -> float:
+        if not isinstance(self.store, ServerStore):
+            raise LockConfigError(
+                "a pause lives on one Redis server: a lock over a quorum of masters (RedLock) "
+                "cannot be paused",
+                name=self.name,
+            )
+        with backend_errors(self.name):
+            raw = run("limits", self.client, self.encoded_keys, list(args))
+        return LimitsReply.decode(raw).lock_paused_for
+
     # -- inspecting --------------------------------------------------------------------------
 
     def holders(self) -> list[Holder]:
@@ -493,6 +524,20 @@ class Lock:
     ) -> None:
         lease: Lease = self._entered.stack.pop()
         lease.__exit__(exc_type, exc, tb)
+
+
+def check_pause(seconds: object, name: str) -> int:
+    """``seconds`` of a lock's pause in ms; raises :class:`LockConfigError` naming the lock
+    unless it is a finite number above 0 and at most 30 days (a rate limit's longest pause)."""
+    number = finite_real(seconds)
+    if number is None or not 0 < number <= MAX_PAUSE:
+        raise refuse(
+            f"lock {name!r}: pause",
+            f"a number of seconds from 0 to {MAX_PAUSE:g}",
+            seconds,
+            name=name,
+        )
+    return max(1, round(number * 1000))
 
 
 def _store_of(client: RedisClient | Store, more: LockExtras, name: str) -> Store:
@@ -555,6 +600,14 @@ class Lease:
         Raises :class:`LockNotOwned` if it was not held any more (expired, or released already).
         """
         self.lock.release(self, finish_job=finish_job, keep=keep)
+
+    def pause(self, seconds: float) -> float:
+        """Pauses this lease's lock for ``seconds`` (see :meth:`Lock.pause`): no new lease on
+        any worker meanwhile; this one goes on. Answers the seconds the pause has left.
+
+        >>> current_lease().pause(60)   # doctest: +SKIP
+        """
+        return self.lock.pause(seconds)
 
     def renew(self, ttl: float | None = None) -> None:
         """Extends the lease to ``ttl`` seconds from now (default: the lock's ttl); a lease that

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypedDict, get_args
 
@@ -24,6 +24,7 @@ from .protocol import PRIORITIES, Mode
 __all__ = [
     "ConflictAction",
     "KeyFunction",
+    "LockOption",
     "LockOptionDict",
     "LockOptions",
     "PriorityFunction",
@@ -80,6 +81,9 @@ class LockOptions:
     one) ordering one tenant's parked tasks, higher first (``None``: 0)."""
     fields: tuple[str, ...] = ()
     """Names of the arguments a key template uses (checked against the signature)."""
+    also: tuple[LockOptions, ...] = ()
+    """``lock=`` as a list: the further locks, taken together with this one, all or nothing
+    (their ``key``, ``scope``, ``mode``, ``limit`` and ``ttl``; the rest is this one's)."""
 
 
 class LockOptionDict(TypedDict, total=False):
@@ -106,8 +110,14 @@ class LockOptionDict(TypedDict, total=False):
     priority: int | PriorityFunction | None
 
 
+LockOption = bool | str | LockOptionDict | Sequence[str | LockOptionDict] | None
+"""What a task's ``lock=`` takes: see :func:`parse_lock_option`."""
+
 # The option names, in the order errors list them: the dict form's keys, so they cannot drift.
 _ALLOWED = tuple(LockOptionDict.__annotations__)
+# What each further lock of a ``lock=`` list may say: how the run goes (on_conflict, retries,
+# waits) is the first entry's, for the whole set.
+_PER_LOCK = ("key", "mode", "limit", "scope", "ttl")
 
 
 def option_what(task: str, option: str, what: str = "lock") -> str:
@@ -159,13 +169,17 @@ def template_fields(
 
 
 def parse_lock_option(
-    task: str, signature: inspect.Signature | None, value: bool | str | LockOptionDict | None
+    task: str,
+    signature: inspect.Signature | None,
+    value: LockOption,
 ) -> LockOptions | None:
     """Checks a task's ``lock=`` option against its function and returns it parsed.
 
     ``value`` is ``None``/``False`` (no lock), ``True`` (one run per distinct arguments), a key
-    template string, or a mapping of options. ``signature`` is the task's call signature (see
-    :func:`call_signature`). Raises :class:`LockConfigError` naming the task and the option.
+    template string, a mapping of options, or a list of key strings and mappings: several locks
+    taken all or nothing (the first entry says how the run goes; see :class:`LockOptions`).
+    ``signature`` is the task's call signature (see :func:`call_signature`). Raises
+    :class:`LockConfigError` naming the task and the option.
 
     >>> sig = inspect.signature(lambda customer_id: None)
     >>> parse_lock_option("sync", sig, "sync:{customer_id}").key
@@ -173,11 +187,13 @@ def parse_lock_option(
     """
     if value is None or value is False:
         return None
+    if isinstance(value, list | tuple):
+        return _parse_lock_list(task, signature, value)
     if value is True:
         return LockOptions()
     if isinstance(value, str):
         value = {"key": value}
-    opts = known_options(task, "lock", value, _ALLOWED, "True, a key template string")
+    opts = known_options(task, "lock", value, _ALLOWED, "True, a key template string, a list")
 
     def what(option: str) -> str:
         return option_what(task, option)
@@ -209,6 +225,53 @@ def parse_lock_option(
         max_wait=seconds(opts.get("max_wait", DEFAULT_MAX_WAIT), MAX_WAIT, what("max_wait")),
         max_waiting=int_at_least(opts.get("max_waiting"), 1, what("max_waiting"), or_none=True),
     )
+
+
+def _parse_lock_list(
+    task: str, signature: inspect.Signature | None, value: Sequence[object]
+) -> LockOptions:
+    """``lock=`` as a list: the first entry in full, the others' own lock settings only; each
+    names its lock with a ``key`` of its own (two entries never make one name)."""
+    if len(value) < 2:
+        raise LockConfigError(
+            f"task {task!r}: lock as a list takes two or more locks, got {len(value)}; "
+            "give a single lock as a string or a dict"
+        )
+    entries: list[dict[str, Any]] = []
+    for number, entry in enumerate(value, 1):
+        if isinstance(entry, str):
+            entry = {"key": entry}
+        opts = known_options(task, f"lock {number}", entry, _ALLOWED, "a key template string")
+        if opts.get("key") is None:
+            raise LockConfigError(
+                f"task {task!r}: lock {number} of the list needs a 'key' of its own (a template "
+                "or a callable: each lock of the list is a name of its own)"
+            )
+        run_wide = [k for k in opts if k not in _PER_LOCK]
+        if number > 1 and run_wide:
+            raise LockConfigError(
+                f"task {task!r}: lock {number} of the list sets {', '.join(map(repr, run_wide))}, "
+                f"which the first lock sets for the whole list; a further lock takes "
+                f"{', '.join(_PER_LOCK)}"
+            )
+        entries.append(opts)
+    keys = [opts["key"] for opts in entries]
+    if len(set(keys)) != len(keys):
+        raise LockConfigError(
+            f"task {task!r}: the locks of the list must differ by key, got {keys}"
+        )
+    if entries[0].get("on_conflict") == "queue":
+        raise LockConfigError(
+            f"task {task!r}: lock as a list cannot take on_conflict='queue' (a task line waits "
+            "for one lock); use 'retry' (the default), 'wait', 'skip' or 'raise', or one lock "
+            "with a line (its 'tenant' serves tenants in turn)"
+        )
+    first = parse_lock_option(task, signature, entries[0]) or LockOptions()  # type: ignore[arg-type]
+    also = tuple(
+        parse_lock_option(task, signature, opts) or LockOptions()  # type: ignore[arg-type]
+        for opts in entries[1:]
+    )
+    return replace(first, also=also)
 
 
 def _parse_tenant(

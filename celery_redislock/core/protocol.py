@@ -15,6 +15,9 @@ from typing import Any, Literal, NamedTuple
 
 __all__ = [
     "PRIORITIES",
+    "AcquireAllArgs",
+    "AcquireAllReply",
+    "AcquireAllStatus",
     "AcquireArgs",
     "AcquireReply",
     "AcquireStatus",
@@ -25,6 +28,7 @@ __all__ = [
     "FinishArgs",
     "Grant",
     "HoldersReply",
+    "LimitsReply",
     "LiveLease",
     "LockSpec",
     "Mode",
@@ -230,6 +234,101 @@ class AcquireReply(NamedTuple):
             ms_left=int(parts[5]),
             mode=_MODE_OF[parts[6]],
             granted=Grant.decode_all(parts[7:]) if len(parts) > 7 else (),
+        )
+
+
+# -- limits.lua -------------------------------------------------------------------------------
+
+
+class LimitsReply(NamedTuple):
+    """What ``lua/limits.lua`` answered: the name's ``:limits`` hash after the call."""
+
+    now_ms: int
+    """The server's clock."""
+    lock_paused_ms: int
+    """The end of the lock's pause (server ms; 0: not paused)."""
+    rate: str | None
+    """As stored: ``'limit per_ms'``."""
+    burst: str | None
+    cap: str | None
+    granted: tuple[Grant, ...]
+    """The waiters and parked tasks a resume handed the lock to."""
+
+    @property
+    def lock_paused_for(self) -> float:
+        return max(self.lock_paused_ms - self.now_ms, 0) / 1000
+
+    @classmethod
+    def decode(cls, raw: Sequence[Any]) -> LimitsReply:
+        def field(value: Any) -> str | None:
+            return None if value is None else text(value)
+
+        return cls(
+            now_ms=int(raw[0]),
+            lock_paused_ms=int(raw[1]),
+            rate=field(raw[2]),
+            burst=field(raw[3]),
+            cap=field(raw[4]),
+            granted=Grant.decode_all(raw[5:]),
+        )
+
+
+# -- acquire_all.lua ----------------------------------------------------------------------------
+
+
+class AcquireAllArgs(NamedTuple):
+    """A lease in each of several locks, or in none (acquire_all.lua)."""
+
+    tokens: Sequence[str]
+    """Chosen by the client, one per lock: the call sent again answers the leases it made."""
+    specs: Sequence[str]
+    """Each lock's :meth:`LockSpec.encode`, in the order of the locks' keys."""
+    info: str
+    once: bool = False
+    """An owner holding a live lease in any of the locks is refused."""
+    owner: str | None = None
+    job: str | None = None
+    """Refused with JOB_FINISHED if the first lock records this job as finished."""
+
+    def encode(self) -> list[str]:
+        args = [f"{self.once:d}", self.owner or "", self.info, self.job or ""]
+        for token, spec in zip(self.tokens, self.specs, strict=True):
+            args += [token, spec]
+        return args
+
+
+class AcquireAllStatus(IntEnum):
+    NOT_HELD = 0
+    """Lock ``at`` has no room now; nothing was taken."""
+    HELD = 1
+    JOB_FINISHED = 2
+    OWNER_HOLDS = 3
+    """The owner holds a live lease in lock ``at`` (``ms`` left)."""
+    PART_GONE = 4
+    """The call ran before, and its lease in lock ``at`` is gone since: give back the rest."""
+
+
+_ACQUIRE_ALL_STATUS = {int(s): s for s in AcquireAllStatus}
+
+
+class AcquireAllReply(NamedTuple):
+    status: AcquireAllStatus
+    at: int
+    """The lock (0-based) the status is about (not HELD)."""
+    ms: int
+    """NOT_HELD: ms until that lock's earliest lease lapses (0: none); OWNER_HOLDS: ms left."""
+    held: tuple[tuple[int, int], ...]
+    """HELD: each lock's fence and expiry (server ms), in order."""
+
+    @classmethod
+    def decode(cls, raw: Any) -> AcquireAllReply:
+        parts = [int(p) for p in raw.split()]
+        pairs = parts[3:]
+        return cls(
+            status=_ACQUIRE_ALL_STATUS[parts[0]],
+            at=max(0, parts[1] - 1),
+            ms=parts[2],
+            held=tuple(zip(pairs[::2], pairs[1::2], strict=True)),
         )
 
 

@@ -17,7 +17,7 @@ from redis.crc import key_slot
 
 from ..errors import LockConfigError
 from ._validate import finite_real, non_empty_string, refuse
-from .durations import Duration, seconds_or_none
+from .durations import MAX_PAUSE, Duration, seconds_or_none
 from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
 from .protocol import text
 from .rate_options import MAX_DELAY, Rate, check_burst, check_cost, parse_rate
@@ -39,8 +39,6 @@ __all__ = [
 
 MAX_LATE = Duration(0.0, 86400.0)
 """The range of ``max_late``: 0 to a day."""
-MAX_PAUSE = 30 * 86400.0
-"""The longest pause, in seconds (30 days)."""
 
 
 def rate_key(namespace: str, name: str) -> str:
@@ -348,7 +346,7 @@ def reserve_all(
         raise LockConfigError(
             f"rate limits {names} are in different Redis Cluster slots, so they cannot be "
             f"reserved all or nothing: start every name with one hash tag (such as "
-            f"'{{acme}}:{names[0]}')",
+            f"'{{acme}}:{names[0]}'; a key template writes it '{{{{acme}}}}:...')",
             name=first.name,
         )
     head = first._args(_units(costs[0]))

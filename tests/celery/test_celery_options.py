@@ -56,7 +56,8 @@ def app() -> Iterator[Celery]:
         ({"countdown": "2"}, "lock option 'countdown': must be a number of seconds from 0.01"),
         ({"max_retries": -1}, "lock option 'max_retries': must be an integer >= 0 or None"),
         ({"count_retries": 1}, "lock option 'count_retries': must be True or False, got 1"),
-        (["key"], "task 'opts.f': lock must be True, a key template string or a dict of options"),
+        (["key"], "task 'opts.f': lock as a list takes two or more locks, got 1"),
+        (7, "task 'opts.f': lock must be True, a key template string, a list or a dict of options"),
         # tenants in the task line
         (
             {"tenant": "{customer_id}"},

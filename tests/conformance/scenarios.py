@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from celery_redislock import current_rate
+from celery_redislock import current_lease, current_rate
 
 KEY = "conf:{key}"
 
@@ -55,9 +55,14 @@ def _cost(key: str, seconds: float = 0.0) -> float:
 
 
 def rate_hooks(marks: Any, key: str) -> None:
-    """What a body does with its rate slot, as both frameworks' bodies do: notes its cost;
-    settles the cost the test put in ``settle:<key>``; pauses its limit for the seconds in
-    ``pause:<key>`` (as after an upstream 429)."""
+    """What a body does with its rate slot and its lease, as both frameworks' bodies do: notes
+    its cost; settles the cost the test put in ``settle:<key>``; pauses its limit for the
+    seconds in ``pause:<key>``, its lock for those in ``lock-pause:<key>`` (as after an
+    upstream 429)."""
+    lock_pause = marks.get(f"lock-pause:{key}")
+    lease = current_lease()
+    if lock_pause is not None and lease is not None:
+        lease.pause(float(lock_pause))
     slot = current_rate()
     if slot is None:
         return
@@ -116,6 +121,11 @@ JOBS: dict[str, Job] = {
     ),
     # Called with a third argument, ``tenant`` (every call takes it, "" by default).
     "queue_tenant": Job(lock=_lock(on_conflict="queue", tenant="{tenant}")),
+    # Two locks all or nothing: the tenant's (one at a time) and a shared one (two at a time).
+    "two_locks": Job(lock=[{"key": KEY + ":t{tenant}", "on_conflict": "skip"}, _lock(limit=2)]),
+    "two_locks_wait": Job(
+        lock=[{"key": KEY + ":t{tenant}", "on_conflict": "wait", "timeout": 30}, _lock(limit=2)]
+    ),
 }
 
 ADAPTERS = ("celery", "rq")
@@ -182,6 +192,10 @@ HELD = frozenset({"acquired", "released"})  # took its lease and gave it back
 SKIPPED = r"INFO skipped: lock '{lock}' is held by the-test"
 RETRIES = r"INFO retries in \d+\.\ds: lock '{lock}' is held by the-test"
 PARKED = r"INFO parked in the task line of lock '{lock}' \(\d+ waiting\): held by the-test"
+PAUSED_SKIP = r"INFO skipped: lock '{lock}' is paused for \d+\.\ds"
+PAUSED_PARKED = (
+    r"INFO parked in the task line of lock '{lock}' \(\d+ waiting\): paused for \d+\.\ds"
+)
 EXPIRED = (
     r"WARNING not run: it waited in the task line of lock '{lock}' longer than max_wait \(1s\)"
 )
@@ -328,6 +342,40 @@ SCENARIOS: list[Scenario] = [
         "held_throughout",
         Expect("skipped", 0, actions("skip"), log=SKIPPED, record=("the-test",)),
         params={"host": True},
+    ),
+    # -- a lock paused (after an upstream 429, or by an operator) --------------------------------
+    Scenario(
+        "a_paused_lock_skips_saying_so",
+        "skip",
+        "paused_lock",
+        Expect("skipped", 0, actions("skip"), log=PAUSED_SKIP, record=()),
+    ),
+    Scenario(
+        "a_run_pauses_its_lock_and_the_next_waits_in_line_until_it_ends",
+        "queue",
+        "lock_paused_by_a_run",
+        Expect("ran", 2, actions("queue"), log=PAUSED_PARKED, lease=HELD),
+        params={"gap": 2.0},
+    ),
+    # -- several locks, all or nothing (lock= as a list) -----------------------------------------
+    Scenario(
+        "two_locks_each_cap_holds_under_contention_and_a_refused_call_holds_none",
+        "two_locks",
+        "several_locks",
+        Expect("skipped", 1, actions("skip")),
+    ),
+    Scenario(
+        "two_locks_a_waiting_call_runs_once_both_are_free",
+        "two_locks_wait",
+        "several_locks_wait",
+        Expect("ran", 1, lease=frozenset({"acquired", "released", "acquired#2", "released#2"})),
+    ),
+    Scenario(
+        "two_locks_a_killed_runner_s_leases_are_both_released_by_the_parent",
+        "two_locks",
+        "kill_runner_of_several",
+        Expect("failed", 1, lease=frozenset({"acquired", "acquired#2"})),
+        marks=("faults",),
     ),
     # -- the task line ---------------------------------------------------------------------------
     Scenario(

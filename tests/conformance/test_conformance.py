@@ -25,7 +25,7 @@ from helpers import free_port, wait_for, wait_until_queued
 
 from celery_redislock import DuplicateTask, LockBackendError, RateLimit
 from celery_redislock.contrib.redis_server import RedisServer
-from celery_redislock.core.admin import clear_limits, force_release, set_limits
+from celery_redislock.core.admin import clear_limits, force_release, resume_lock, set_limits
 from celery_redislock.core.keys import LockKeys
 from celery_redislock.core.lock import Lock
 
@@ -589,6 +589,89 @@ def rate_several(adapter: Adapter, row: Scenario, key: str) -> Expect:
     return observe(adapter, row, key, second)
 
 
+def paused_lock(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """The lock is paused (as ``redislock pause NAME 30``) and nobody holds it: a call skips,
+    saying it is paused, holding nothing."""
+    name = lock_name(row, key)
+    adapter.lock(name).pause(30)
+    try:
+        run_id = adapter.send(row.job, key)
+        settle(adapter, run_id)
+        assert not adapter.lock(name).locked()
+    finally:
+        resume_lock(adapter.lock_client, name)
+    return observe(adapter, row, key, run_id)
+
+
+def lock_paused_by_a_run(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """The first run pauses its own lock for 2 s (``current_lease().pause``, as after a 429):
+    the next call, sent once the first ended, waits in the task line until the pause ends
+    (nobody releases then: a sweeper hands the lock on) and runs."""
+    adapter.marks.set(f"lock-pause:{key}", str(row.params["gap"]))
+    first = adapter.send(row.job, key)
+    settle(adapter, first)
+    adapter.marks.delete(f"lock-pause:{key}")
+    assert adapter.lock(lock_name(row, key)).paused_for() > 0
+    second = adapter.send(row.job, key)
+    settle(adapter, second)
+    starts = adapter.started_at(key)
+    assert starts[1] - starts[0] >= row.params["gap"] * 0.8, starts
+    return observe(adapter, row, key, second)
+
+
+def several_locks(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """Two locks a call takes all or nothing: its tenant's (one at a time) and a shared one (two
+    at a time, one place held by the test). A's first call runs on one runner and fills both;
+    on the other, A's second finds its tenant's lock full and C finds the shared one full: both
+    skip, and neither holds anything meanwhile (C's tenant lock stays free)."""
+    shared = adapter.lock(lock_name(row, key), limit=2)
+    outside = shared.acquire(info={"task_id": "the-test"})
+    a1 = adapter.send(row.job, key, 60.0, tenant="a")
+    wait_for(lambda: adapter.runs(key) == 1, "A's first runs", DEADLINE_S)
+    a2 = adapter.send(row.job, key, tenant="a")
+    assert settle(adapter, a2) == "skipped"
+    assert adapter.skip_record(a2).get("lock") == f"conf:{key}:ta"
+    c = adapter.send(row.job, key, tenant="c")
+    settle(adapter, c)
+    assert adapter.skip_record(c).get("lock") == lock_name(row, key)
+    assert not adapter.lock(f"conf:{key}:tc").locked()
+    assert {h.info.get("task_id") for h in shared.holders()} == {a1, "the-test"}
+    outside.release()
+    adapter.stop(key)
+    assert settle(adapter, a1) == "ran"
+    wait_for(lambda: not shared.locked(), "A's leases given back", 5)
+    return observe(adapter, row, key, c)
+
+
+def several_locks_wait(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """A call that waits for two locks while the test holds one of them (its tenant's) starts
+    only once it is released, holding both then."""
+    tenant = adapter.lock(f"conf:{key}:ta")
+    lease = tenant.acquire(info={"task_id": "the-test"})
+    run_id = adapter.send(row.job, key, tenant="a")
+    time.sleep(0.5)  # (time to start waiting; however late it comes, it starts after the release)
+    released = time.time()
+    lease.release()
+    assert settle(adapter, run_id) == "ran"
+    assert adapter.started_at(key)[0] >= released
+    return observe(adapter, row, key, run_id)
+
+
+def kill_runner_of_several(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """A runner holding two locks is SIGKILLed: the worker's parent gives back both leases at
+    once (not by a lapse: their ttl is 30 s)."""
+    run_id = adapter.send(row.job, key, 60.0, tenant="a")
+    wait_for(lambda: adapter.runs(key) == 1, "the call runs", DEADLINE_S)
+    locks = [adapter.lock(lock_name(row, key), limit=2), adapter.lock(f"conf:{key}:ta")]
+    assert all(lk.locked() for lk in locks)
+    os.kill(adapter.pid(key), signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: not any(lk.locked() for lk in locks), "both leases released", DEADLINE_S)
+    assert time.monotonic() - killed < 5.0
+    settle(adapter, run_id)
+    return observe(adapter, row, key, run_id)
+
+
 def rate_set_live(adapter: Adapter, row: Scenario, key: str) -> Expect:
     """A rate set in Redis at runtime (1 per 3 s) takes the place of the code's (100 a second)
     at the next start, on a worker that started with the code's."""
@@ -710,6 +793,11 @@ PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
         rate_paused,
         rate_several,
         rate_set_live,
+        paused_lock,
+        lock_paused_by_a_run,
+        several_locks,
+        several_locks_wait,
+        kill_runner_of_several,
         copy_of_finished,
         copy_while_running,
         kill_runner,

@@ -10,7 +10,14 @@ import pytest
 import redis
 from helpers import wait_for, wait_until_queued
 
-from celery_redislock import Lock, LockBackendError, LockNotAcquired, iter_locks, renew_leases
+from celery_redislock import (
+    Lock,
+    LockBackendError,
+    LockNotAcquired,
+    acquire_all,
+    iter_locks,
+    renew_leases,
+)
 from celery_redislock.core.admin import (
     clear_limits,
     describe_rate,
@@ -49,7 +56,7 @@ DOCUMENTED_RULES = [
     ],
     *["+zadd", "+zcard", "+zrange", "+zrangebyscore", "+zrem", "+zremrangebyscore", "+zscore"],
     "+zrangebylex",  # tenants in the task line
-    "+hmget",  # rate limits: the bucket and the runtime limits (rate.lua, describe_rate)
+    "+hmget",  # the runtime limits (rate.lua, limits.lua, a lock's cap and pause) and the bucket
 ]
 
 
@@ -86,6 +93,13 @@ def test_the_listed_permissions_are_enough(client: redis.Redis) -> None:
     plain = Lock(restricted, "acl-plain", ttl=5)
     with plain.acquire(), pytest.raises(LockNotAcquired, match="held"):
         plain.acquire(blocking=False)
+    # Several locks at once (a lock= list): taken, and refused by a held one.
+    pair = [Lock(restricted, "acl-a", ttl=5, mode="read"), Lock(restricted, "acl-b", ttl=5)]
+    both = acquire_all(pair, owner="job-2", reentrant=False, job="job-2")
+    with pytest.raises(LockNotAcquired, match="acl-b"):
+        acquire_all(pair, blocking=False)
+    for held in both:
+        held.release()
 
 
 def test_the_listed_permissions_run_the_task_line(client: redis.Redis) -> None:

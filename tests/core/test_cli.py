@@ -14,8 +14,9 @@ import pytest
 import redis
 from helpers import free_port
 
-from celery_redislock import Lock
+from celery_redislock import Lock, LockNotAcquired
 from celery_redislock.contrib.redis_server import RedisServer
+from celery_redislock.core.admin import clear_limits, resume_lock, set_limits
 from celery_redislock.core.claims import ClaimKind, claim
 
 SCRIPT = Path(sys.executable).parent / "redislock"
@@ -51,12 +52,24 @@ def test_list_and_show_a_holder(client: redis.Redis, redis_server: RedisServer) 
     listed = run("list", "sync:*", url=url)
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()
-    assert header.split() == ["NAME", "MODE", "HOLDERS", "EXPIRES", "IN", "WAITERS"]
-    assert row.split()[:3] == ["sync:42", "write", "1"] and row.split()[-1] == "0"
+    assert header.split() == [
+        *("NAME", "MODE", "HOLDERS", "EXPIRES", "IN", "WAITERS", "CAP", "SET", "PAUSED", "FOR")
+    ]
+    assert row.split()[:3] == ["sync:42", "write", "1"] and row.split()[-3:] == ["0", "-", "-"]
     (entry,) = as_json(run("list", "sync:*", "--json", url=url))
     assert entry["name"] == "sync:42" and entry["holders"] == 1 and entry["waiters"] == 0
     assert 0 < entry["expires_in"] <= 30
+    assert (entry["cap"], entry["paused_for"]) == (None, 0.0)
     assert [e["name"] for e in as_json(run("list", "--json", url=url))] == ["other", "sync:42"]
+    # What is set at runtime shows in the list: a cap, a pause.
+    set_limits(client, "sync:42", cap=3)
+    Lock(client, "sync:42", ttl=30).pause(60)
+    row = run("list", "sync:*", url=url).stdout.splitlines()[1].split()
+    assert row[-2] == "3" and row[-1].endswith("s") and 55 < float(row[-1][:-1]) <= 60
+    (entry,) = as_json(run("list", "sync:*", "--json", url=url))
+    assert entry["cap"] == 3 and 55 < entry["paused_for"] <= 60
+    clear_limits(client, "sync:42")
+    resume_lock(client, "sync:42")
 
     shown = run("show", "sync:42", url=url)
     assert shown.returncode == 0, shown.stderr
@@ -203,13 +216,15 @@ def test_rates_limit_set_and_clear(client: redis.Redis, redis_server: RedisServe
         "burst": 2,
         "cap": None,
         "paused_for": 0,
+        "lock_paused_for": 0,
     }
 
     listed = run("rates", url=url)
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()
-    assert header.split() == ["NAME", "RATE", "BURST", "CAP", "PAUSED", "FOR"]
-    assert row.split() == ["partner:api", "50/60s", "2", "code's", "-"]
+    columns = ["NAME", "RATE", "BURST", "CAP", "PAUSED FOR", "LOCK PAUSED FOR"]
+    assert [cell.strip() for cell in header.split("  ") if cell.strip()] == columns
+    assert row.split() == ["partner:api", "50/60s", "2", "code's", "-", "-"]
     assert as_json(run("rates", "partner:*", "--json", url=url)) == [only_burst]
     assert run("rates", "other:*", url=url).returncode == 1
 
@@ -239,19 +254,40 @@ def test_pause_and_resume(client: redis.Redis, redis_server: RedisServer) -> Non
     url = redis_server.url
     paused = run("pause", "api", "30", url=url)
     assert paused.returncode == 0, paused.stderr
-    assert paused.stdout.startswith("rate limit 'api': the code's rate, the code's burst, paused")
+    said, state = paused.stdout.splitlines()
+    assert said == "paused rate limit and lock 'api'"
+    assert state.startswith("rate limit 'api': the code's rate, the code's burst, paused for")
+    assert "; lock paused for " in state
     limit = RateLimit(client, "api", "10/s")
     assert 25 < limit.usage().paused_for <= 30  # (the CLI process started and ended since)
     got = limit.reserve("r")
     assert 25 < got.delay <= 30  # no start before the pause ends
+    # ... and the lock of the name: no new lease before the pause ends.
+    lock = Lock(client, "api", ttl=30)
+    with pytest.raises(LockNotAcquired):
+        lock.acquire(blocking=False)
     (entry,) = as_json(run("rates", "--json", url=url))
     assert entry["name"] == "api" and 20 < entry["paused_for"] <= 30  # (a few CLI runs later)
+    assert 20 < entry["lock_paused_for"] <= 30
     assert entry["rate"] is None and entry["burst"] is None
     row = run("rates", url=url).stdout.splitlines()[1].split()
     assert row[:3] == ["api", "code's", "code's"]
+    shown = run("show", "api", url=url)  # nobody holds it, but it is paused: said so
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("lock 'api': not held, 0 holder(s), 0 waiter(s), paused for ")
+    assert 20 < as_json(run("show", "api", "--json", url=url))["paused_for"] <= 30
 
-    resumed = as_json(run("resume", "api", "--json", url=url))
-    assert resumed == {"name": "api", "rate": None, "burst": None, "cap": None, "paused_for": 0}
+    resumed = run("resume", "api", url=url)
+    assert resumed.stdout.splitlines()[0] == "resumed rate limit and lock 'api'"
+    assert as_json(run("resume", "api", "--json", url=url)) == {
+        "name": "api",
+        "rate": None,
+        "burst": None,
+        "cap": None,
+        "paused_for": 0,
+        "lock_paused_for": 0,
+    }
+    lock.acquire(blocking=False).release()
     assert limit.usage().paused_for == 0.0
     assert run("rates", url=url).returncode == 1
     assert run("resume", "api", url=url).returncode == 0  # nothing to end: done

@@ -4,6 +4,7 @@ outcome of ``LockedRun.take``, with the log line's logger and the signal each on
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,8 +13,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_redislock import RateLimit, current_rate
+from celery_redislock import RateLimit, current_lease, current_rate
 from celery_redislock.core.claims import ClaimKind, claim
+from celery_redislock.core.lock import Lock
 from celery_redislock.core.options import call_signature, parse_lock_option
 from celery_redislock.core.rate_options import parse_rate_option
 from celery_redislock.core.run import (
@@ -306,3 +308,110 @@ def test_a_copy_replaced_under_its_unique_key_is_superseded(client: redis.Redis,
     outcome = run.take()
     assert isinstance(outcome, Skip) and outcome.kind == "superseded"
     assert outcome.holders == ["new"] and run.lease is None
+
+
+# -- lock= as a list: several locks, all or nothing ------------------------------------------
+
+
+def test_a_lock_list_holds_every_lock_renewed_and_gives_each_back(
+    client: redis.Redis, bus: Bus
+) -> None:
+    spec = _spec(lock=[{"key": "sync:{customer_id}", "ttl": 1}, {"key": "api", "ttl": 1}])
+    run = _run(client, spec, "a", bus, finish_job="a.0")
+    assert isinstance(run.take(), Held)
+    assert [lease.name for lease in (run.lease, *run.more_leases)] == ["sync:42", "api"]  # type: ignore[union-attr]
+    locks = [Lock(client, name, ttl=1) for name in ("sync:42", "api")]
+    # Past three ttls, both leases are still held: the heartbeat renews each.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert all(lk.locked() for lk in locks)
+        time.sleep(0.1)
+    run.release(finished=True)
+    assert not any(lk.locked() for lk in locks)
+    assert [n for n, _ in bus.sent] == ["acquired", "acquired", "released", "released"]
+    # A copy delivered again meets the finish record (kept by the first lock).
+    assert _run(client, spec, "a", bus, finish_job="a.0").take() == Finished("sync:42", ["a"])
+
+
+def test_a_lock_list_conflict_names_the_lock_with_no_room(client: redis.Redis, bus: Bus) -> None:
+    spec = _spec(lock=["sync:{customer_id}", {"key": "api", "limit": 1}])
+    other = _spec(lock="api")
+    holder = _run(client, other, "h", bus)
+    assert isinstance(holder.take(), Held)
+    try:
+        assert _run(client, spec, "b", bus).take() == Skip("skipped", "api", ["h"])
+        assert client.keys("*sync:42*") == []
+    finally:
+        holder.release(finished=False)
+
+
+def test_a_lock_list_copy_of_a_running_task_awaits_the_first(client: redis.Redis, bus: Bus) -> None:
+    spec = _spec(lock=["sync:{customer_id}", "api"])
+    first = _run(client, spec, "a", bus, finish_job="a.0")
+    assert isinstance(first.take(), Held)
+    try:
+        outcome = _run(client, spec, "a", bus, finish_job="a.0", waits=1).take()
+        assert isinstance(outcome, AwaitFirst)
+    finally:
+        first.release(finished=False)
+
+
+def test_a_lock_list_whose_keys_make_one_name_fails(client: redis.Redis, bus: Bus) -> None:
+    spec = _spec(lock=["sync:{customer_id}", "sync:42"])
+    outcome = _run(client, spec, "a", bus).take()
+    assert isinstance(outcome, Fail) and isinstance(outcome.error, LockConfigError)
+    assert "make the name 'sync:42'" in str(outcome.error)
+    assert client.keys("*") == []
+
+
+# -- a paused lock, and the running task's lease -----------------------------------------------
+
+
+def test_a_paused_lock_skips_saying_so_and_a_retry_waits_out_the_pause(
+    client: redis.Redis, bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="celery_redislock")
+    Lock(client, "sync:42", ttl=5).pause(60)
+    assert _run(client, _spec(lock="sync:{customer_id}"), "a", bus).take() == Skip(
+        "skipped", "sync:42", []
+    )
+    line = [r for r in caplog.records if r.name == "celery_redislock.core.outcomes"][-1]
+    assert line.getMessage().startswith("task sync[a] skipped: lock 'sync:42' is paused for ")
+    conflict = bus.sent[-1][1]
+    assert conflict["action"] == "skip" and 55 < conflict["retry_after"] <= 60
+    spec = _spec(lock={"key": "sync:{customer_id}", "on_conflict": "retry", "countdown": 1})
+    again = _run(client, spec, "b", bus).take()
+    assert isinstance(again, RetryAfter) and 55 < again.delay <= 60  # not 1 s: the pause's end
+
+
+def test_the_running_task_s_lease_is_current_and_pauses_its_lock(
+    client: redis.Redis, bus: Bus
+) -> None:
+    assert current_lease() is None
+    run = _run(client, _spec(lock="sync:{customer_id}"), "a", bus)
+    assert isinstance(run.take(), Held)
+    lease = current_lease()
+    assert lease is run.lease and lease is not None
+    assert 29 < lease.pause(30) <= 30
+    assert 29 < Lock(client, "sync:42", ttl=5).paused_for() <= 30
+    run.release(finished=False)
+    assert current_lease() is None
+    assert _run(client, _spec(lock="sync:{customer_id}"), "b", bus).take() == Skip(
+        "skipped", "sync:42", []
+    )
+    with pytest.raises(LockConfigError, match="pause must be"):
+        Lock(client, "sync:42", ttl=5).pause(0)
+
+
+@pytest.mark.parametrize(
+    ("on_conflict", "outcome"),
+    [("skip", Skip), ("retry", RetryAfter), ("queue", Parked), ("raise", Fail)],
+)
+def test_a_task_on_a_paused_key_meets_it_as_held(
+    client: redis.Redis, bus: Bus, on_conflict: str, outcome: type
+) -> None:
+    Lock(client, "sync:42", ttl=5).pause(30)
+    spec = _spec(lock={"key": "sync:{customer_id}", "on_conflict": on_conflict})
+    payload = lambda lock, token: f"entry {token}"  # noqa: E731
+    assert isinstance(_run(client, spec, "a", bus, payload=payload).take(), outcome)
+    assert not Lock(client, "sync:42", ttl=5).locked()

@@ -24,7 +24,7 @@ def job(x: int, y: int = 0) -> None: ...
         (None, "forever", r"unique option 'lifecycle'.*until_started"),
         ({"mode": "read"}, "until_finished", r"needs an exclusive lock="),
         (None, None, r"needs lock=, unique= or rate="),
-        (42, None, r"lock must be True, a key template string or a dict"),
+        (42, None, r"lock must be True, a key template string, a list or a dict"),
         ({"tenant": "{x}"}, None, r"test_rq_options.job.*'tenant': applies to on_conflict"),
         ({"on_conflict": "queue", "tenant": "{z}"}, None, r"'tenant'.*argument\(s\) 'z'"),
         ({"on_conflict": "queue", "priority": 2}, None, r"'priority'.*needs the option 'tenant'"),

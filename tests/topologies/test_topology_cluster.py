@@ -36,6 +36,7 @@ from celery_redislock import (
     LockNotOwned,
     RateLimit,
     RedisLockError,
+    acquire_all,
     renew_leases,
     reserve_all,
 )
@@ -275,6 +276,23 @@ def test_several_rate_limits_need_one_hash_slot(cluster: RedisCluster) -> None:
     assert reserve_all(together, "r1").delay == 0.0
     again = reserve_all(together, "r2")
     assert 9 < again.delay <= 10 and again.name == "{acme}:tenant:7"
+
+
+def test_a_lock_set_needs_one_hash_slot(cluster: RedisCluster) -> None:
+    """Locks in different slots are refused saying how to put them in one, nothing taken;
+    names that share a hash tag are taken together, all or nothing."""
+    apart = [Lock(cluster, name, ttl=5) for name in ("tenant:7", "partner-api")]
+    with pytest.raises(LockConfigError, match=r"different Redis Cluster slots.*hash tag"):
+        acquire_all(apart)
+    assert not any(lock.locked() for lock in apart)
+    together = [Lock(cluster, name, ttl=5) for name in ("{acme}:tenant:7", "{acme}:api")]
+    leases = acquire_all(together, blocking=False)
+    with pytest.raises(LockNotAcquired) as refused:
+        acquire_all([Lock(cluster, "{acme}:tenant:8", ttl=5), together[1]], blocking=False)
+    assert refused.value.name == "{acme}:api"
+    assert not Lock(cluster, "{acme}:tenant:8", ttl=5).locked()
+    for lease in leases:
+        lease.release()
 
 
 def test_unique_task_specs_registry_on_the_cluster(cluster: RedisCluster) -> None:

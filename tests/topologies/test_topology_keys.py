@@ -4,6 +4,7 @@ passes shares the lock's hash tag. Fast: runs with the default tests (no marker)
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 
@@ -12,11 +13,18 @@ import redis
 from helpers import wait_until_queued
 from redis.crc import key_slot
 
-from celery_redislock import Lease, Lock, renew_leases
-from celery_redislock.core.admin import set_limits
+from celery_redislock import Lease, Lock, LockNotAcquired, renew_leases
+from celery_redislock.core.admin import (
+    clear_limits,
+    describe_rate,
+    pause_lock,
+    resume_lock,
+    set_limits,
+)
 from celery_redislock.core.claims import claim, release_claim
 from celery_redislock.core.debounce import defer, sweep_pending
 from celery_redislock.core.keys import LockKeys, check_name, registry_key
+from celery_redislock.core.line import park
 from celery_redislock.core.protocol import ClaimKind
 from celery_redislock.core.rate import RateLimit
 from celery_redislock.core.scripts import NAMES, assembled
@@ -228,6 +236,15 @@ def test_at_run_time_every_key_a_script_touches_was_passed_to_it(client: redis.R
         limit.pause(5)
         limit.usage()
         limit.resume()
+        # The lock of the name paused (every op of limits.lua), a call refused and one parked
+        # meanwhile, then resumed (handing the lock on) and its limits cleared.
+        pause_lock(worker, f"keys-{name}", 5)
+        with contextlib.suppress(LockNotAcquired):
+            lock.acquire(blocking=False)
+        park(lock, "payload", owner="p1")
+        resume_lock(worker, f"keys-{name}")
+        clear_limits(worker, f"keys-{name}")
+        describe_rate(worker, f"keys-{name}")
     client.echo("end-of-check")
     watcher.join(10)
     keys: list[str] = []

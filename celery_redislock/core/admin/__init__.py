@@ -1,7 +1,8 @@
 """Operating on locks from outside their holders (the CLI, the pytest plugin, the
 integrations; no framework): :mod:`.reading` what a lock's records say, :mod:`.listing` finding
 locks by pattern, :mod:`.release` freeing leases (by token, task id, or a whole namespace),
-:mod:`.claims` unique tasks' queued claims, :mod:`.limits` rate limits set and paused live.
+:mod:`.claims` unique tasks' queued claims, :mod:`.limits` limits set and rate limits paused
+live, :mod:`.pause` locks paused and resumed.
 Import the names from here.
 
 >>> from celery_redislock.core import admin
@@ -22,12 +23,14 @@ from .limits import (
     set_limits,
 )
 from .listing import iter_locks, list_locks
+from .pause import LockPause, pause_lock, resume_lock
 from .reading import TEST_HOLDER, LockState, Waiter, describe_holder, describe_lock
 from .release import Released, force_release, release_all
 
 __all__ = [
     "TEST_HOLDER",
     "ClaimState",
+    "LockPause",
     "LockState",
     "RateState",
     "Released",
@@ -43,8 +46,10 @@ __all__ = [
     "list_claims",
     "list_locks",
     "list_rates",
+    "pause_lock",
     "pause_rate",
     "release_all",
+    "resume_lock",
     "resume_rate",
     "set_limits",
 ]

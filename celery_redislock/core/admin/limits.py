@@ -1,8 +1,9 @@
 """Limits seen and changed live: a rate and a burst set in Redis for a name take the place of
 the ones in code at the next reservation on every worker (no restart), until cleared, and so
 does a cap for a lock declared with a ``limit`` of 2 or more; and a rate limit paused for a
-while (after an upstream 429) and resumed. Checked before anything is
-written: a bad value is refused with a clear error and changes nothing.
+while (after an upstream 429) and resumed (the lock of a name: :mod:`.pause`). Checked before
+anything is written: a bad value is refused with a clear error and changes nothing. Each is one
+script, ``lua/limits.lua``, on the name's ``:limits`` hash.
 
 >>> set_limits(redis.Redis(), "partner-api", rate="50/m", burst=5)   # doctest: +SKIP
 >>> [s.name for s in list_rates(redis.Redis())]                      # doctest: +SKIP
@@ -16,9 +17,10 @@ from dataclasses import dataclass
 from ...errors import LockConfigError
 from .._validate import refuse
 from ..keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
-from ..protocol import text
+from ..protocol import LimitsReply
 from ..rate import RateLimit, RateUsage
 from ..rate_options import Rate, check_burst, parse_rate
+from ..scripts import run
 from ..store import RedisClient, backend_errors
 from .listing import scan_names
 
@@ -51,10 +53,21 @@ class RateState:
     paused_for: float
     cap: int | None = None
     """The cap of the lock of this name, in place of its ``limit`` (of 2 or more)."""
+    lock_paused_for: float = 0.0
+    """Seconds left of the pause of the lock of this name (0: none; see :mod:`.pause`)."""
 
 
 def _limit(client: RedisClient, name: str, namespace: str) -> RateLimit:
     return RateLimit(client, name, _ANY, namespace=namespace)
+
+
+def call_limits(
+    client: RedisClient, name: str, namespace: str, op: str, *args: str, what: str = "rate limit"
+) -> LimitsReply:
+    """``lua/limits.lua``'s ``op`` on the name's limits hash (one round trip)."""
+    keys = LockKeys.of(namespace, name).all
+    with backend_errors(name, what):
+        return LimitsReply.decode(run("limits", client, keys, [op, *args]))
 
 
 def set_limits(
@@ -87,18 +100,18 @@ def set_limits(
         if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_CAP:
             raise refuse("cap", f"an integer from 1 to {MAX_CAP:,}", cap, name=name)
         fields["cap"] = str(cap)
-    with backend_errors(name, "rate limit"):
-        client.hset(LockKeys.of(namespace, name).limits, mapping=dict(fields))  # type: ignore[arg-type]
+    # (A hash that held only a lock's pause had an expiry: the script writes it without.)
+    call_limits(client, name, namespace, "s", *(x for item in fields.items() for x in item))
     return describe_rate(client, name, namespace)
 
 
 def clear_limits(
     client: RedisClient, name: str, *, namespace: str = DEFAULT_NAMESPACE
 ) -> RateState:
-    """Forgets the limits set at runtime for ``name``: the code's apply again."""
+    """Forgets the limits set at runtime for ``name``: the code's apply again. A pause of its
+    lock stays (see :func:`~.pause.resume_lock`)."""
     name, namespace = check_name(name), check_namespace(namespace)
-    with backend_errors(name, "rate limit"):
-        client.delete(LockKeys.of(namespace, name).limits)
+    call_limits(client, name, namespace, "c")
     return describe_rate(client, name, namespace)
 
 
@@ -117,35 +130,39 @@ def resume_rate(client: RedisClient, name: str, *, namespace: str = DEFAULT_NAME
 
 
 def describe_rate(client: RedisClient, name: str, namespace: str = DEFAULT_NAMESPACE) -> RateState:
-    """The limits set at runtime for ``name`` and its pause (two round trips)."""
+    """The limits set at runtime for ``name``, its rate limit's pause and its lock's (two
+    round trips)."""
     name, namespace = check_name(name), check_namespace(namespace)
-    keys = LockKeys.of(namespace, name)
-    with backend_errors(name, "rate limit"):
-        rate, burst, cap = client.hmget(keys.limits, ["rate", "burst", "cap"])
+    found = call_limits(client, name, namespace, "r")
     usage: RateUsage = _limit(client, name, namespace).usage()
     parsed = None
-    if rate is not None:
-        limit, per_ms = text(rate).split()
+    if found.rate is not None:
+        limit, per_ms = found.rate.split()
         parsed = Rate(int(limit), int(per_ms) / 1000)
     return RateState(
         name,
         parsed,
-        None if burst is None else int(text(burst)),
+        None if found.burst is None else int(found.burst),
         usage.paused_for,
-        None if cap is None else int(text(cap)),
+        None if found.cap is None else int(found.cap),
+        found.lock_paused_for,
     )
 
 
 def list_rates(
     client: RedisClient, pattern: str = "*", namespace: str = DEFAULT_NAMESPACE
 ) -> list[RateState]:
-    """The names of ``namespace`` matching the glob ``pattern`` with limits set at runtime or
-    a paused rate limit, by name (SCAN, never KEYS)."""
+    """The names of ``namespace`` matching the glob ``pattern`` with limits set at runtime, a
+    paused rate limit or a paused lock, by name (SCAN, never KEYS)."""
     names = set(scan_names(client, namespace, pattern, "limits"))
     names |= set(scan_names(client, namespace, pattern, "bucket"))
     states = (describe_rate(client, name, namespace) for name in sorted(names))
     return [
         s
         for s in states
-        if s.rate is not None or s.burst is not None or s.cap is not None or s.paused_for
+        if s.rate is not None
+        or s.burst is not None
+        or s.cap is not None
+        or s.paused_for
+        or s.lock_paused_for
     ]

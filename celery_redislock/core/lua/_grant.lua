@@ -1,28 +1,61 @@
 -- _grant.lua (a part, not a script; see scripts.py): the lock handed on to those in line when
 -- leases are freed or the line moves.
--- Defines: WAKE_MS, runtime_cap, fits, line_head, grant, wake_one, tidy, hand_on.
+-- Defines: WAKE_MS, runtime_cap, lock_paused, forget_runtime_limits, limits_present,
+-- read_runtime_limits, pause_left, fits, line_head, grant, wake_one, tidy, hand_on.
 
 -- #include _line.lua
 
 -- How long a non-fair lock's wake-up signals live (a signal nobody pops must not linger).
 local WAKE_MS = 2000
 
--- A cap set at runtime for the name (redislock limit set NAME --cap N), read once per call:
--- nil, not read yet; false, none.
+-- What is set at runtime for the name (K.limits), read once per call, in one HMGET:
+-- runtime_cap, a cap (redislock limit set NAME --cap N), false none; lock_paused, the server ms
+-- until which the lock hands out no new lease (redislock pause NAME SECONDS; 0 or a time past:
+-- not paused). nil: not read yet.
 local runtime_cap = nil
+local lock_paused = nil
 
--- Whether a new lease of `mode` fits beside the live ones; limit 0 means unbounded, and a limit
--- of 2 or more (a cap in code) gives way to a cap set at runtime. A second answer true: the
--- lock has no lease at all.
+-- Forgets what this call read of the runtime limits (a script that works on several locks,
+-- acquire_all.lua, calls it as it turns from one lock to the next).
+local function forget_runtime_limits()
+  runtime_cap, lock_paused = nil, nil
+end
+
+-- What the caller learnt already of K.limits (an EXISTS it ran anyway): `present` false, the
+-- key does not exist, so there is nothing to read (no cap, no pause) and nothing is asked.
+local function limits_present(present)
+  if not present then
+    runtime_cap, lock_paused = false, 0
+  end
+end
+
+local function read_runtime_limits()
+  if runtime_cap == nil then
+    local set = redis.call('HMGET', K.limits, 'cap', 'lock_paused')
+    runtime_cap, lock_paused = tonumber(set[1]) or false, tonumber(set[2]) or 0
+  end
+end
+
+-- The ms left of the lock's pause at the call's time (0: not paused). While paused, no new
+-- lease is handed out by any path (fits refuses); leases held keep renewing and releasing,
+-- and an owner's re-entry into its own live lease is no new lease.
+local function pause_left()
+  read_runtime_limits()
+  return lock_paused > call_ms and lock_paused - call_ms or 0
+end
+
+-- Whether a new lease of `mode` fits beside the live ones; never while the lock is paused.
+-- Limit 0 means unbounded, and a limit of 2 or more (a cap in code) gives way to a cap set at
+-- runtime. A second answer true: the lock has no lease at all.
 local function fits(mode, limit)
+  if pause_left() > 0 then
+    return false
+  end
   local n = lease_count()
   if n == 0 then
     return true, true
   end
   if limit >= 2 then
-    if runtime_cap == nil then
-      runtime_cap = tonumber(redis.call('HGET', K.limits, 'cap')) or false
-    end
     limit = runtime_cap or limit
   end
   -- The count first: a full lock needs no look at the mode.
@@ -124,7 +157,7 @@ end
 -- line, no count of queued writers or parked tasks can be right but 0: a stale one would keep
 -- newcomers out of free capacity.
 local function tidy(keep_ms)
-  if redis.call('EXISTS', K.leases) == 0 then
+  if no_leases or redis.call('EXISTS', K.leases) == 0 then
     redis.call('HDEL', K.meta, unpack(STATE_FIELDS))
     redis.call('PEXPIRE', K.meta, keep_ms)
   end

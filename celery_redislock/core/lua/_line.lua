@@ -1,9 +1,9 @@
 -- _line.lua (a part, not a script; see scripts.py): what a lock script knows of the lock's
 -- line and leases, leases and entries in line made and dropped, and the purge of what lapsed
 -- that a script does before it decides anything.
--- Defines: queue_known, no_leases, queue_exists, lease_count, lease_expiry, keys_present,
--- keep_lease_keys, new_lease, SLOT, MEMBER_LEN, slot_of, tenant_next, in_line, enqueue,
--- requeue, drop_lease, dequeue, parked_count, purge_leases, purge, start.
+-- Defines: queue_known, no_leases, forget_lock_state, queue_exists, lease_count, lease_expiry,
+-- keys_present, keep_lease_keys, new_lease, SLOT, MEMBER_LEN, slot_of, tenant_next, in_line,
+-- enqueue, requeue, drop_lease, dequeue, parked_count, purge_leases, purge, start.
 
 -- #include _lease.lua
 
@@ -11,6 +11,12 @@
 -- variable costs nothing). Its own writes keep them true. Set only by the helpers below.
 local queue_known = nil -- whether anyone waits in line (nil: not known, ask)
 local no_leases = false -- the lock is known to have no lease at all
+
+-- Forgets what this call learnt of the lock (a script that works on several locks,
+-- acquire_all.lua, calls it as it turns from one lock to the next).
+local function forget_lock_state()
+  queue_known, no_leases = nil, false
+end
 
 -- Whether anyone waits in line.
 local function queue_exists()
@@ -30,15 +36,14 @@ local function lease_expiry(tok)
   return not no_leases and redis.call('ZSCORE', K.leases, tok)
 end
 
--- What `EXISTS leases queue` answered (`present`: 1 or 2) in a script's fast path, before these
--- helpers were defined: 2, both keys; 1, one of them, and which is asked here, once (when it is
--- the line, the lock has no lease at all). start() then asks nothing more.
+-- What an EXISTS of the lock's keys answered in a script's fast path, before these helpers were
+-- defined. EXISTS counts a key once per time it is named, so a script names the leases key
+-- once, the queue twice (and others 4, 8, ... times): the count is then a sum of flags that says
+-- which keys exist, 1 the leases, 2 the queue (the higher flags are the caller's concern).
+-- start() then asks nothing more: with no leases key the lock has no lease at all.
 local function keys_present(present)
-  if present == 2 then
-    queue_known = true
-  else
-    no_leases = queue_exists()
-  end
+  queue_known = present % 4 >= 2
+  no_leases = present % 2 == 0
 end
 
 -- Makes the leases key live at least `need` ms (with `slack` more when it is extended, so that

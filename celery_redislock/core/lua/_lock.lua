@@ -1,6 +1,6 @@
 -- _lock.lua (a part, not a script; see scripts.py): a lock's keys, its spec, the shape of the
 -- hot path's replies, and the writes of a new lease (all acquire.lua's fast path needs).
--- Defines: K, parse_spec, reply, append, LINE_PREFIX, is_parked_token, record_done,
+-- Defines: K, use_lock_keys, parse_spec, reply, append, LINE_PREFIX, is_parked_token, record_done,
 -- put_lease.
 --
 -- Every lock script takes the same eight keys, all sharing the lock's hash tag:
@@ -14,6 +14,8 @@
 --                   'g' ids of the last releases that dropped a lease (run twice, such a
 --                   release still says released), 'w' the id and answer of the last
 --                   release_where that freed a lease (run twice, it answers the same),
+--                   'r' the id and answer of the last resume that handed the lock on
+--                   (limits.lua),
 --                   the task line (parked tasks: the park branch of acquire.lua and the
 --                   line_*.lua scripts): 'qp' number of parked entries,
 --                   'p:<token>' a parked task's record (JSON: s arrival number, d wait deadline,
@@ -32,8 +34,10 @@
 --   KEYS[7] tenants sorted set, every score 0 (ordered by member): the parked tasks with a
 --                   tenant, member '<tenant id: 16 hex><priority: 8 hex, highest first>
 --                   <arrival: 15 digits><token>' (see _line.lua)
---   KEYS[8] limits  hash: the limits set at runtime for the name; 'cap' takes the place of a
---                   lock's limit of 2 or more (see fits in _grant.lua)
+--   KEYS[8] limits  hash: what is set at runtime for the name (limits.lua); 'cap' takes the
+--                   place of a lock's limit of 2 or more, and 'lock_paused' (server ms) is the
+--                   end of a pause: until then no new lease is handed out (see fits in
+--                   _grant.lua)
 -- and the lock's spec 'mode limit ttl fair entry keep' (see parse_spec).
 -- A lease is live while its expiry is greater than the server's TIME in ms.
 --
@@ -47,6 +51,14 @@ local K = {
   leases = KEYS[1], meta = KEYS[2], queue = KEYS[3], qdl = KEYS[4], wake = KEYS[5], done = KEYS[6],
   tenants = KEYS[7], limits = KEYS[8],
 }
+
+-- Turns K to the lock whose eight keys follow KEYS[base] (a script that works on several
+-- locks, acquire_all.lua, passes their keys lock after lock).
+local function use_lock_keys(base)
+  K.leases, K.meta, K.queue, K.qdl = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
+  K.wake, K.done, K.tenants, K.limits = KEYS[base + 5], KEYS[base + 6], KEYS[base + 7],
+    KEYS[base + 8]
+end
 
 -- The lock's spec: mode 'r' | 'w', limit (0 = unbounded), ttl ms, fair '0' | '1', queue entry
 -- lifetime ms, keep ms (how long the fence mark outlives the lock's last use: fences stay

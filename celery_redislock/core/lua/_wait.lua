@@ -1,8 +1,8 @@
 -- _wait.lua (a part, not a script; see scripts.py): what a call that waits in line needs
--- beside the line itself (acquire.lua).
+-- beside the line and its hand-over (acquire.lua): the pause of the lock is in _grant.lua.
 -- Defines: keep, keep_waiters, next_expiry.
 
--- #include _line.lua
+-- #include _grant.lua
 
 -- Makes each key live at least `need` ms, with `slack` ms more so that later calls seldom need
 -- to touch it again. Never shortens a key's life: others may need it for longer.
@@ -20,15 +20,20 @@ local function keep_waiters(entry_ms)
   keep({K.meta, K.queue, K.qdl}, entry_ms + GRACE_MS, entry_ms)
 end
 
--- Milliseconds until the earliest live lease expires: when a waiter should look again even if
--- nobody wakes it (a holder that crashed never releases).
+-- Milliseconds until the earliest live lease expires, or the lock's pause ends if that comes
+-- first (0: neither): when a waiter should look again even if nobody wakes it (a holder that
+-- crashed never releases; a pause ends by time, with nothing to push a wake-up).
 local function next_expiry(now)
-  if no_leases then
-    return 0
+  local next_ms = 0
+  if not no_leases then
+    local first = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
+    if first[2] then
+      next_ms = tonumber(first[2]) - now
+    end
   end
-  local first = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
-  if first[2] then
-    return tonumber(first[2]) - now
+  local paused = pause_left()
+  if paused > 0 and (next_ms <= 0 or paused < next_ms) then
+    return paused
   end
-  return 0
+  return next_ms
 end

@@ -1,5 +1,5 @@
 -- acquire.lua: take a lease, re-enter one, or wait in line for one.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants (see _lock.lua)
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants, 8 limits (see _lock.lua)
 -- ARGV: 1 token (chosen by the client: run again with the same token, this call returns the
 --         lease it made, never a second one nor a second re-entry),
 --       2 the lock's spec 'mode limit ttl fair entry keep' (see parse_spec in _lock.lua),
@@ -19,8 +19,8 @@
 --         within it (8, 0 the highest), see _line.lua: parked tasks with a tenant are served
 --         tenant by tenant in turn
 -- Returns 'status token fence expiry count next mode granted...' (one string, space-separated):
---   expiry in server ms, count the reentry count, next the ms until the earliest lease expires,
---   mode the held lease's mode;
+--   expiry in server ms, count the reentry count, next the ms until the earliest lease expires
+--   or the lock's pause ends, whichever comes first (0: neither), mode the held lease's mode;
 --   status 1 held, 0 not held (queued when wait = 1), -1 read-to-write upgrade refused,
 --   2 the job is finished already, 3 not held: the owner holds a live lease (once = 1; next is
 --   then the ms that lease has left), 4 parked (count = the parked entries in line),
@@ -45,12 +45,16 @@ local function job_done()
   return until_ms and tonumber(until_ms) > now
 end
 
--- Fast path: no lease (not even a lapsed one) and nobody waits. Then this token has no lease
--- yet (a second run of this call finds the first run's lease and takes the path below), the
--- owner holds none, and the lease is taken at once, in fair mode too (an empty line), before
--- the other parts are included (defining their helpers costs each run about as much as a few
--- Redis commands). The fence still follows the fence mark (put_lease).
-local present = redis.call('EXISTS', K.leases, K.queue)
+-- Fast path: no lease (not even a lapsed one), nobody waits, and nothing is set at runtime for
+-- the name (no cap, no pause: a paused lock takes the path below, where fits refuses). Then
+-- this token has no lease yet (a second run of this call finds the first run's lease and takes
+-- the path below), the owner holds none, and the lease is taken at once, in fair mode too (an
+-- empty line), before the other parts are included (defining their helpers costs each run
+-- about as much as a few Redis commands). The fence still follows the fence mark (put_lease).
+-- One EXISTS says which of the three keys exist: it counts a key once per time it is named
+-- (leases 1, queue 2, limits 4: see keys_present in _line.lua).
+local present = redis.call('EXISTS', K.leases, K.queue, K.queue, K.limits, K.limits, K.limits,
+  K.limits)
 if present == 0 then
   if job_done() then
     return reply({2, '-', 0, 0, 0, 0, mode})
@@ -73,6 +77,7 @@ end
 -- #include _wait.lua
 
 keys_present(present)
+limits_present(present >= 4)
 local waiters = start(now)
 
 local function held(token, fence, expiry, count, granted, lease_mode)
@@ -292,8 +297,10 @@ if wait then
 elseif queued then
   dequeue(tok, nil, own)
 end
--- A waiter woken for a free lock it may not take (a writer is queued) passes the signal on.
-if woke and lease_count() == 0 and queue_exists() then
+-- A waiter woken for a free lock it may not take (a writer is queued) passes the signal on;
+-- not while the lock is paused (nobody may take it: the waiters would wake each other in turn
+-- until the pause ends; each looks again by itself when it ends, see next_expiry).
+if woke and lease_count() == 0 and pause_left() == 0 and queue_exists() then
   wake_one()
 end
 return not_held({})

@@ -1,5 +1,5 @@
 -- release.lua: give back a lease (one reentry level, or all of it) and hand the lock on.
--- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants (see _lock.lua)
+-- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants, 8 limits (see _lock.lua)
 -- ARGV: 1 token, 2 the lock's spec (see parse_spec in _lock.lua),
 --       3 whole: '1' drops the lease whatever its reentry count (or, for a parked task's token
 --         'L...' still in line, its place), '0' one level,
@@ -37,8 +37,10 @@ end
 
 -- Fast path: nobody waits and this token holds the lock's only lease, live. Then nothing is
 -- purged nor handed on, and the lease is given back in a few calls, before the other helpers
--- are even defined.
-if redis.call('EXISTS', K.queue) == 0 then
+-- are even defined. The same EXISTS says whether anything is set at runtime for the name
+-- (limits 2, the queue 1: it counts a key once per time it is named), for the hand-over below.
+local present = redis.call('EXISTS', K.queue, K.limits, K.limits)
+if present % 2 == 0 then
   local first = redis.call('ZRANGE', K.leases, 0, 1, 'WITHSCORES')
   local rec = first[1] == tok and first[3] == nil and tonumber(first[2]) > now
     and read_lease(tok)
@@ -59,6 +61,7 @@ end
 
 -- #include _grant.lua
 
+limits_present(present >= 2)
 start(now)
 local status, left = 0, 0
 local expiry = redis.call('ZSCORE', K.leases, tok)

@@ -13,7 +13,7 @@ from .outcome import (
     RunUnlocked,
     Skip,
 )
-from .run import LockedRun, make_lock
+from .run import LockedRun, locks_of_call, make_lock
 
 __all__ = [
     "AwaitFirst",
@@ -31,5 +31,6 @@ __all__ = [
     "Signals",
     "Skip",
     "TaskSpec",
+    "locks_of_call",
     "make_lock",
 ]

@@ -1,6 +1,7 @@
-"""The rate slot of the run going on in this thread, for the task's body: what it waited, the
-limits in effect, and the two things a body may tell its limit: what the call really cost
-(:meth:`RateSlot.settle`) and that the upstream said 429 (:meth:`RateSlot.pause`).
+"""The rate slot and the lease of the run going on in this thread, for the task's body: what it
+waited, the limits in effect, and the two things a body may tell its limit: what the call really
+cost (:meth:`RateSlot.settle`) and that the upstream said 429 (:meth:`RateSlot.pause`); and the
+lease it holds (``lock=``), whose lock it may pause too (:meth:`Lease.pause`).
 
 >>> slot = current_rate()          # doctest: +SKIP
 >>> slot.settle(response.usage.total_tokens) if slot else None   # doctest: +SKIP
@@ -12,9 +13,10 @@ import threading
 from dataclasses import dataclass
 
 from ...errors import LockConfigError
+from ..lock import Lease
 from ..rate import RateLimit, Reservation
 
-__all__ = ["RateSlot", "current_rate", "set_current_rate"]
+__all__ = ["RateSlot", "current_lease", "current_rate", "set_current_lease", "set_current_rate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +82,24 @@ def current_rate() -> RateSlot | None:
 def set_current_rate(slot: RateSlot | None) -> None:
     """Called by the run as it takes (or gives up) a slot."""
     _local.slot = slot
+
+
+def current_lease() -> Lease | None:
+    """The lease of the task running in this thread (``None`` outside a task with ``lock=``,
+    or while it runs without one; of a ``lock=`` list, the first lock's), on every framework.
+
+    >>> @app.task(lock={"key": "partner-api", "limit": 5})   # doctest: +SKIP
+    ... def call_partner(order_id):
+    ...     try:
+    ...         partner.post(order_id)
+    ...     except TooManyRequests as exc:
+    ...         current_lease().pause(exc.retry_after)  # no new call on any worker meanwhile
+    ...         raise
+    """
+    lease = getattr(_local, "lease", None)
+    return lease if isinstance(lease, Lease) else None
+
+
+def set_current_lease(lease: Lease | None) -> None:
+    """Called by the run as it takes (or gives back) its lease."""
+    _local.lease = lease

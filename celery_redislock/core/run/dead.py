@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..lock import Lock
 
@@ -18,29 +18,38 @@ _HOST = socket.gethostname()
 
 
 def release_dead(
-    lock_of: Callable[[], Lock | None], what: str, task_id: str, pid: int, process: str
+    locks_of: Callable[[], Sequence[Lock]], what: str, task_id: str, pid: int, process: str
 ) -> list[str]:
     """Releases what the dead ``process`` (``"child"``, ``"horse"``) ``pid`` held for the run
-    ``task_id`` (``what``: ``"task name[id]"``, for the log); returns the released tokens.
-    Never raises: what it cannot release lapses within its ttl.
+    ``task_id`` in each of the run's locks (``what``: ``"task name[id]"``, for the log);
+    returns the released tokens. Never raises: what it cannot release lapses within its ttl.
 
-    >>> release_dead(lambda: lock, "task sync[9b1c]", "9b1c", 4242, "child")   # doctest: +SKIP
+    >>> release_dead(lambda: [lock], "task sync[9b1c]", "9b1c", 4242, "child")   # doctest: +SKIP
     ['t-1']
     """
+    released: list[str] = []
     try:
-        lock = lock_of()
-        if lock is None:
-            return []
-        released = lock.release_where(task_id=task_id, host=_HOST, pid=str(pid))
-    except Exception as exc:  # Redis, or the task's code could not be imported here
-        log.warning(
-            "%s: could not release the lease of dead %s %d (it lapses within its ttl): %s",
-            what,
-            process,
-            pid,
-            exc,
-        )
+        locks = locks_of()
+    except Exception as exc:  # the task's code could not be imported here, or its arguments
+        _cannot(what, process, pid, exc)
         return []
-    if released:
-        log.info("lock %r released: %s %d running %s died", lock.name, process, pid, what)
+    for lock in locks:
+        try:
+            freed = lock.release_where(task_id=task_id, host=_HOST, pid=str(pid))
+        except Exception as exc:  # Redis
+            _cannot(what, process, pid, exc)
+            continue
+        if freed:
+            log.info("lock %r released: %s %d running %s died", lock.name, process, pid, what)
+        released += freed
     return released
+
+
+def _cannot(what: str, process: str, pid: int, exc: BaseException) -> None:
+    log.warning(
+        "%s: could not release the lease of dead %s %d (it lapses within its ttl): %s",
+        what,
+        process,
+        pid,
+        exc,
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from logging import ERROR, INFO, WARNING
 from typing import Any, Literal
@@ -29,10 +29,11 @@ from ..lease import Lease, RedisClient
 from ..line import Handover, line_token, park
 from ..line import Parked as Place
 from ..lock import Lock
+from ..lock_set import acquire_all
 from ..options import LockOptions
 from ..rate import MAX_DELAY, RateLimit, reserve_all
 from ..redlock import lock_factory
-from .current import RateSlot, set_current_rate
+from .current import RateSlot, set_current_lease, set_current_rate
 from .delivery import Delivery, Framework, RunSettings, SignalLike, Signals, TaskSpec
 from .outcome import (
     AwaitFirst,
@@ -46,7 +47,7 @@ from .outcome import (
     Skip,
 )
 
-__all__ = ["LockedRun", "make_lock"]
+__all__ = ["LockedRun", "locks_of_call", "make_lock"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,23 @@ def make_lock(
         handover=handover,
         handover_window=settings.line_handover_window,
     )
+
+
+def locks_of_call(
+    spec: TaskSpec,
+    settings: RunSettings,
+    client: RedisClient,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    handover: Handover | None = None,
+) -> list[Lock]:
+    """The locks a call of a task with a ``lock=`` option takes: its lock, then a ``lock=``
+    list's further locks (``handover`` goes to the first: only it may have a line)."""
+    options = spec.lock
+    assert options is not None
+    first = make_lock(settings, client, options, spec.name_of(options, args, kwargs), handover)
+    more = [make_lock(settings, client, o, spec.name_of(o, args, kwargs)) for o in options.also]
+    return [first, *more]
 
 
 class LockedRun:
@@ -103,6 +121,7 @@ class LockedRun:
         self.max_conflict_retries = max_conflict_retries
         self.who = f"{framework.word} {spec.name}[{delivery.id}]"
         self.lease: Lease | None = None
+        self.more_leases: Sequence[Lease] = ()  # a lock= list's further leases
         self.taken = 0.0
         self._finish = False  # a finished run is recorded as such when its lease goes
         self._claim_ended = False
@@ -136,6 +155,7 @@ class LockedRun:
         line), the give-up of the queued unique claim; returns how the delivery goes on."""
         unlocked: RunUnlocked | None = None
         set_current_rate(None)
+        set_current_lease(None)
         for wanted, step in ((self.spec.rate, self._rate_slot), (self.spec.lock, self._lease)):
             instead = None if wanted is None else step()
             if isinstance(instead, RunUnlocked):
@@ -215,6 +235,7 @@ class LockedRun:
         name = self.lock_name
         info = {"task_id": d.id, "task": self.spec.name}
         asked = time.monotonic()
+        locks: dict[str, Lock] = {}  # a lock= list's locks, by name
         try:
             lock = make_lock(self.settings, self.client, options, name, self.handover)
             if d.line_ended:  # its wait in line passed max_wait: it fails, not run
@@ -227,8 +248,10 @@ class LockedRun:
                 msg = " not run: it waited in the task line of lock %r longer than max_wait (%gs)"
                 return self._refused(lock, "expired", error, msg, options.max_wait)
             got: Lease | Place
-            if d.queued and d.payload is not None and (action == "queue" or d.line_token):
-                # A run that waited in the line goes on through it, whatever its lock says now.
+            line = action == "queue" or (d.line_token and not options.also)
+            if d.queued and d.payload is not None and line:
+                # A run that waited in the line goes on through it, whatever its lock says now
+                # (but for a list: it has no line, and takes every lock as any run does).
                 token = d.line_token or line_token()
                 tenant, priority = self.spec.tenant_of(options, d.args, d.kwargs) or (None, 0)
                 got = park(
@@ -244,16 +267,10 @@ class LockedRun:
                     priority=priority,
                 )
             else:
-                # owner = the task id, not re-entrant: a second delivery of a running task is
-                # a conflict.
-                got = lock.acquire(
-                    blocking=action == "wait",
-                    timeout=options.timeout if action == "wait" else None,
-                    owner=d.id,
-                    reentrant=False,
-                    info=info,
-                    job=d.finish_job,
-                )
+                if options.also:  # a lock= list: every lock or none (it has no line)
+                    locks = self._lock_set(lock)
+                leases = self._take(list(locks.values()) or [lock], action, info)
+                got, self.more_leases = leases[0], leases[1:]
         except JobFinished:
             self._say(INFO, " dropped: a copy of it already ran to its end under lock %r", name)
             self._conflict_signal(name, "drop", [d.id])
@@ -262,19 +279,23 @@ class LockedRun:
             msg = " not run: the task line of lock %r is full (%d parked)"
             return self._refused(lock, "full", exc, msg, exc.parked)
         except LockNotAcquired as exc:
+            lock = locks.get(exc.name or "", lock)  # (of a set: the one that had no room)
             if exc.owner_expires_in is not None:  # another delivery of this very task holds it
                 return self._await_first(lock, exc.owner_expires_in)
             return self._conflict(lock, action)
+        except LockConfigError as exc:  # a set that cannot be taken at once here
+            return self._fail(exc)
         except LockBackendError as exc:
             return self._backend_down(name, exc)
         if isinstance(got, Place):
             holders = self._holders(lock)
+            paused = 0.0 if holders else self._paused_for(lock)
             self._say(
                 INFO,
-                " parked in the task line of lock %r (%d waiting): held by %s",
+                " parked in the task line of lock %r (%d waiting): %s",
                 name,
                 got.parked,
-                outcomes.held_by(holders),
+                f"paused for {paused:.1f}s" if paused else f"held by {outcomes.held_by(holders)}",
             )
             self._conflict_signal(name, "queue", holders)
             self._keep_claim(options.max_wait + self.settings.line_handover_window)
@@ -282,10 +303,45 @@ class LockedRun:
         self.lease, self.taken = got, time.monotonic()
         self._finish = d.finish_job is not None
         max_hold = options.max_hold if options.max_hold is not None else d.max_hold
-        Heartbeat.current().register(got, on_lost=self._on_lost, max_hold=max_hold)
         waited = d.line_waited + self.taken - asked
-        self._signal(self.signals.acquired, lock=got.name, lease=got, waited=waited)
+        for lease in (got, *self.more_leases):
+            Heartbeat.current().register(lease, on_lost=self._on_lost, max_hold=max_hold)
+            self._signal(self.signals.acquired, lock=lease.name, lease=lease, waited=waited)
+        set_current_lease(got)
         return None
+
+    def _take(self, locks: list[Lock], action: str, info: dict[str, str]) -> list[Lease]:
+        """Takes the lease (of a ``lock=`` list, every lease at once); the owner is the task id,
+        not re-entrant: a second delivery of a running task is a conflict."""
+        d, options = self.delivery, self.spec.lock
+        assert options is not None
+        wait = action == "wait"
+        timeout = options.timeout if wait else None
+        if len(locks) > 1:
+            return acquire_all(
+                locks, wait, timeout, owner=d.id, reentrant=False, info=info, job=d.finish_job
+            )
+        lease = locks[0].acquire(
+            wait, timeout, owner=d.id, reentrant=False, info=info, job=d.finish_job
+        )
+        return [lease]
+
+    def _lock_set(self, first: Lock) -> dict[str, Lock]:
+        """The locks of a ``lock=`` list, by name, ``first`` first (their names made from this
+        call's arguments)."""
+        options = self.spec.lock
+        assert options is not None
+        locks = {first.name: first}
+        for each in options.also:
+            name = self._name_of(each)
+            if name in locks:
+                raise LockConfigError(
+                    f"{self.who}: two locks of its lock= list make the name {name!r} for this "
+                    "call; the keys of a list must make different names",
+                    name=name,
+                )
+            locks[name] = make_lock(self.settings, self.client, each, name)
+        return locks
 
     def _on_lost(self, lost: Lease, error: BaseException | None) -> None:
         self._say(
@@ -302,6 +358,7 @@ class LockedRun:
         options, d = self.spec.lock, self.delivery
         assert options is not None
         holders = self._holders(lock)
+        paused = 0.0 if holders else self._paused_for(lock)
         held_by = outcomes.held_by(holders)
         unique = self.spec.unique
         if unique is not None and unique.queued and d.queued:
@@ -317,21 +374,30 @@ class LockedRun:
             if action != was:
                 held_by += ", and this copy holds the unique claim"
         why = f"lock {lock.name!r} is held by {held_by}"
-        self._conflict_signal(lock.name, action, holders)
+        if paused:
+            why = f"lock {lock.name!r} is paused for {paused:.1f}s"
+        self._conflict_signal(lock.name, action, holders, retry_after=paused or None)
         if action == "skip":
             self._say(INFO, " skipped: %s", why)
             self.end_claim()
             return Skip("skipped", lock.name, holders)
-        if action == "retry":
-            return self._retry(lock.name, why, "conflict")
+        if action == "retry":  # (not before the pause ends: a retry before it is spent)
+            return self._retry(lock.name, why, "conflict", at_least=paused)
         if action == "wait":
             return self._not_acquired(
                 f": {why} after waiting {options.timeout}s", lock.name, options.timeout
             )
         return self._not_acquired(f": {why}", lock.name)
 
-    def _retry(self, name: str, why: str, cause: Literal["conflict", "backend"]) -> Outcome:
-        """Comes back later as the same job, within ``max_retries`` conflict retries."""
+    def _retry(
+        self,
+        name: str,
+        why: str,
+        cause: Literal["conflict", "backend"],
+        at_least: float = 0.0,
+    ) -> Outcome:
+        """Comes back later as the same job, within ``max_retries`` conflict retries, no sooner
+        than ``at_least`` seconds."""
         options, d = self.spec.lock or LockOptions(), self.delivery
         conflicts = d.conflicts
         error: LockNotAcquired | None = None
@@ -349,7 +415,7 @@ class LockedRun:
                 )
             if not d.queued:
                 return self._not_acquired(f" (eager): {why}", name)
-        delay = self._seconds(conflict_delay(options.countdown, conflicts))
+        delay = self._seconds(max(at_least, conflict_delay(options.countdown, conflicts)))
         self._say(INFO, " retries in %.1fs: %s", delay, why)
         if error is not None:
             return RetryAfter(delay, cause, why, conflicts, own=True, error=error)
@@ -414,6 +480,14 @@ class LockedRun:
             f"{self.who}{why}", name=name, timeout=timeout, retry_after=retry_after
         )
         return self._fail(error)
+
+    def _paused_for(self, lock: Lock) -> float:
+        """Seconds left of the lock's pause, asked only of a lock found full with no holder
+        (0 when it cannot be told)."""
+        try:
+            return lock.paused_for()
+        except (LockBackendError, LockConfigError):
+            return 0.0
 
     def _holders(self, lock: Lock) -> list[str]:
         try:
@@ -521,19 +595,29 @@ class LockedRun:
     # -- giving back -----------------------------------------------------------------------------
 
     def release(self, finished: bool) -> None:
-        """Gives the lease back (if held); for a run that ended for good (``finished``) with a
-        finish record to make, records it in the same step, so a copy delivered again finds
-        either the lease or the record, never neither. Sends ``lock_released``. Never raises."""
+        """Gives the lease back (if held; of a ``lock=`` list, every lease); for a run that ended
+        for good (``finished``) with a finish record to make, records it in the same step as the
+        first lease goes, so a copy delivered again finds either the lease or the record, never
+        neither. Sends ``lock_released``. Never raises."""
         set_current_rate(None)
+        set_current_lease(None)
         record, self._finish = self._finish, False  # (only a run holding its lease records)
         lease, self.lease = self.lease, None
+        more, self.more_leases = self.more_leases, ()
         if lease is None:
-            return
-        Heartbeat.current().unregister(lease)
-        if lease.released:
             return
         job = self.delivery.finish_job if finished and record else None
         keep = self.settings.completion_ttl if job is not None else None
+        held = time.monotonic() - self.taken
+        # (The further leases after the first: a copy delivered again meets the finish record
+        # first, never a free first lock with the others still held by this run.)
+        for each in (lease, *more):
+            self._give_back(each, job if each is lease else None, keep, held)
+
+    def _give_back(self, lease: Lease, job: str | None, keep: float | None, held: float) -> None:
+        Heartbeat.current().unregister(lease)
+        if lease.released:
+            return
         try:
             lease.release(finish_job=job, keep=keep)
         except LockBackendError as exc:
@@ -545,5 +629,4 @@ class LockedRun:
         except Exception:  # never mask how the task itself ended
             log.exception("lock %r: release failed, the lease lapses within its ttl", lease.name)
         else:
-            held = time.monotonic() - self.taken
             self._signal(self.signals.released, lock=lease.name, lease=lease, held=held)

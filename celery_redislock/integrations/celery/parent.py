@@ -13,7 +13,7 @@ from celery.worker.request import Request
 
 from ...core.childwatch import ChildWatch
 from ...core.run.dead import release_dead
-from .run import lock_for
+from .run import locks_for
 from .settings import client_for
 
 __all__ = ["LockRequest", "watched_tasks"]
@@ -101,10 +101,10 @@ class LockRequest(Request):  # type: ignore[misc]
         return not self.child_dying and self not in worker_state.active_requests
 
     def child_died(self, pid: int) -> None:
-        """Releases the lease the dead child ``pid`` took for this task (matched by task id,
+        """Releases the leases the dead child ``pid`` took for this task (matched by task id,
         host and pid: never a lease of another delivery or another process)."""
         release_dead(
-            lambda: lock_for(self.task, self.args, self.kwargs),
+            lambda: locks_for(self.task, self.args, self.kwargs),
             f"task {self.name}[{self.id}]",
             self.id,
             pid,

@@ -32,7 +32,7 @@ from ...core.run import (
     Signals,
     Skip,
     TaskSpec,
-    make_lock,
+    locks_of_call,
 )
 from ...errors import LockConfigError
 from .kind import (
@@ -55,6 +55,7 @@ __all__ = [
     "end_run",
     "handover_for",
     "lock_for",
+    "locks_for",
     "release_all_held",
     "release_at_body_end",
     "release_for_retry",
@@ -85,18 +86,24 @@ def _signals(task: LockAware) -> Signals:
 
 
 def lock_for(task: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Lock:
-    """The lock a call of ``task`` with these arguments takes (same key derivation as the run).
-    A task that declares no ``lock=`` (nor a ``unique=`` that implies one) raises
-    :class:`LockConfigError`.
+    """The lock a call of ``task`` with these arguments takes (same key derivation as the run;
+    of a ``lock=`` list, the first). A task that declares no ``lock=`` (nor a ``unique=`` that
+    implies one) raises :class:`LockConfigError`.
 
     >>> lock_for(sync_customer, (42,)).holders()   # doctest: +SKIP
     """
+    return locks_for(task, args, kwargs)[0]
+
+
+def locks_for(
+    task: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+) -> list[Lock]:
+    """Every lock a call of ``task`` takes: its lock, then a ``lock=`` list's further ones."""
     if not is_locked_task(task) or task.lock_options is None:
         raise LockConfigError(f"task {getattr(task, 'name', task)!r} has no lock option")
-    name = _spec(task).name_of(task.lock_options, args, kwargs or {})
     settings = settings_for(task.app)
     client = client_for(task.app, settings)
-    return make_lock(settings, client, task.lock_options, name, handover_for(task.app))
+    return locks_of_call(_spec(task), settings, client, args, kwargs or {}, handover_for(task.app))
 
 
 def handover_for(app: Celery) -> Handover:

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 from celery import Task
 
 from ...core.lease import Lease
-from ...core.options import LockOptionDict, call_signature, parse_lock_option
+from ...core.options import LockOption, call_signature, parse_lock_option
 from ...core.rate_options import RateOptionDict, parse_rate_option
 from ...core.unique_options import Lifecycle, UniqueOptionDict, parse_unique_option
 from .guard import check_cancel_pool
@@ -36,7 +36,7 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
 
     Request = LOCK_REQUEST
 
-    lock: bool | str | LockOptionDict | None = None
+    lock: LockOption = None
     """The ``lock=`` option as declared: True, a key template, or a dict of options."""
     unique: Lifecycle | UniqueOptionDict | Literal[False] | None = None
     """The ``unique=`` option as declared: a lifecycle name, or a dict of options."""

@@ -10,9 +10,9 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from ...core.lease import RedisClient
 from ...core.line import Handover
 from ...core.lock import Lock
-from ...core.options import LockOptionDict, call_signature, parse_lock_option
+from ...core.options import LockOption, call_signature, parse_lock_option
 from ...core.rate_options import RateOptionDict, parse_rate_option
-from ...core.run import TaskSpec, make_lock
+from ...core.run import TaskSpec, locks_of_call, make_lock
 from ...core.unique_options import (
     Lifecycle,
     UniqueOptionDict,
@@ -23,7 +23,7 @@ from .line import PutBack
 from .running import run
 from .settings import Settings, client_for, default_settings
 
-__all__ = ["JobSpec", "lock_for", "lock_for_job", "locked", "spec_of"]
+__all__ = ["JobSpec", "lock_for", "locked", "locks_for_job", "spec_of"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -65,7 +65,7 @@ class JobSpec(TaskSpec):
 
 
 def locked(
-    lock: bool | str | LockOptionDict | None = None,
+    lock: LockOption = None,
     unique: Lifecycle | UniqueOptionDict | Literal[False] | None = None,
     *,
     rate: str | RateOptionDict | None = None,
@@ -137,14 +137,14 @@ def lock_for(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Lock:
     return spec.make_lock(client_for(spec.settings, None), spec.lock_name(args, kwargs))
 
 
-def lock_for_job(job: Any) -> Lock | None:
-    """The lock an RQ job's call takes (``None`` if its function declares no lock); the lock
-    Redis is the settings' URL, else the job's connection."""
+def locks_for_job(job: Any) -> list[Lock]:
+    """The locks an RQ job's call takes (none if its function declares no lock): its lock, then
+    a ``lock=`` list's further ones; the lock Redis is the settings' URL, else the job's
+    connection."""
     spec = spec_of(job.func)
     if spec is None or spec.lock is None:
-        return None
+        return []
     settings = spec.settings
     client = client_for(settings, job.connection)
     put_back = PutBack(job.connection, job.serializer, client, settings.line_handover_window)
-    name = spec.lock_name(job.args or (), job.kwargs or {})
-    return spec.make_lock(client, name, settings, put_back)
+    return locks_of_call(spec, settings, client, job.args or (), job.kwargs or {}, put_back)

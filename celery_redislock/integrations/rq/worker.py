@@ -14,7 +14,7 @@ from ...core.sweeper import LineSweeper
 from ...errors import LockConfigError
 from ._compat import Job, SpawnWorker, Worker
 from .debounce import debounce_publisher
-from .job import lock_for_job
+from .job import locks_for_job
 from .line import PutBack
 from .logs import to_worker_log
 from .settings import Settings, client_for, default_settings
@@ -122,7 +122,7 @@ def release_dead_horse(job: Job, pid: int) -> list[str]:
             return []
         time.sleep(0.01)
     return release_dead(
-        lambda: lock_for_job(job), f"job {job.func_name}[{job.id}]", job.id, pid, "horse"
+        lambda: locks_for_job(job), f"job {job.func_name}[{job.id}]", job.id, pid, "horse"
     )
 
 
