@@ -206,23 +206,7 @@ class Lock:
         have made is dropped before the error reaches the caller (or, with Redis unreachable,
         lapses within ``ttl``).
         """
-        if timeout is not None:
-            seconds_or_none(timeout, TIMEOUT, "timeout", name=self.name)  # no inf, NaN, > 1 day
-            if not blocking:
-                raise LockConfigError("timeout makes no sense with blocking=False", name=self.name)
-        if owner is not None and (not isinstance(owner, str) or not owner):
-            raise LockConfigError(
-                f"owner must be a non-empty string, got {owner!r}", name=self.name
-            )
-        if not isinstance(reentrant, bool):
-            raise LockConfigError(
-                f"reentrant must be True or False, got {reentrant!r}", name=self.name
-            )
-        if job is not None and (not isinstance(job, str) or not job or " " in job):
-            raise LockConfigError(
-                f"job must be None or a non-empty string without spaces, got {job!r}",
-                name=self.name,
-            )
+        check_acquire(self.name, blocking, timeout, owner, reentrant, job)
         request = AcquireArgs(
             token=os.urandom(16).hex(),
             spec=self.spec,
@@ -524,6 +508,30 @@ class Lock:
     ) -> None:
         lease: Lease = self._entered.stack.pop()
         lease.__exit__(exc_type, exc, tb)
+
+
+def check_acquire(
+    name: str,
+    blocking: bool,
+    timeout: float | None,
+    owner: str | None,
+    reentrant: bool,
+    job: str | None,
+) -> None:
+    """The arguments of an acquire (:meth:`Lock.acquire`, ``acquire_all``), checked before
+    anything is sent: :class:`LockConfigError` naming the lock ``name`` and what was wrong."""
+    if timeout is not None:
+        seconds_or_none(timeout, TIMEOUT, "timeout", name=name)  # no inf, NaN, > 1 day
+        if not blocking:
+            raise LockConfigError("timeout makes no sense with blocking=False", name=name)
+    if owner is not None and (not isinstance(owner, str) or not owner):
+        raise LockConfigError(f"owner must be a non-empty string, got {owner!r}", name=name)
+    if not isinstance(reentrant, bool):
+        raise LockConfigError(f"reentrant must be True or False, got {reentrant!r}", name=name)
+    if job is not None and (not isinstance(job, str) or not job or " " in job):
+        raise LockConfigError(
+            f"job must be None or a non-empty string without spaces, got {job!r}", name=name
+        )
 
 
 def check_pause(seconds: object, name: str) -> int:

@@ -16,8 +16,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from ..errors import JobFinished, LockConfigError, LockNotAcquired
-from .durations import TIMEOUT, seconds_or_none
-from .lock import Lease, Lock, _info_json
+from .lock import Lease, Lock, _info_json, check_acquire
 from .protocol import AcquireAllArgs, AcquireAllReply, AcquireAllStatus
 from .replicas import acknowledged
 from .scripts import run
@@ -99,10 +98,7 @@ def acquire_all(
     """
     check_lock_set(locks)
     first = locks[0]
-    if timeout is not None:
-        seconds_or_none(timeout, TIMEOUT, "timeout", name=first.name)
-        if not blocking:
-            raise LockConfigError("timeout makes no sense with blocking=False", name=first.name)
+    check_acquire(first.name, blocking, timeout, owner, reentrant, job)
     if owner is not None and reentrant:
         raise LockConfigError(
             "a lock set is not re-entrant: pass reentrant=False with an owner", name=first.name

@@ -205,6 +205,12 @@ def test_sets_that_cannot_be_taken_at_once_are_refused(
         check_lock_set([a])
     with pytest.raises(LockConfigError, match="differ by name"):
         check_lock_set([a, lock(client, "a")])
+    # The arguments are checked as Lock.acquire checks them, before anything is sent.
+    pair = [a, lock(client, "b")]
+    with pytest.raises(LockConfigError, match="job must be None or a non-empty string"):
+        acquire_all(pair, job="two words")
+    with pytest.raises(LockConfigError, match="timeout makes no sense"):
+        acquire_all(pair, blocking=False, timeout=1)
     other = redis.Redis.from_url(redis_server.url)
     with pytest.raises(LockConfigError, match="share one Redis client"):
         check_lock_set([a, lock(other, "b")])
