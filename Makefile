@@ -10,7 +10,7 @@ LOWEST ?= .venv-lowest
 TEST_PROCESSES ?= 3
 
 .PHONY: demo demo-core demo-docs test quick test-main coverage test-quick test-lowest \
-	test-topologies lint lua-check bench bench-celery bench-rq soak clean docs
+	test-topologies lint lua-check chromium bench bench-celery bench-rq soak clean docs
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -65,6 +65,18 @@ lua-check:
 		$$sudo apt-get update -qq && \
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lua-check >/dev/null; }
 
+# Debian's Chromium, which the web view's browser tests (tests/web/) and the docs' screenshot of
+# it (docs/screenshot.py) drive through Playwright: installed here when /usr/bin/chromium is
+# missing (as root, or with sudo), as lua-check is. Playwright's own browsers are never downloaded.
+chromium:
+	@[ -x /usr/bin/chromium ] || { \
+		command -v apt-get >/dev/null || { \
+			echo "the web tests and the docs need Chromium at /usr/bin/chromium: install it"; exit 1; }; \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		echo "installing Chromium (apt-get install chromium)"; \
+		$$sudo apt-get update -qq && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
 # Runs the make targets $(1) one after another, each even if one before it failed; then says how
 # each ended and how long it took, and fails if any failed. Ctrl-C stops it all.
 define phases
@@ -90,15 +102,15 @@ test:
 quick:
 	$(call phases,lint test-quick)
 
-test-main: $(VENV)/.dev
+test-main: $(VENV)/.dev chromium
 	$(BIN)/pytest -n $(TEST_PROCESSES) -m "not topology" $(ARGS)
 
 # test-main with branch coverage of the package, worker subprocesses included: about a quarter
 # slower, so `make test` leaves it out.
-coverage: $(VENV)/.dev
+coverage: $(VENV)/.dev chromium
 	$(BIN)/pytest -n $(TEST_PROCESSES) -m "not topology" --cov --cov-report=term-missing:skip-covered $(ARGS)
 
-test-quick: $(VENV)/.dev
+test-quick: $(VENV)/.dev chromium
 	$(BIN)/pytest -n $(TEST_PROCESSES) -m "not slow" $(ARGS)
 
 # The Celery and RQ tests (markers `celery` and `rq`: every tests/celery/test_celery_*.py and
@@ -139,6 +151,9 @@ $(VENV)/.docs: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[docs]'
 	touch $@
 
-docs: $(VENV)/.docs
+# docs/web.md shows the web view's screenshot, taken first (docs/screenshot.py: a throwaway Redis
+# with a few locks, the view served, Chromium) into the build directory, never the source tree.
+docs: $(VENV)/.docs chromium
+	$(BIN)/python docs/screenshot.py docs/_build/screenshots/web.png
 	$(BIN)/sphinx-build -E -W --keep-going -b html docs docs/_build/html
 	$(BIN)/sphinx-build -E -W -b doctest docs docs/_build/doctest

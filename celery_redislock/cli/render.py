@@ -221,6 +221,7 @@ def rate_dict(state: RateState) -> dict[str, Any]:
         "cap": state.cap,
         "paused_for": rounded(state.paused_for),
         "lock_paused_for": rounded(state.lock_paused_for),
+        "booked_for": rounded(state.booked_for),
     }
 
 

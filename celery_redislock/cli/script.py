@@ -14,6 +14,7 @@ from ..core.keys import DEFAULT_NAMESPACE, check_namespace
 from ..core.lease import RedisClient
 from ..errors import LockConfigError
 from .commands import COMMANDS, Target, redacted, set_target
+from .web import web_command
 
 __all__ = ["redislock"]
 
@@ -85,3 +86,4 @@ def redislock(ctx: click.Context, url: str, namespace: str, cluster: bool) -> No
 
 for _command in COMMANDS:
     redislock.add_command(_command)
+redislock.add_command(web_command)  # the web view (the `web` extra)

@@ -27,9 +27,11 @@ __all__ = [
     "ClaimKind",
     "ReleaseMode",
     "claim",
+    "claim_call",
     "claim_holder_action",
     "publish_claimed",
     "release_claim",
+    "release_claim_call",
 ]
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,15 @@ def claim(
 ) -> ClaimReply:
     """Claims the key ``name`` for ``task_id`` as its message is published, for ``lifetime``
     seconds (one round trip). ``running_counts``: a running copy counts as a duplicate."""
+    keys, args = claim_call(namespace, name, task_id, lifetime, kind, running_counts)
+    with backend_errors(name):
+        return ClaimReply.decode(run("unique_claim", client, keys, args))
+
+
+def claim_call(
+    namespace: str, name: str, task_id: str, lifetime: float, kind: ClaimKind, running_counts: bool
+) -> tuple[list[str], list[str]]:
+    """``unique_claim.lua``'s keys and args (see :func:`claim`)."""
     keys = LockKeys.of(namespace, name)
     args = ClaimArgs(
         task_id=task_id,
@@ -60,14 +71,7 @@ def claim(
         kind=kind,
         running_counts=running_counts,
     )
-    with backend_errors(name):
-        reply = run(
-            "unique_claim",
-            client,
-            [keys.queued, keys.leases, keys.meta, keys.replaced],
-            args.encode(),
-        )
-    return ClaimReply.decode(reply)
+    return [keys.queued, keys.leases, keys.meta, keys.replaced], args.encode()
 
 
 def release_claim(
@@ -84,11 +88,19 @@ def release_claim(
     it ``keep`` seconds from now as a once_per_period run starts. Returns the id of the task
     that superseded it (``"-"`` if that one has gone already): another holds the key, or this
     one was replaced. ``None``: released (kept, for START), or nobody held it."""
+    keys, args = release_claim_call(namespace, name, task_id, mode, keep)
+    with backend_errors(name):
+        reply = run("unique_release", client, keys, args)
+    return ReleaseClaimReply.decode(reply).superseded_by
+
+
+def release_claim_call(
+    namespace: str, name: str, task_id: str, mode: ReleaseMode, keep: float
+) -> tuple[list[str], list[str]]:
+    """``unique_release.lua``'s keys and args (see :func:`release_claim`)."""
     keys = LockKeys.of(namespace, name)
     args = ReleaseClaimArgs(task_id, mode, max(1, int(keep * 1000))).encode()
-    with backend_errors(name):
-        reply = run("unique_release", client, [keys.queued, keys.replaced], args)
-    return ReleaseClaimReply.decode(reply).superseded_by
+    return [keys.queued, keys.replaced], args
 
 
 def publish_claimed(

@@ -22,6 +22,8 @@ __all__ = [
     "Handover",
     "hand_over",
     "is_line_token",
+    "lapse_args",
+    "lapse_failed",
     "line_token",
 ]
 
@@ -113,17 +115,26 @@ def hand_over(lock: Handing, granted: Sequence[Grant], expired: Sequence[str] = 
         log.warning("lock %r: could not confirm hand-overs %s: %s", lock.name, sent, exc)
 
 
+def lapse_args(granted: Sequence[Grant]) -> list[str]:
+    """``line_lapse.lua``'s args: the hand-overs ``granted`` that no one here can publish."""
+    return [str(v) for g in granted for v in (g.token, g.fence)]
+
+
+def lapse_failed(lock: LockView, granted: Sequence[Grant], exc: BaseException) -> None:
+    """Logs that ``line_lapse.lua`` failed for ``granted`` (they lapse by themselves)."""
+    log.warning(
+        "lock %r: could not pass on hand-overs %s (they lapse within %gs): %s",
+        lock.name,
+        [g.token for g in granted],
+        PUBLISH_WINDOW_S,
+        exc,
+    )
+
+
 def _lapse(lock: Handing, granted: Sequence[Grant]) -> None:
     if not granted:
         return
-    args = [str(v) for g in granted for v in (g.token, g.fence)]
     try:
-        run("line_lapse", lock.client, lock.encoded_keys, args)
+        run("line_lapse", lock.client, lock.encoded_keys, lapse_args(granted))
     except redis.RedisError as exc:
-        log.warning(
-            "lock %r: could not pass on hand-overs %s (they lapse within %gs): %s",
-            lock.name,
-            [g.token for g in granted],
-            PUBLISH_WINDOW_S,
-            exc,
-        )
+        lapse_failed(lock, granted, exc)

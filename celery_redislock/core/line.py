@@ -39,7 +39,8 @@ from .handover import (
     is_line_token,
     line_token,
 )
-from .lock import Lease, Lock, _info_json
+from .lock import Lease, Lock
+from .lock_base import info_json
 from .protocol import (
     PRIORITIES,
     AcquireArgs,
@@ -158,7 +159,7 @@ def park(
         wait=False,
         once=True,
         owner=owner,
-        info=_info_json(info),
+        info=info_json(info),
         job=job,
         claim=os.urandom(8).hex(),
         park=ParkArgs(

@@ -5,96 +5,52 @@ lines: a lock makes leases, a lease gives itself back to its lock, and the batch
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
-import os
-import socket
 import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TypedDict, Unpack
+from typing import Unpack
 
 import redis
 from redis.cluster import RedisCluster
 
-from ..errors import (
-    JobFinished,
-    LockBackendError,
-    LockConfigError,
-    LockLost,
-    LockNotAcquired,
-    LockNotOwned,
-    LockUpgradeError,
-    RedisLockError,
+from ..errors import LockBackendError, LockConfigError, RedisLockError
+from .durations import TTL, seconds
+from .handover import hand_over, is_line_token
+from .keys import check_name
+from .lock_base import (
+    DEFAULT_FENCE_KEEP,
+    AwaitPush,
+    ClaimGrant,
+    LeaseBase,
+    LockBase,
+    LockExtras,
+    TryAcquire,
+    check_acquire,
+    check_pause,
 )
-from ._validate import finite_real, refuse
-from .durations import MAX_PAUSE, TIMEOUT, TTL, by_name, seconds, seconds_or_none
-from .handover import DEFAULT_HANDOVER_WINDOW, Handover, hand_over, is_line_token
-from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
-from .protocol import (
-    AcquireArgs,
-    AcquireReply,
-    AcquireStatus,
-    FinishArgs,
-    Grant,
-    LimitsReply,
-    LockSpec,
-    Mode,
-    NotifyArgs,
-    ReleaseArgs,
-    ReleaseWhereArgs,
-    Wake,
-)
-from .replicas import ReplicaPolicy, check_policy, policy_of
+from .protocol import AcquireArgs, AcquireReply, Grant, LimitsReply, Mode
+from .replicas import check_policy, policy_of
 from .scripts import run
 from .server_store import ServerStore
 from .store import Holder, RedisClient, Store, backend_error, backend_errors
 
-__all__ = ["DEFAULT_FENCE_KEEP", "Lease", "Lock", "LockExtras", "RenewReport", "renew_leases"]
+__all__ = [
+    "DEFAULT_FENCE_KEEP",
+    "Lease",
+    "Lock",
+    "LockExtras",
+    "RenewReport",
+    "check_acquire",
+    "check_pause",
+    "renew_leases",
+]
 
 log = logging.getLogger(__name__)
 
-# A blocked waiter looks again at least this often: its place in line is refreshed, and a holder
-# that died without releasing is noticed even if its lease outlives the push it never sent.
-_WAIT_SLICE_S = 1.0
-# A waiter's place in line lapses this long after its last refresh (it crashed or went away).
-_QUEUE_ENTRY_MS = int(_WAIT_SLICE_S * 1000) + 2000
-# The shortest blocking pop sent: Redis 6.2 turns a timeout under 1 ms into 0, which blocks
-# for ever (it truncates seconds x 1000), and it ends blocking calls on a 100 ms tick anyway.
-_MIN_BLOCK_S = 0.01
-# A fair-mode wake-up list lives this long if its waiter never pops it.
-_WAKE_LIST_MS = _QUEUE_ENTRY_MS
-DEFAULT_FENCE_KEEP = 86400.0
-"""Seconds the fence mark outlives a lock's last use: fences stay strictly increasing through a
-Redis server clock stepping back by less than this (an NTP step, a VM resume, a failover)."""
 
-
-class LockExtras(TypedDict, total=False):
-    """The keyword arguments of :class:`Lock` that most locks leave alone."""
-
-    namespace: str
-    """The prefix of the lock's keys (``"redislock"``)."""
-    fence_keep: float
-    """Seconds the fence mark outlives the lock's last use (:data:`DEFAULT_FENCE_KEEP`)."""
-    min_replicas: int | None
-    """Replicas that must acknowledge each acquire and renewal (None: the client's policy)."""
-    replica_timeout: float | None
-    """Seconds to wait for them (0.5 by default)."""
-    handover: Handover | None
-    """Publishes the parked tasks this lock's calls hand the lock to (:mod:`.line`)."""
-    handover_window: float
-    """Seconds a published hand-over waits for its task to claim it."""
-
-
-def _positive_seconds(value: object, what: str, name: str) -> float:
-    """``value`` in seconds, in the range :mod:`celery_redislock.core.durations` gives ``what``."""
-    return seconds(value, by_name(what), what, name=name)
-
-
-class Lock:
+class Lock(LockBase[Store, "Lease"]):
     """A named lock made of leases: a mutex, a cap of N holders, or a read/write lock.
 
     ``mode="write"`` (the default) holders exclude every reader and are at most ``limit`` at once
@@ -125,55 +81,14 @@ class Lock:
         fair: bool = False,
         **more: Unpack[LockExtras],
     ) -> None:
-        self.name = check_name(name)
+        name = check_name(name)
         if more and not more.keys() <= LockExtras.__optional_keys__:
             unknown = min(more.keys() - LockExtras.__optional_keys__)
             raise TypeError(f"Lock() got an unexpected keyword argument {unknown!r}")
-        self.store = _store_of(client, more, self.name)
-        self.client = self.store.client
-        self.replicas: ReplicaPolicy | None = self.store.replicas
-        self.ttl = _positive_seconds(ttl, "ttl", self.name)
-        if mode not in ("read", "write"):
-            raise LockConfigError(f"mode must be 'read' or 'write', got {mode!r}", name=self.name)
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
-        ):
-            raise LockConfigError(
-                f"limit must be None or an integer >= 1, got {limit!r}", name=self.name
-            )
-        if not isinstance(fair, bool):
-            raise LockConfigError(f"fair must be True or False, got {fair!r}", name=self.name)
-        self.mode: Mode = mode
-        self.limit = limit
-        self.fair = fair
-        self.handover = more.get("handover")
-        self.handover_window = _positive_seconds(
-            more.get("handover_window", DEFAULT_HANDOVER_WINDOW), "handover_window", self.name
-        )
-        self.namespace = check_namespace(more.get("namespace", DEFAULT_NAMESPACE))
-        self.keys = LockKeys.of(self.namespace, self.name)
-        self.ttl_ms = max(1, round(self.ttl * 1000))
-        self.fence_keep = _positive_seconds(
-            more.get("fence_keep", DEFAULT_FENCE_KEEP), "fence_keep", self.name
-        )
-        # Encoded once: every lock script takes it (``_spec``: the task line's and tests' name).
-        # Readers are unbounded unless a limit is given; writers default to one at a time.
-        self.spec = self._spec = LockSpec(
-            mode=mode,
-            limit=limit if limit is not None else (0 if mode == "read" else 1),
-            ttl_ms=self.ttl_ms,
-            fair=fair,
-            entry_ms=_QUEUE_ENTRY_MS,
-            keep_ms=max(1, round(self.fence_keep * 1000)),
-        ).encode()
-        # KEYS of every lock script, encoded once (the hot path).
-        self.encoded_keys = [key.encode() for key in self.keys.all]
+        store = _store_of(client, more, name)
+        super().__init__(store, name, ttl=ttl, mode=mode, limit=limit, fair=fair, more=more)
+        self.client = store.client
         self._entered = threading.local()
-        # How long a lease is counted on after its acquire was sent.
-        self._validity = self.ttl - self.store.drift(self.ttl)
-
-    def __repr__(self) -> str:
-        return f"Lock({self.name!r}, mode={self.mode!r}, limit={self.limit}, ttl={self.ttl})"
 
     # -- acquiring ---------------------------------------------------------------------------
 
@@ -206,16 +121,7 @@ class Lock:
         have made is dropped before the error reaches the caller (or, with Redis unreachable,
         lapses within ``ttl``).
         """
-        check_acquire(self.name, blocking, timeout, owner, reentrant, job)
-        request = AcquireArgs(
-            token=os.urandom(16).hex(),
-            spec=self.spec,
-            wait=blocking and timeout != 0 and self.store.queues,
-            once=not reentrant,
-            owner=owner,
-            info=_info_json(info),
-            job=job,
-        )
+        request = self.acquire_request(blocking, timeout, owner, info, reentrant, job)
         try:
             return self._acquire(request, blocking, timeout)
         except LockBackendError:
@@ -223,68 +129,34 @@ class Lock:
             raise
 
     def _acquire(self, request: AcquireArgs, blocking: bool, timeout: float | None) -> Lease:
-        owner, job = request.owner, request.job
-        deadline = None if timeout is None else time.monotonic() + timeout
-        args = request.encode()
-        tries = 0
-        while True:
-            sent = time.monotonic()
-            # (try/except, not the backend_errors context manager: this is the hot path)
-            try:
-                reply = self.store.acquire(self, args)
-                self._notify(reply.granted)
-            except redis.RedisError as exc:
-                raise backend_error(self.name, exc) from exc
-            status = reply.status
-            if status is AcquireStatus.JOB_FINISHED:
-                raise JobFinished(
-                    f"lock {self.name!r}: job {job!r} is recorded as finished",
-                    name=self.name,
-                    job=job or "",
-                )
-            if status is AcquireStatus.HELD:
-                return self._lease(
-                    reply.token, reply.fence, reply.expires_at_ms, reply.mode, owner, sent
-                )
-            if status is AcquireStatus.UPGRADE_REFUSED:
-                raise LockUpgradeError(
-                    f"lock {self.name!r}: owner {owner!r} holds a read lease and asked for write; "
-                    "release the read lease first",
-                    name=self.name,
-                )
-            # The owner's own lease refuses it: waiting would wait on itself (or on another
-            # copy of its job, which the caller must tell apart), so it is said at once.
-            own = reply.ms_left / 1000 if status is AcquireStatus.OWNER_HOLDS else None
-            remaining = float("inf") if deadline is None else deadline - time.monotonic()
-            if own is not None or not blocking or (remaining <= 0 and not request.wait):
-                raise LockNotAcquired(
-                    f"lock {self.name!r} is held"
-                    + (f" by owner {owner!r} already" if own is not None else "")
-                    + (f" (gave up after {timeout}s)" if timeout and own is None else ""),
-                    name=self.name,
-                    timeout=timeout,
-                    owner_expires_in=own,
-                )
-            if remaining <= 0:
-                # One last try that also leaves the line, still passing on a wake-up it may
-                # not use.
-                request = request._replace(wait=False)
-                args = request.encode()
-                continue
-            until_expiry = reply.ms_left / 1000 + 0.001 if reply.ms_left > 0 else _WAIT_SLICE_S
-            longest = min(_WAIT_SLICE_S, self.store.max_block())
-            block = max(_MIN_BLOCK_S, min(remaining, longest, until_expiry))
-            if self.fair:
-                lease = self._await_grant(block, request.token, owner)
-                if lease is not None:
-                    return lease
-                continue
-            # Non-fair: a wake-up that comes is passed on by the next try if it cannot use it.
-            woke = self.store.await_push(self, self.keys.all[4], block, tries) is not None
-            tries += 1
-            if woke != request.woke:
-                request = request._replace(woke=woke)
-                args = request.encode()
+        """Runs :meth:`acquire_steps` on the store."""
+        steps = self.acquire_steps(request, blocking, timeout)
+        store = self.store
+        step = next(steps)
+        try:
+            while True:
+                # (try/except, not the backend_errors context manager: this is the hot path)
+                try:
+                    if type(step) is TryAcquire:
+                        reply = store.acquire(self, step.args)
+                        self._notify(reply.granted)
+                        step = steps.send(reply)
+                    elif type(step) is AwaitPush:
+                        step = steps.send(
+                            store.await_push(self, step.key, step.seconds, step.tries)
+                        )
+                    elif isinstance(step, ClaimGrant):
+                        step = steps.send(store.claim(self, step.token))
+                except redis.RedisError as exc:
+                    raise backend_error(self.name, exc) from exc
+        except StopIteration as done:
+            lease: Lease = done.value
+            return lease
+
+    def new_lease(
+        self, token: str, fence: int, mode: Mode, owner: str | None, expiry_ms: int, valid: float
+    ) -> Lease:
+        return Lease(self, token, fence, mode, owner, expiry_ms, valid)
 
     def _run_acquire(self, args: list[str]) -> AcquireReply:
         """``acquire.lua`` on the store (the task line's park calls it too)."""
@@ -304,35 +176,6 @@ class Lock:
                 exc,
             )
 
-    def _await_grant(self, seconds: float, token: str, owner: str | None) -> Lease | None:
-        """Fair: waits up to ``seconds`` to be handed the lock; the lease if it was."""
-        popped = self.store.await_push(self, self.keys.waiter(token), seconds, 0)
-        if popped is None:
-            return None
-        # Handed over with a short lease (as long as a place in line lasts): claim the full
-        # ttl. Too late (paused for seconds): the next try queues again.
-        sent = time.monotonic()
-        wake = Wake.decode(popped)
-        if wake.fence == 0:
-            # Woken with no lease: its owner holds one already (another call of the same
-            # owner was served first); the next try re-enters it, or is refused.
-            return None
-        claimed = self.store.claim(self, token)
-        return self._lease(token, wake.fence, claimed, self.mode, owner, sent) if claimed else None
-
-    def _lease(
-        self, token: str, fence: int, expiry_ms: int, mode: Mode, owner: str | None, sent: float
-    ) -> Lease:
-        return Lease(
-            lock=self,
-            token=token,
-            fence=fence,
-            mode=mode,
-            owner=owner,
-            expires_at_ms=expiry_ms,
-            valid_until=sent + self._validity,
-        )
-
     def _notify(self, granted: Sequence[Grant]) -> None:
         """Wakes the fair-mode waiters a script just handed the lock to, and publishes the
         parked tasks it handed the lock to."""
@@ -341,15 +184,9 @@ class Lock:
         parked = [g for g in granted if is_line_token(g.token)]
         if parked:
             hand_over(self, parked)
-            granted = [g for g in granted if not is_line_token(g.token)]
-            if not granted:
-                return
-        run(
-            "notify",
-            self.client,
-            [self.keys.waiter(g.token) for g in granted],
-            NotifyArgs(list_ms=_WAKE_LIST_MS, grants=granted).encode(),
-        )
+        notify = self.notify_args(granted)
+        if notify is not None:
+            run("notify", self.client, notify[0], notify[1])
 
     # -- releasing ---------------------------------------------------------------------------
 
@@ -359,41 +196,13 @@ class Lock:
         """Releases ``lease`` (one re-entry level). Raises :class:`LockNotOwned` if not held
         (over a quorum: unless a majority released it). ``finish_job``/``keep``: see
         :meth:`Lease.release`."""
-        if lease.lock is not self and lease.lock.keys != self.keys:
-            raise LockNotOwned(
-                f"lease {lease.token} belongs to lock {lease.name!r} in namespace "
-                f"{lease.lock.namespace!r}, not to lock {self.name!r} in namespace "
-                f"{self.namespace!r}",
-                name=self.name,
-                token=lease.token,
-            )
-        if lease.released:
-            raise LockNotOwned(
-                f"lease {lease.token} of lock {self.name!r} is not held (released already)",
-                name=self.name,
-                token=lease.token,
-            )
-        request = ReleaseArgs(
-            token=lease.token,
-            spec=self.spec,
-            whole=False,
-            request=os.urandom(8).hex(),
-            finish=None if finish_job is None else self._finish_args(finish_job, keep),
-        )
+        args = self.release_args(lease, finish_job, keep)
         try:
-            reply = self.store.release(self, request.encode())
+            reply = self.store.release(self, args)
             self._notify(reply.granted)
         except redis.RedisError as exc:
             raise backend_error(self.name, exc) from exc
-        if not reply.released:
-            lease.released = True
-            raise LockNotOwned(
-                f"lease {lease.token} of lock {self.name!r} is not held (expired or released)",
-                name=self.name,
-                token=lease.token,
-            )
-        if reply.left == 0:
-            lease.released = True
+        self.released(lease, reply)
 
     def release_where(self, **match: object) -> list[str]:
         """Releases every lease whose recorded info matches all of ``match``, e.g.
@@ -401,12 +210,7 @@ class Lock:
 
         This is how a supervising process frees what a killed worker held.
         """
-        if not match:
-            raise LockConfigError(
-                "release_where needs at least one field to match (e.g. task_id=..., pid=...)",
-                name=self.name,
-            )
-        return self._release_where(json.dumps({k: str(v) for k, v in match.items()}))
+        return self._release_where(self.release_where_args(match))
 
     def release_tokens(self, tokens: Sequence[str]) -> list[str]:
         """Releases the leases ``tokens``, each whatever its re-entry count, and hands the lock
@@ -417,18 +221,12 @@ class Lock:
         >>> lock.release_tokens(["4ae20de475d793086c92d6ff5cb7a8a6"])   # doctest: +SKIP
         ['4ae20de475d793086c92d6ff5cb7a8a6']
         """
-        if isinstance(tokens, str) or not all(isinstance(t, str) and t for t in tokens):
-            raise LockConfigError(
-                f"tokens must be a sequence of non-empty strings, got {tokens!r}", name=self.name
-            )
-        if not tokens:
-            return []
-        return self._release_where("{}", tokens)
+        args = self.release_tokens_args(tokens)
+        return [] if args is None else self._release_where(args)
 
-    def _release_where(self, match: str, tokens: Sequence[str] = ()) -> list[str]:
-        request = ReleaseWhereArgs(self.spec, match, os.urandom(8).hex(), tokens)
+    def _release_where(self, args: list[str]) -> list[str]:
         with backend_errors(self.name):
-            reply = self.store.release_where(self, request.encode())
+            reply = self.store.release_where(self, args)
             self._notify(reply.granted)
         return list(reply.released)
 
@@ -441,15 +239,7 @@ class Lock:
         >>> lock.finish_job("task-id.0", keep=3600)   # doctest: +SKIP
         """
         with backend_errors(self.name):
-            self.store.finish(self, self._finish_args(job, keep).encode())
-
-    def _finish_args(self, job: str, keep: float | None) -> FinishArgs:
-        if not isinstance(job, str) or not job or " " in job:
-            raise LockConfigError(
-                f"job must be a non-empty string without spaces, got {job!r}", name=self.name
-            )
-        keep_ms = round(_positive_seconds(keep, "keep", self.name) * 1000)
-        return FinishArgs(job=job, keep_ms=keep_ms)
+            self.store.finish(self, self.finish_args(job, keep).encode())
 
     # -- pausing -----------------------------------------------------------------------------
 
@@ -510,44 +300,6 @@ class Lock:
         lease.__exit__(exc_type, exc, tb)
 
 
-def check_acquire(
-    name: str,
-    blocking: bool,
-    timeout: float | None,
-    owner: str | None,
-    reentrant: bool,
-    job: str | None,
-) -> None:
-    """The arguments of an acquire (:meth:`Lock.acquire`, ``acquire_all``), checked before
-    anything is sent: :class:`LockConfigError` naming the lock ``name`` and what was wrong."""
-    if timeout is not None:
-        seconds_or_none(timeout, TIMEOUT, "timeout", name=name)  # no inf, NaN, > 1 day
-        if not blocking:
-            raise LockConfigError("timeout makes no sense with blocking=False", name=name)
-    if owner is not None and (not isinstance(owner, str) or not owner):
-        raise LockConfigError(f"owner must be a non-empty string, got {owner!r}", name=name)
-    if not isinstance(reentrant, bool):
-        raise LockConfigError(f"reentrant must be True or False, got {reentrant!r}", name=name)
-    if job is not None and (not isinstance(job, str) or not job or " " in job):
-        raise LockConfigError(
-            f"job must be None or a non-empty string without spaces, got {job!r}", name=name
-        )
-
-
-def check_pause(seconds: object, name: str) -> int:
-    """``seconds`` of a lock's pause in ms; raises :class:`LockConfigError` naming the lock
-    unless it is a finite number above 0 and at most 30 days (a rate limit's longest pause)."""
-    number = finite_real(seconds)
-    if number is None or not 0 < number <= MAX_PAUSE:
-        raise refuse(
-            f"lock {name!r}: pause",
-            f"a number of seconds from 0 to {MAX_PAUSE:g}",
-            seconds,
-            name=name,
-        )
-    return max(1, round(number * 1000))
-
-
 def _store_of(client: RedisClient | Store, more: LockExtras, name: str) -> Store:
     """The store a lock's ``client`` argument names: one server's (with the replica policy
     ``min_replicas`` sets, else the client's), or the store given."""
@@ -573,7 +325,7 @@ def _store_of(client: RedisClient | Store, more: LockExtras, name: str) -> Store
 
 
 @dataclass(eq=False)
-class Lease:
+class Lease(LeaseBase[Lock]):
     """A held lease. Release it (or leave a ``with`` block) to give the lock back.
 
     ``fence`` grows strictly with every acquisition of the lock's name: pass it along with
@@ -582,23 +334,6 @@ class Lease:
     >>> with lock.acquire() as lease:          # doctest: +SKIP
     ...     store.write(data, fence=lease.fence)
     """
-
-    lock: Lock
-    token: str
-    fence: int
-    mode: Mode
-    owner: str | None
-    expires_at_ms: int
-    """Server time (ms since the epoch) at which the lease lapses unless renewed."""
-    valid_until: float = field(repr=False)
-    """Local ``time.monotonic()`` by which the lease is certainly still held if not lost (over
-    a quorum: the end of its validity, ``ttl - elapsed - drift`` from its acquire or renewal)."""
-    lost: bool = field(default=False, repr=False)
-    released: bool = field(default=False, repr=False)
-
-    @property
-    def name(self) -> str:
-        return self.lock.name
 
     def release(self, *, finish_job: str | None = None, keep: float | None = None) -> None:
         """Gives the lease back (one level of it, if the owner re-entered). With ``finish_job``,
@@ -625,23 +360,6 @@ class Lease:
         """
         if renew_leases([self], ttl=ttl).lost:
             raise self._lost()
-
-    def check(self) -> None:
-        """Raises :class:`LockLost` if the lease is known lost or may have lapsed, and
-        :class:`LockNotOwned` if it was released."""
-        if self.released:
-            raise LockNotOwned(
-                f"lease {self.token} of lock {self.name!r} was released",
-                name=self.name,
-                token=self.token,
-            )
-        if self.lost or time.monotonic() >= self.valid_until:
-            raise self._lost()
-
-    def _lost(self) -> LockLost:
-        return LockLost(
-            f"lease {self.token} of lock {self.name!r} was lost", name=self.name, token=self.token
-        )
 
     def __enter__(self) -> Lease:
         return self
@@ -712,22 +430,3 @@ def renew_leases(leases: Iterable[Lease], *, ttl: float | None = None) -> RenewR
         names = {lease.name for lease in unknown}
         raise LockBackendError(f"renewal: {why}", name=names.pop() if len(names) == 1 else None)
     return RenewReport(renewed, lost)
-
-
-# -- the holder's record -----------------------------------------------------------------------
-
-_HOST = socket.gethostname()
-
-
-@functools.lru_cache(maxsize=1)
-def _default_info(pid: int) -> str:
-    """The record of a lease acquired with no ``info``: host and pid (made once per process)."""
-    return json.dumps({"host": _HOST, "pid": str(pid)})
-
-
-def _info_json(info: Mapping[str, object] | None) -> str:
-    if not info:
-        return _default_info(os.getpid())
-    record = {"host": _HOST, "pid": str(os.getpid())}
-    record.update({str(k): str(v) for k, v in info.items()})
-    return json.dumps(record)

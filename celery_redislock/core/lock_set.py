@@ -16,7 +16,8 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from ..errors import JobFinished, LockConfigError, LockNotAcquired
-from .lock import Lease, Lock, _info_json, check_acquire
+from .lock import Lease, Lock, check_acquire
+from .lock_base import info_json, not_acquired
 from .protocol import AcquireAllArgs, AcquireAllReply, AcquireAllStatus
 from .replicas import acknowledged
 from .scripts import run
@@ -109,7 +110,7 @@ def acquire_all(
     args = AcquireAllArgs(
         tokens=tokens,
         specs=[lock.spec for lock in locks],
-        info=_info_json(info),
+        info=info_json(info),
         once=owner is not None,
         owner=owner,
         job=job,
@@ -145,14 +146,7 @@ def acquire_all(
         own = reply.ms / 1000 if reply.status is AcquireAllStatus.OWNER_HOLDS else None
         remaining = float("inf") if deadline is None else deadline - time.monotonic()
         if own is not None or not blocking or remaining <= 0:
-            raise LockNotAcquired(
-                f"lock {blocked.name!r} is held"
-                + (f" by owner {owner!r} already" if own is not None else "")
-                + (f" (gave up after {timeout}s)" if timeout and own is None else ""),
-                name=blocked.name,
-                timeout=timeout,
-                owner_expires_in=own,
-            )
+            raise not_acquired(blocked.name, owner, timeout, own)
         # Ask again when the blocking lease lapses at the latest, and meanwhile at pauses
         # growing to 0.2 s (jittered: callers that met must not meet again).
         until_expiry = reply.ms / 1000 + 0.001 if reply.ms > 0 else _LONGEST_PAUSE_S

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
@@ -30,10 +32,13 @@ __all__ = [
     "MAX_PAUSE",
     "Rate",
     "RateLimit",
+    "RateLimitBase",
     "RateUsage",
     "Reservation",
     "parse_rate",
     "rate_key",
+    "reservation_call",
+    "reservation_of",
     "reserve_all",
 ]
 
@@ -111,7 +116,8 @@ class RateUsage:
     ``available``: units the bucket holds now (below 0: owed, slots reserved ahead).
     ``next_delay``: seconds until the slot a request of cost 1 would get now (0: at once), and
     ``next_slot_ms`` that slot in server time. ``paused_for``: seconds left of a pause (0:
-    none). ``rate`` and ``burst``: the limits in effect.
+    none). ``rate`` and ``burst``: the limits in effect. ``booked_for``: how far ahead of now
+    the slots reserved reach, in seconds (the bucket is full again then; 0: it has room now).
     """
 
     available: float
@@ -120,6 +126,7 @@ class RateUsage:
     paused_for: float
     rate: Rate
     burst: int
+    booked_for: float = 0.0
 
     @classmethod
     def of(cls, answer: _Answer) -> RateUsage:
@@ -132,32 +139,20 @@ class RateUsage:
             paused_for=max(answer.paused_ms - answer.now_ms, 0) / 1000,
             rate=answer.rate,
             burst=answer.burst,
+            booked_for=max(answer.tat_ms - answer.now_ms, 0) / 1000,
         )
 
 
-class RateLimit:
-    """At most ``rate`` units across the fleet, for the name ``name``, ``burst`` at once.
+class RateLimitBase:
+    """A rate limit's settings and the script calls its operations make, whatever client runs
+    them (:class:`RateLimit`; ``celery_redislock.asyncio.AsyncRateLimit``)."""
 
-    ``rate`` is a :class:`Rate` or its text (``"100/m"``, ``"5/2s"``, see :func:`parse_rate`);
-    a call costs 1 unit unless it says otherwise (tokens of an API, points). ``burst``: units
-    that may start at once (the bucket's size); the default 1 spreads starts evenly, so that
-    any ``per`` seconds hold at most ``limit`` units. Every user of one name should give the
-    same rate and burst: each call applies what it is given, unless limits were set at runtime
-    for the name (:func:`~celery_redislock.core.admin.set_limits`), which apply instead.
-    ``slack`` (seconds) widens the period, the code's or the runtime one, so that starts that
-    lag their slots by up to that much still keep the rate (tasks use 5% of the period).
-    ``client`` is a ``redis.Redis`` (also from Sentinel's ``master_for``) or a
-    ``redis.cluster.RedisCluster``.
-
-    >>> api = RateLimit(redis.Redis(), "partner-api", "100/m")     # doctest: +SKIP
-    >>> booking = api.reserve(f"{task_id}:{attempt}")              # doctest: +SKIP
-    >>> if booking.delay:                                          # doctest: +SKIP
-    ...     task.apply_async(args, countdown=booking.delay)
-    """
+    _clients: tuple[type, ...] = (redis.Redis, RedisCluster)
+    _client_kinds = "a redis.Redis or redis.cluster.RedisCluster"
 
     def __init__(
         self,
-        client: RedisClient,
+        client: Any,
         name: str,
         rate: Rate | str,
         *,
@@ -166,10 +161,9 @@ class RateLimit:
         namespace: str = DEFAULT_NAMESPACE,
     ) -> None:
         self._name = check_name(name)
-        if not isinstance(client, redis.Redis | RedisCluster):
+        if not isinstance(client, self._clients):
             raise LockConfigError(
-                f"client must be a redis.Redis or redis.cluster.RedisCluster, got "
-                f"{type(client).__name__}",
+                f"client must be {self._client_kinds}, got {type(client).__name__}",
                 name=self._name,
             )
         self._rate = parse_rate(rate, name=self._name)
@@ -198,15 +192,63 @@ class RateLimit:
     def __repr__(self) -> str:
         burst = f", burst={self._burst}" if self._burst != 1 else ""
         return (
-            f"RateLimit({self._name!r}, {str(self._rate)!r}{burst}, namespace={self.namespace!r})"
+            f"{type(self).__name__}({self._name!r}, {str(self._rate)!r}{burst}, "
+            f"namespace={self.namespace!r})"
         )
 
-    def _run(self, op: str, request: str | None, *args: str) -> _Answer:
+    def _call(self, op: str, request: str | None, *args: str) -> tuple[list[str], list[str]]:
+        """``rate.lua``'s keys and args for the operation ``op`` of this limit alone."""
         keys = [self.key, self._keys.rate_request(request or ""), self._keys.limits]
         rate = (str(self._rate.limit), str(self._rate.per_ms), str(self._burst))
+        return keys, [op, *rate, *args, _ms(self._slack)]
+
+    def _args(self, cost: str) -> tuple[str, ...]:
+        """This limit's part of a reservation of several (see rate.lua)."""
+        rate = self._rate
+        return (str(rate.limit), str(rate.per_ms), str(self._burst), cost, _ms(self._slack))
+
+    def _settle_call(
+        self, request_id: str, cost: float, estimate: float
+    ) -> tuple[list[str], list[str]]:
+        request_id = non_empty_string(request_id, "request_id", name=self._name)
+        units = check_cost(cost, name=self._name)
+        reserved = check_cost(estimate, "estimate", name=self._name)
+        return self._call("s", request_id, _units(units), _units(reserved), "")
+
+    def _pause_call(self, seconds: float) -> tuple[list[str], list[str]]:
+        number = finite_real(seconds)
+        if number is None or not 0 < number <= MAX_PAUSE:
+            raise refuse(
+                "pause", f"a number of seconds from 0 to {MAX_PAUSE:g}", seconds, name=self._name
+            )
+        return self._call("p", None, str(int(number * 1000)), "", "")
+
+
+class RateLimit(RateLimitBase):
+    """At most ``rate`` units across the fleet, for the name ``name``, ``burst`` at once.
+
+    ``rate`` is a :class:`Rate` or its text (``"100/m"``, ``"5/2s"``, see :func:`parse_rate`);
+    a call costs 1 unit unless it says otherwise (tokens of an API, points). ``burst``: units
+    that may start at once (the bucket's size); the default 1 spreads starts evenly, so that
+    any ``per`` seconds hold at most ``limit`` units. Every user of one name should give the
+    same rate and burst: each call applies what it is given, unless limits were set at runtime
+    for the name (:func:`~celery_redislock.core.admin.set_limits`), which apply instead.
+    ``slack`` (seconds) widens the period, the code's or the runtime one, so that starts that
+    lag their slots by up to that much still keep the rate (tasks use 5% of the period).
+    ``client`` is a ``redis.Redis`` (also from Sentinel's ``master_for``) or a
+    ``redis.cluster.RedisCluster``.
+
+    >>> api = RateLimit(redis.Redis(), "partner-api", "100/m")     # doctest: +SKIP
+    >>> booking = api.reserve(f"{task_id}:{attempt}")              # doctest: +SKIP
+    >>> if booking.delay:                                          # doctest: +SKIP
+    ...     task.apply_async(args, countdown=booking.delay)
+    """
+
+    client: RedisClient
+
+    def _run(self, call: tuple[list[str], list[str]]) -> _Answer:
         with backend_errors(self._name, "rate limit"):
-            reply = run("rate", self.client, keys, (op, *rate, *args, _ms(self._slack)))
-        return _Answer.read(reply)
+            return _Answer.read(run("rate", self.client, *call))
 
     def reserve(
         self,
@@ -242,11 +284,6 @@ class RateLimit:
         """
         return reserve_all([(self, cost)], request_id, max_delay=max_delay, max_late=max_late)
 
-    def _args(self, cost: str) -> tuple[str, ...]:
-        """This limit's part of a reservation of several (see rate.lua)."""
-        rate = self._rate
-        return (str(rate.limit), str(rate.per_ms), str(self._burst), cost, _ms(self._slack))
-
     def settle(self, request_id: str, cost: float, *, estimate: float = 1.0) -> None:
         """Tells the limit what the request ``request_id`` really cost, once it is known (the
         tokens an API call used): more than it reserved is owed by the slots after it; less is
@@ -256,10 +293,7 @@ class RateLimit:
 
         >>> RateLimit(client, "llm", "90000/m", burst=20000).settle("job-1", 1250)  # doctest: +SKIP
         """
-        request_id = non_empty_string(request_id, "request_id", name=self._name)
-        units = check_cost(cost, name=self._name)
-        reserved = check_cost(estimate, "estimate", name=self._name)
-        self._run("s", request_id, _units(units), _units(reserved), "")
+        self._run(self._settle_call(request_id, cost, estimate))
 
     def pause(self, seconds: float) -> RateUsage:
         """Hands out no slot for ``seconds`` from now (an upstream answered 429, or an operator
@@ -269,16 +303,11 @@ class RateLimit:
 
         >>> RateLimit(client, "api", "100/m").pause(30)   # doctest: +SKIP
         """
-        number = finite_real(seconds)
-        if number is None or not 0 < number <= MAX_PAUSE:
-            raise refuse(
-                "pause", f"a number of seconds from 0 to {MAX_PAUSE:g}", seconds, name=self._name
-            )
-        return RateUsage.of(self._run("p", None, str(int(number * 1000)), "", ""))
+        return RateUsage.of(self._run(self._pause_call(seconds)))
 
     def resume(self) -> RateUsage:
         """Ends a pause now (nothing happens without one). Answers the usage after it."""
-        return RateUsage.of(self._run("q", None, "", "", ""))
+        return RateUsage.of(self._run(self._call("q", None, "", "", "")))
 
     def usage(self) -> RateUsage:
         """How the bucket stands now (reads only, one round trip).
@@ -286,7 +315,7 @@ class RateLimit:
         >>> RateLimit(client, "api", "2/s").usage()   # doctest: +SKIP
         RateUsage(available=-1.0, next_delay=0.73, next_slot_ms=1767225601730, paused_for=0.0, ...)
         """
-        return RateUsage.of(self._run("u", None, "", "", ""))
+        return RateUsage.of(self._run(self._call("u", None, "", "", "")))
 
     def reset(self) -> None:
         """Forgets the bucket and a pause (an operator's tool: callers that hold a reserved slot
@@ -324,6 +353,25 @@ def reserve_all(
     >>> reserve_all([(tenant, 1), (api, 1)], f"{task_id}:0")   # doctest: +SKIP
     Reservation(granted=True, delay=0.3, slot_ms=1767225600300, ..., name='api')
     """
+    keys, args, costs = reservation_call(limits, request_id, max_delay, max_late, near)
+    first = limits[0][0]
+    with backend_errors(first.name, "rate limit"):
+        raw = run("rate", first.client, keys, args)
+    return reservation_of(limits, costs, raw)
+
+
+RateLimits = Sequence[tuple[RateLimitBase, float]]
+
+
+def reservation_call(
+    limits: RateLimits,
+    request_id: str,
+    max_delay: float | None,
+    max_late: float | None,
+    near: float,
+) -> tuple[list[str], list[str], list[float]]:
+    """``rate.lua``'s keys and args reserving a slot in every limit of ``limits`` (checked
+    first: :class:`LockConfigError`), and each limit's cost."""
     if not limits:
         raise LockConfigError("reserve_all needs at least one rate limit")
     first = limits[0][0]
@@ -342,7 +390,8 @@ def reserve_all(
     keys: list[str] = []
     for limit, _ in limits:
         keys += [limit.key, limit._keys.rate_request(request_id), limit._keys.limits]
-    if isinstance(first.client, RedisCluster) and len({key_slot(k.encode()) for k in keys}) > 1:
+    clustered = isinstance(first.client, RedisCluster | AsyncRedisCluster)
+    if clustered and len({key_slot(k.encode()) for k in keys}) > 1:
         raise LockConfigError(
             f"rate limits {names} are in different Redis Cluster slots, so they cannot be "
             f"reserved all or nothing: start every name with one hash tag (such as "
@@ -354,8 +403,12 @@ def reserve_all(
     args = ["r", *head[:4], _ms(delay_s), _ms(late_s), head[4], _ms(near_s)]
     for (other, _), cost in list(zip(limits, costs, strict=True))[1:]:
         args += other._args(_units(cost))
-    with backend_errors(first.name, "rate limit"):
-        got = _Answer.read(run("rate", first.client, keys, args))
+    return keys, args, costs
+
+
+def reservation_of(limits: RateLimits, costs: list[float], raw: object) -> Reservation:
+    """The :class:`Reservation` a :func:`reservation_call`'s reply says."""
+    got = _Answer.read(raw)
     by = limits[got.by][0]
     return Reservation(
         got.granted, got.delay, got.slot_ms, got.rate, got.burst, costs[got.by], by.name

@@ -99,6 +99,19 @@ def run(name: str, client: Any, keys: Sequence[str | bytes], args: Sequence[str]
         return client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
 
 
+async def run_async(
+    name: str, client: Any, keys: Sequence[str | bytes], args: Sequence[str]
+) -> Any:
+    """:func:`run` on redis-py's asyncio client (``redis.asyncio.Redis`` or ``RedisCluster``):
+    the same script, EVALSHA first, loaded on NOSCRIPT."""
+    registered = script(name)
+    try:
+        return await client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        registered.sha = await client.script_load(registered.script)
+        return await client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
+
+
 _DENIED_AT = re.compile(r"([0-9a-f]{40}).*@user_script:\s*(\d+)", re.DOTALL)
 _CALL = re.compile(r"redis\.call\('([A-Z]+)'")
 

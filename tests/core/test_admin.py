@@ -14,7 +14,7 @@ from helpers import free_port, wait_for, wait_until_queued
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_redislock import Lease, Lock, LockBackendError, LockConfigError, LockLost
+from celery_redislock import Lease, Lock, LockBackendError, LockConfigError, LockLost, RateLimit
 from celery_redislock.core import admin
 from celery_redislock.core.claims import ClaimKind, claim
 
@@ -227,7 +227,9 @@ def test_rate_limits_set_shown_listed_and_cleared(client: redis.Redis) -> None:
     assert [s.name for s in admin.list_rates(client)] == ["partner:api", "paused:one"]
     assert [s.name for s in admin.list_rates(client, "paused:*")] == ["paused:one"]
     cleared = admin.clear_limits(client, "partner:api")
-    assert cleared == admin.RateState("partner:api", None, None, 0.0)
+    # (The slot reserved above keeps its bucket booked a second ahead: usage, not a limit.)
+    assert cleared == admin.RateState("partner:api", None, None, 0.0, booked_for=cleared.booked_for)
+    assert 0 < cleared.booked_for <= 1
     assert not client.exists("redislock:{partner:api}:limits")
     assert [s.name for s in admin.list_rates(client)] == ["paused:one"]
 
@@ -293,3 +295,39 @@ def test_rate_admin_with_redis_unreachable_is_a_backend_error() -> None:
         assert info.value.name == "api"
     with pytest.raises(LockBackendError):
         admin.list_rates(client)
+
+
+def test_describe_claim_reads_one_claim_and_writes_nothing(client: redis.Redis) -> None:
+    assert admin.describe_claim(client, "report:daily") is None
+    claim(
+        client,
+        "redislock",
+        "report:daily",
+        task_id="t-1",
+        lifetime=60,
+        kind=ClaimKind.NEW,
+        running_counts=False,
+    )
+    before = client.pttl("redislock:{report:daily}:queued")
+    state = admin.describe_claim(client, "report:daily")
+    assert state is not None and (state.name, state.task_id, state.started) == (
+        "report:daily",
+        "t-1",
+        False,
+    )
+    assert state.expires_in is not None and 55 < state.expires_in <= 60
+    assert client.pttl("redislock:{report:daily}:queued") <= before  # not extended
+    with pytest.raises(LockConfigError, match="name"):
+        admin.describe_claim(client, "")
+
+
+def test_a_rate_limits_usage_is_how_far_its_slots_are_booked(client: redis.Redis) -> None:
+    """Five slots of a 2/s limit reach 2 s ahead, whatever rate the reader knows (the admin
+    API reads the bucket without the code's rate)."""
+    assert admin.describe_rate(client, "api").booked_for == 0
+    api = RateLimit(client, "api", "2/s")
+    for i in range(5):
+        api.reserve(f"r-{i}")
+    booked = admin.describe_rate(client, "api").booked_for
+    assert 2.0 < booked <= 2.5
+    assert abs(api.usage().booked_for - booked) < 0.2

@@ -6,6 +6,7 @@ stale ``build/`` directory would otherwise leak old modules into the wheel). The
 - its contents and metadata (package data, PEP 639 licence, dependencies, nothing extra);
 - ``pip install <wheel>`` alone: the core imports and locks with redis-py only, and the Celery
   names say which extra to install;
+- ``pip install "<wheel>[web]"``: ``redislock web`` serves the page;
 - ``pip install "<wheel>[celery]"``: a real worker from that environment runs a locked task
   published through a Redis broker (kombu's Redis transport needs ``packaging``, which only
   ``celery[redis]`` brings).
@@ -24,13 +25,17 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from email.parser import Parser
 from pathlib import Path
 
 import pytest
+import redis
+from helpers import free_port, wait_for
 
+from celery_redislock import Lock
 from celery_redislock._version import __version__
 from celery_redislock.contrib.redis_server import RedisServer
 
@@ -193,6 +198,24 @@ CORE_SNIPPET = """
     lease = lock.acquire(timeout=5)
     held = [h.token for h in lock.holders()] == [lease.token]
     lease.release()
+
+    # The asyncio API needs nothing more than redis-py either.
+    import asyncio
+
+    import redis.asyncio
+
+    from celery_redislock.asyncio import AsyncLock
+
+
+    async def main():
+        aclient = redis.asyncio.Redis.from_url(os.environ["PKG_REDIS_URL"])
+        async with AsyncLock(aclient, "pkg", ttl=5).hold(timeout=5) as lease:
+            seen = [h.token for h in lock.holders()] == [lease.token]
+        await aclient.aclose()
+        return seen
+
+
+    async_held = asyncio.run(main())
     print(json.dumps({
         "module": celery_redislock.__file__,
         "version": celery_redislock.__version__,
@@ -200,6 +223,7 @@ CORE_SNIPPET = """
         "installed": installed,
         "message": message,
         "held": held,
+        "async_held": async_held,
         "free_after": not lock.locked(),
     }))
 """
@@ -218,7 +242,48 @@ def test_the_core_imports_with_redis_only(wheel: Path, redis_url: str, tmp_path:
     assert out["message"] is not None, "install imported without Celery"
     assert 'pip install "celery-redislock[celery]"' in str(out["message"]), out["message"]
     assert out["held"] is True, out
+    assert out["async_held"] is True, out
     assert out["free_after"] is True, out
+
+
+@pytest.mark.slow
+def test_the_web_view_serves_from_a_clean_install_with_the_web_extra(
+    wheel: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """``pip install "<wheel>[web]"``, then ``redislock web``: the page shows a lock held."""
+    venv = fresh_venv(tmp_path / "venv", f"{wheel}[web]")
+    url = url_of_db(redis_url, 4)
+    client = redis.Redis.from_url(url)
+    lease = Lock(client, "pkg:web", ttl=30).acquire(info={"task_id": "t-pkg"})
+    port = free_port()
+    server = subprocess.Popen(
+        [str(venv / "bin" / "redislock"), "--url", url, "web", "--port", str(port)],
+        cwd=tmp_path,
+        env=isolated_env(venv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        page = ""
+
+        def served() -> bool:
+            nonlocal page
+            assert server.poll() is None, server.stdout.read().decode()  # type: ignore[union-attr]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as answer:
+                    page = answer.read().decode()
+            except OSError:
+                return False
+            return True
+
+        wait_for(served, "redislock web to answer", timeout=30)
+        assert "pkg:web" in page and "t-pkg" in page and "read-only" in page
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(10)
+        lease.release()
+        client.close()
 
 
 APP_MODULE = """

@@ -37,6 +37,8 @@ PUBLIC = (
     "celery_redislock.integrations.celery",
     "celery_redislock.integrations.rq",
     "celery_redislock.core.admin",
+    "celery_redislock.asyncio",
+    "celery_redislock.web",
     "celery_redislock.contrib.testing",
     "celery_redislock.contrib.pytest",
     "celery_redislock.contrib.redis_server",

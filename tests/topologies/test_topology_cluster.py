@@ -7,13 +7,16 @@ spec registry; and a master failover under load. Marked ``topology`` (``make tes
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
 from collections import Counter
 
 import pytest
+import redis.asyncio
 from celery import Celery
+from helpers import wait_until_queued
 from redis.client import Pipeline
 from redis.cluster import RedisCluster
 from topologies import (
@@ -40,6 +43,8 @@ from celery_redislock import (
     renew_leases,
     reserve_all,
 )
+from celery_redislock.asyncio import AsyncLock, AsyncRateLimit
+from celery_redislock.asyncio import reserve_all as aio_reserve_all
 from celery_redislock.core.claims import claim, release_claim
 from celery_redislock.core.protocol import ClaimKind, ClaimStatus
 from celery_redislock.core.replicas import require_replicas
@@ -403,3 +408,43 @@ def test_master_failover_under_load() -> None:
         for lease in kept:
             lease.release()
         cluster.close()
+
+
+def test_the_asyncio_lock_and_rate_limit_on_the_cluster(
+    group: ClusterGroup, cluster: RedisCluster
+) -> None:
+    """redis-py's asyncio RedisCluster: each script goes to its keys' node (names over every
+    node), the asyncio lock excludes the synchronous one and hands it to a fair asyncio waiter,
+    a kept-alive lease is renewed past its ttl, and rate limits need one slot as they do
+    synchronously."""
+    names = [f"aio-{i}" for i in range(12)]
+    assert len({cluster.get_node_from_key(f"redislock:{{{n}}}:leases").name for n in names}) == 3
+
+    async def body() -> None:
+        aclient = redis.asyncio.RedisCluster(host="127.0.0.1", port=group.processes[0].port)
+        try:
+            for name in names:
+                alock = AsyncLock(aclient, name, ttl=1, fair=True)
+                sync = Lock(cluster, name, ttl=5, fair=True)
+                held = sync.acquire(blocking=False)
+                waiting = asyncio.create_task(alock.acquire(timeout=10))
+                await asyncio.to_thread(wait_until_queued, cluster, sync)
+                await asyncio.to_thread(held.release)
+                async with await waiting as lease:
+                    assert lease.fence > held.fence
+                    with pytest.raises(LockNotAcquired):
+                        sync.acquire(blocking=False)
+                    if name == names[0]:
+                        await asyncio.sleep(2)  # two ttls: held only if renewed
+                        lease.check()
+                        assert [h.token for h in await alock.holders()] == [lease.token]
+                assert not sync.locked()
+            apart = [(AsyncRateLimit(aclient, n, "5/s"), 1.0) for n in ("tenant:7", "api")]
+            with pytest.raises(LockConfigError, match="different Redis Cluster slots"):
+                await aio_reserve_all(apart, "r-1")
+            together = [(AsyncRateLimit(aclient, n, "5/s"), 1.0) for n in ("{a}:t", "{a}:api")]
+            assert (await aio_reserve_all(together, "r-1")).granted
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(body())

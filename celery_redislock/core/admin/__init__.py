@@ -12,7 +12,7 @@ Import the names from here.
 
 from __future__ import annotations
 
-from .claims import ClaimState, force_release_claim, iter_claims, list_claims
+from .claims import ClaimState, describe_claim, force_release_claim, iter_claims, list_claims
 from .limits import (
     RateState,
     clear_limits,
@@ -36,6 +36,7 @@ __all__ = [
     "Released",
     "Waiter",
     "clear_limits",
+    "describe_claim",
     "describe_holder",
     "describe_lock",
     "describe_rate",

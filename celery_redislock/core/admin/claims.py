@@ -12,7 +12,14 @@ from ..protocol import text
 from ..store import RedisClient, backend_errors
 from .listing import scan_names
 
-__all__ = ["ClaimState", "force_release_claim", "iter_claims", "list_claims"]
+__all__ = [
+    "ClaimState",
+    "claim_state_of",
+    "describe_claim",
+    "force_release_claim",
+    "iter_claims",
+    "list_claims",
+]
 
 STARTED = "!"
 """A claim value's mark of a once_per_period run that started (lua/_claim.lua)."""
@@ -38,6 +45,18 @@ def iter_claims(
     return scan_names(client, namespace, pattern, "queued")
 
 
+def describe_claim(
+    client: RedisClient, name: str, namespace: str = DEFAULT_NAMESPACE
+) -> ClaimState | None:
+    """The queued claim on the key ``name`` (which task's message holds it, for how long), or
+    None if no task claims it (one round trip; reads only).
+
+    >>> describe_claim(redis.Redis(), "report:daily")   # doctest: +SKIP
+    ClaimState(name='report:daily', task_id='4f0e…', expires_in=593.2, started=False)
+    """
+    return _claim_state(client, check_namespace(namespace), check_name(name))
+
+
 def _claim_state(client: RedisClient, namespace: str, name: str) -> ClaimState | None:
     key = LockKeys.of(namespace, name).queued
     with backend_errors(name):
@@ -45,6 +64,11 @@ def _claim_state(client: RedisClient, namespace: str, name: str) -> ClaimState |
         pipe.get(key)
         pipe.pttl(key)
         holder, pttl = pipe.execute()
+    return claim_state_of(name, holder, pttl)
+
+
+def claim_state_of(name: str, holder: object, pttl: int) -> ClaimState | None:
+    """The claim on ``name`` as its ``queued`` key's value and PTTL say (None: no claim)."""
     if holder is None:
         return None
     value = text(holder)

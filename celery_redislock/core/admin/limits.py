@@ -55,6 +55,9 @@ class RateState:
     """The cap of the lock of this name, in place of its ``limit`` (of 2 or more)."""
     lock_paused_for: float = 0.0
     """Seconds left of the pause of the lock of this name (0: none; see :mod:`.pause`)."""
+    booked_for: float = 0.0
+    """How far ahead of now the rate limit's reserved slots reach, in seconds (its usage: 0,
+    it has room now; see :class:`~celery_redislock.core.rate.RateUsage`)."""
 
 
 def _limit(client: RedisClient, name: str, namespace: str) -> RateLimit:
@@ -146,6 +149,7 @@ def describe_rate(client: RedisClient, name: str, namespace: str = DEFAULT_NAMES
         usage.paused_for,
         None if found.cap is None else int(found.cap),
         found.lock_paused_for,
+        usage.booked_for,
     )
 
 

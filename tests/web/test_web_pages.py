@@ -1,0 +1,132 @@
+"""What the web view shows, over HTTP on a real uvicorn server and a real Redis: 10,000 locks
+paged (names found with SCAN, only the page described), searches by name and by task id, the
+JSON view, and the app mounted under a prefix of another app."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
+from webclient import TOKEN, WebClient
+
+from celery_redislock import Lock, RateLimit
+from celery_redislock.core import admin
+from celery_redislock.web import create_app
+
+MANY = 10_000
+
+
+def _names(text: str) -> list[str]:
+    return [part.split('"', 1)[0] for part in text.split('<tr class="lock" data-name="')[1:]]
+
+
+@pytest.mark.slow  # 10,000 leases taken one by one: about 6 s
+def test_ten_thousand_locks_are_paged_and_searched(
+    lockapp: ModuleType, serve: Callable[[Any], str]
+) -> None:
+    client = lockapp.r
+    for i in range(MANY):  # real leases, through the lock's own script
+        Lock(client, f"bulk:{i:05d}", ttl=120).acquire(
+            blocking=False, info={"task_id": f"task-{i:05d}"}
+        )
+    web = WebClient(serve(create_app(client)))
+
+    began = time.monotonic()
+    first = web.get()
+    took = time.monotonic() - began
+    assert first.status == 200
+    assert "1\u201350 of 10,000" in first.text and "page 1 of 200" in first.text
+    assert _names(first.text) == [f"bulk:{i:05d}" for i in range(50)]
+    assert took < 20, f"the first page of 10,000 locks took {took:.1f}s"  # (generous: loaded CI)
+
+    third = web.get("live?page=3")
+    assert "101\u2013150 of 10,000" in third.text
+    assert _names(third.text) == [f"bulk:{i:05d}" for i in range(100, 150)]
+    assert 'href="/?page=2"' in third.text and 'href="/?page=4"' in third.text
+    last = web.get("?page=200&per=50")
+    assert _names(last.text) == [f"bulk:{i:05d}" for i in range(9950, 10_000)]
+    assert _names(web.get("?page=201").text) == []  # past the end: an empty page, no error
+
+    found = web.get("?q=bulk:0999")  # a substring
+    assert "1\u201310 of 10" in found.text
+    assert _names(found.text) == [f"bulk:{i:05d}" for i in range(9990, 10_000)]
+    assert _names(web.get("?q=bulk:000[12]?").text) == [
+        f"bulk:{i:05d}" for i in range(10, 30)
+    ]  # a glob
+    assert "No lock matches this search." in web.get("?q=nothing-like-it").text
+
+    by_task = web.get("?task=task-00007")
+    assert _names(by_task.text) == ["bulk:00007"]
+    assert "found among the first 2,000 of 10,000 names" in by_task.text
+    far = web.get("?task=task-09999&q=bulk:09*")  # narrowed by name: looked at them all
+    assert _names(far.text) == ["bulk:09999"] and "found among" not in far.text
+
+    api = web.get("api/state?per=10&page=2")
+    assert api.status == 200
+    body = json.loads(api.text)
+    assert body["locks"]["total"] == MANY and body["locks"]["pages"] == 1000
+    assert [r["name"] for r in body["locks"]["rows"]] == [f"bulk:{i:05d}" for i in range(10, 20)]
+    [holder] = body["locks"]["rows"][0]["holders"]
+    assert holder["task_id"] == "task-00010" and holder["expires_in"] > 100
+
+
+def test_a_lock_with_its_line_claims_limits_and_pauses_are_shown(
+    lockapp: ModuleType, serve: Callable[[Any], str]
+) -> None:
+    client = lockapp.r
+    lease = Lock(client, "report", ttl=30).acquire(info={"task_id": "t-hold", "task": "t.report"})
+    try:
+        admin.pause_lock(client, "report", 60)
+        admin.set_limits(client, "partner-api", rate="50/m", burst=5)
+        admin.pause_rate(client, "partner-api", 45)
+        claimed = lockapp.unique_started.delay("shown")
+        for i in range(3):  # usage: 3 slots of 2/s book the bucket 1 s ahead and more
+            RateLimit(client, "busy-api", "2/s").reserve(f"r-{i}")
+        web = WebClient(serve(create_app(client)))
+        page = web.get().text
+        assert 'data-name="report"' in page and "t-hold" in page and "t.report" in page
+        assert claimed.id in page and "queued" in page
+        assert 'data-name="partner-api"' in page and "50/60s" in page
+        state = json.loads(web.get("api/state").text)
+        (busy,) = [r for r in state["limits"]["rows"] if r["name"] == "busy-api"]
+        assert 1.0 < busy["booked_for"] <= 1.5
+        paused = web.get("?paused=1").text
+        assert 'data-name="report"' in paused and 'data-name="partner-api"' in paused
+        assert "a claim is never paused" in paused
+        assert claimed.id in web.get(f"?task={claimed.id}").text
+    finally:
+        lease.release()
+
+
+def test_mounted_under_a_prefix_every_link_and_the_session_stay_under_it(
+    lockapp: ModuleType, serve: Callable[[Any], str]
+) -> None:
+    client = lockapp.r
+    lease = Lock(client, "mounted", ttl=30).acquire(info={"task_id": "t-mounted"})
+    try:
+        outer = Starlette(
+            routes=[Mount("/ops/locks", create_app(client, actions=True, token=TOKEN))]
+        )
+        base = serve(outer)
+        web = WebClient(base + "ops/locks/")
+        page = web.get()
+        assert page.status == 200 and "t-mounted" in page.text
+        assert 'href="/ops/locks/static/style.css"' in page.text
+        assert 'data-src="/ops/locks/live"' in page.text
+        assert 'href="/ops/locks/login"' in page.text
+        assert web.get("static/live.js").status == 200
+        login = web.login()
+        assert login.status == 303 and login.headers["location"] == "/ops/locks/"
+        assert "path=/ops/locks/" in login.headers["set-cookie"].lower()
+        answer = web.act("release", name="mounted", all="1")
+        assert answer.status == 200 and "t-mounted" in answer.text
+        assert admin.describe_lock(client, "mounted").holders == []
+    finally:
+        if admin.describe_lock(client, "mounted").holders:
+            lease.release()
