@@ -36,6 +36,12 @@ from celery_redislock.core.claims import ClaimKind
 T = TypeVar("T")
 
 
+async def close(aclient: redis.asyncio.Redis) -> None:
+    """Closes an asyncio client (``aclose`` since redis-py 5.0.1; 5.0.0, the lowest supported,
+    has ``close``)."""
+    await (aclient.aclose() if hasattr(aclient, "aclose") else aclient.close())
+
+
 @pytest.fixture
 def run(redis_server: RedisServer, client: redis.Redis) -> Iterator[Callable[..., Any]]:
     """Runs ``body(aclient)`` in a new event loop on an asyncio client of the test's Redis."""
@@ -46,7 +52,7 @@ def run(redis_server: RedisServer, client: redis.Redis) -> Iterator[Callable[...
             try:
                 return await body(aclient)
             finally:
-                await aclient.aclose()
+                await close(aclient)
 
         return asyncio.run(main())
 
@@ -293,7 +299,7 @@ def test_redis_down_is_a_backend_error_naming_the_lock(own_server: RedisServer) 
                 await alock.acquire(blocking=False)
             assert type(failed.value).__name__ == "LockBackendError"
         finally:
-            await aclient.aclose()
+            await close(aclient)
 
     asyncio.run(body())
 
@@ -393,7 +399,7 @@ def test_a_celery_task_and_an_asyncio_handler_exclude_each_other(
                     await asyncio.to_thread(refused.get, timeout=30)
                 return lease.fence
         finally:
-            await aclient.aclose()
+            await close(aclient)
 
     fence = asyncio.run(handler())
     assert task.get(timeout=30) == "return"
