@@ -229,6 +229,7 @@ CORE_SNIPPET = """
 """
 
 
+@pytest.mark.slow  # a fresh venv: 11-23 s
 def test_the_core_imports_with_redis_only(wheel: Path, redis_url: str, tmp_path: Path) -> None:
     venv = fresh_venv(tmp_path / "venv", str(wheel))
     work = tmp_path / "work"
