@@ -246,7 +246,9 @@ def test_five_masters_work_with_two_down_and_fail_closed_with_three(five: Master
     five.servers[4].stop()
     with pytest.raises(LockBackendError, match=r"3 of 5 RedLock masters failed; a majority \(3\)"):
         lock.acquire(timeout=5)
-    assert five.holding(lock) == []
+    # What the failed try took is given back; on a master whose answer came after the outcome
+    # was decided (three refused at once), when that answer comes.
+    wait_for(lambda: five.holding(lock) == [], "the failed try's leases given back", 5)
 
 
 def test_owner_job_and_release_where(masters: Masters) -> None:
