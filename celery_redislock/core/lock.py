@@ -90,6 +90,10 @@ class Lock(LockBase[Store, "Lease"]):
         self.client = store.client
         self._entered = threading.local()
 
+    def _rename(self, name: str) -> None:
+        super()._rename(name)
+        self._entered = threading.local()  # (a copy's leases entered with `with` are its own)
+
     # -- acquiring ---------------------------------------------------------------------------
 
     def acquire(

@@ -12,7 +12,7 @@ import socket
 import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, Protocol, TypedDict, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, Self, TypedDict, TypeVar
 
 from ..errors import (
     JobFinished,
@@ -25,7 +25,7 @@ from ..errors import (
 from ._validate import finite_real, refuse
 from .durations import MAX_PAUSE, TIMEOUT, by_name, seconds, seconds_or_none
 from .handover import DEFAULT_HANDOVER_WINDOW, Handover, is_line_token
-from .keys import DEFAULT_NAMESPACE, LockKeys, check_namespace
+from .keys import DEFAULT_NAMESPACE, LockKeys, check_name, check_namespace
 from .protocol import (
     AcquireArgs,
     AcquireReply,
@@ -198,6 +198,26 @@ class LockBase(Generic[S, L]):
     def __repr__(self) -> str:
         kind = type(self).__name__
         return f"{kind}({self.name!r}, mode={self.mode!r}, limit={self.limit}, ttl={self.ttl})"
+
+    def named(self, name: str, handover: Handover | None = None) -> Self:
+        """This lock's settings under the name ``name`` (checked), with ``handover``: a copy
+        that checks and encodes nothing else again. A framework makes each call's lock this
+        way from one made per task and settings (see ``core.run.make_lock``).
+
+        >>> lock.named("sync:42").keys.leases   # doctest: +SKIP
+        'redislock:{sync:42}:leases'
+        """
+        other = object.__new__(type(self))  # (copy.copy, without its generic protocol)
+        other.__dict__.update(self.__dict__)
+        other._rename(check_name(name))
+        other.handover = handover
+        return other
+
+    def _rename(self, name: str) -> None:
+        """Sets what follows from the name (a copy's: see :meth:`named`)."""
+        self.name = name
+        self.keys = LockKeys.of(self.namespace, name)
+        self.encoded_keys = [key.encode() for key in self.keys.all]
 
     # -- acquiring ---------------------------------------------------------------------------
 

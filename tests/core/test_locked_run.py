@@ -32,6 +32,7 @@ from celery_redislock.core.run import (
     Signals,
     Skip,
     TaskSpec,
+    make_lock,
 )
 from celery_redislock.core.signal import Signal
 from celery_redislock.core.unique_options import parse_unique_option
@@ -415,3 +416,32 @@ def test_a_task_on_a_paused_key_meets_it_as_held(
     payload = lambda lock, token: f"entry {token}"  # noqa: E731
     assert isinstance(_run(client, spec, "a", bus, payload=payload).take(), outcome)
     assert not Lock(client, "sync:42", ttl=5).locked()
+
+
+def test_each_call_gets_its_own_lock_made_from_one_per_settings(client: redis.Redis) -> None:
+    """make_lock makes each call's lock from one made per client and settings (Lock.named):
+    the name, keys, hand-over and re-entries are the call's; the settings are the ones asked
+    for, and settings that differ make another lock."""
+    options = _spec(lock={"key": "t:{customer_id}", "ttl": 20}).lock
+    assert options is not None
+
+    def handover(handed: Any) -> None: ...
+
+    first = make_lock(_Settings(), client, options, "t:1")
+    second = make_lock(_Settings(), client, options, "t:2", handover)
+    assert (first.name, second.name) == ("t:1", "t:2")
+    assert first.keys.leases != second.keys.leases and second.keys.leases.endswith("{t:2}:leases")
+    assert (first.handover, second.handover) == (None, handover)
+    assert (first.ttl, second.ttl, first.spec) == (20.0, 20.0, second.spec)
+    # Each copy keeps its own stack of the leases entered with `with`: left out of order, each
+    # gives back its own.
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not first.locked() and second.locked()
+    second.__exit__(None, None, None)
+    assert not second.locked()
+    other = make_lock(_Settings(namespace="elsewhere"), client, options, "t:1")
+    assert other.keys.leases.startswith("elsewhere:") and first.keys.leases.startswith("redislock:")
+    with pytest.raises(LockConfigError, match="name"):
+        make_lock(_Settings(), client, options, "")

@@ -114,3 +114,17 @@ def test_a_direct_call_takes_the_lock_too(rq_server, rq_conn, monkeypatch):
     lock = Lock(redis.Redis.from_url(rq_server.url), "r:direct", ttl=30)
     with lock.acquire(), pytest.raises(LockNotAcquired, match="r:direct"):
         rqjobs.exclusive_raise("direct")
+
+
+def test_a_call_that_cannot_make_its_lock_name_fails_and_the_worker_goes_on(rq_conn, rq_workers):
+    """LockWorker makes a job's locks before it forks the job's horse (so that the horse makes
+    its own from one it inherits): a call whose lock name cannot be made fails in its horse,
+    saying why, and the worker runs the next job."""
+    rq_workers(name="w0")
+    q = Queue("default", connection=rq_conn)
+    bad = q.enqueue(rqjobs.exclusive)  # no key: the template "x:{key}" cannot be filled
+    good = q.enqueue(rqjobs.exclusive, "fine", 0.0)
+    assert wait_ended([bad, good]) == ["failed", "finished"]
+    failure = bad.latest_result().exc_string or ""
+    assert "LockConfigError" in failure and "cannot derive its lock key" in failure
+    assert [span["key"] for span in spans(rq_conn, "exclusive")] == ["fine"]

@@ -52,6 +52,14 @@ __all__ = ["LockedRun", "locks_of_call", "make_lock"]
 log = logging.getLogger(__name__)
 
 
+# The locks calls are made from (Lock.named), one per client and settings: what a lock checks
+# and encodes as it is made is done once, not per call. (A forked RQ horse also finds the one
+# its worker made before the fork.) Cleared when full: their number is that of the distinct
+# lock settings in use, not of calls.
+_TEMPLATES: dict[tuple[object, ...], Lock] = {}
+_TEMPLATES_KEPT = 256
+
+
 def make_lock(
     settings: RunSettings,
     client: RedisClient,
@@ -61,17 +69,33 @@ def make_lock(
 ) -> Lock:
     """The lock ``name`` a task with the lock ``options`` takes (on the RedLock masters if the
     settings name some); ``handover`` publishes the parked runs its release hands it to."""
-    return lock_factory(
-        settings.redlock_urls or client,
-        name,
-        ttl=options.ttl or settings.ttl,
-        mode=options.mode,
-        limit=options.limit,
-        namespace=settings.namespace,
-        fence_keep=settings.fence_keep,
-        handover=handover,
-        handover_window=settings.line_handover_window,
+    target = settings.redlock_urls or client
+    ttl = options.ttl or settings.ttl
+    made = (
+        target,
+        ttl,
+        options.mode,
+        options.limit,
+        settings.namespace,
+        settings.fence_keep,
+        settings.line_handover_window,
     )
+    template = _TEMPLATES.get(made)
+    if template is None:
+        template = lock_factory(
+            target,
+            name,
+            ttl=ttl,
+            mode=options.mode,
+            limit=options.limit,
+            namespace=settings.namespace,
+            fence_keep=settings.fence_keep,
+            handover_window=settings.line_handover_window,
+        )
+        if len(_TEMPLATES) >= _TEMPLATES_KEPT:
+            _TEMPLATES.clear()
+        _TEMPLATES[made] = template
+    return template.named(name, handover)
 
 
 def locks_of_call(

@@ -87,8 +87,12 @@ class ReleasesDeadHorses:
         return sweeper
 
     def fork_work_horse(self, job: Job, queue: Any, *args: Any, **kwargs: Any) -> None:
-        # Read before the fork, so that each horse inherits them instead of reading them again.
-        default_settings()
+        # Read before the fork, so that each horse inherits them instead of reading them again;
+        # and the job's locks made here, so that a forked horse makes its own from the lock
+        # it inherits (core.run.make_lock): what a horse does first, it pays for in copied
+        # pages (docs/benchmarks.md, "RQ").
+        if not default_settings().disabled:
+            _prepare(job)
         super().fork_work_horse(job, queue, *args, **kwargs)  # type: ignore[misc]
         self._redislock_horse = self.horse_pid  # type: ignore[attr-defined]
 
@@ -108,6 +112,14 @@ class ReleasesDeadHorses:
             # released what it held. Anything else (killed, unknown) is looked at.
             if pid and self._redislock_status != 0:
                 release_dead_horse(job, pid)
+
+
+def _prepare(job: Job) -> None:
+    """Makes the locks of ``job`` once in this process (see ``fork_work_horse``)."""
+    try:
+        locks_for_job(job)
+    except Exception:  # (a bad call, Redis down: the horse says so as it runs the job)
+        return
 
 
 def release_dead_horse(job: Job, pid: int) -> list[str]:
