@@ -76,9 +76,25 @@ _CELERY = Framework(
 
 
 def _spec(task: LockAware) -> TaskSpec:
-    return TaskSpec(
-        task.name, task.lock_options, task.unique_options, task.rate_options, task.call_signature
-    )
+    # Made once per task, and again only if one of its options was replaced since.
+    made: TaskSpec | None = getattr(task, "_redislock_run_spec", None)
+    if (
+        made is None
+        or made.name != task.name
+        or made.lock is not task.lock_options
+        or made.unique is not task.unique_options
+        or made.rate is not task.rate_options
+        or made.signature is not task.call_signature
+    ):
+        made = TaskSpec(
+            task.name,
+            task.lock_options,
+            task.unique_options,
+            task.rate_options,
+            task.call_signature,
+        )
+        task._redislock_run_spec = made  # type: ignore[attr-defined]
+    return made
 
 
 def _signals(task: LockAware) -> Signals:
@@ -131,8 +147,7 @@ def _payload(task: LockAware, token: str) -> str:
     return str(dumps(dict(task.signature_from_request(request, headers=headers))))  # type: ignore[no-untyped-call]
 
 
-def _delivery(task: LockAware, task_id: str, args: Any, kwargs: Any) -> Delivery:
-    request = task.request
+def _delivery(task: LockAware, request: Any, task_id: str, args: Any, kwargs: Any) -> Delivery:
     headers = request.headers or {}
     eager = bool(request.is_eager)
     retries = int(request.retries or 0)
@@ -176,16 +191,17 @@ def start(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:
     settings = settings_for(task.app)
     if settings.disabled:
         return  # the kill switch: no lock, no claim (logged as the worker starts)
+    request = task.request  # (read once: each read walks Celery's request stack)
     run = LockedRun(
         _spec(task),
-        _delivery(task, task_id, args, kwargs),
+        _delivery(task, request, task_id, args, kwargs),
         settings,
         client_for(task.app, settings),
         _signals(task),
         _CELERY,
         handover=handover_for(task.app) if task.lock_options is not None else None,
     )
-    setattr(task.request, _ATTR, run)
+    setattr(request, _ATTR, run)
     outcome = run.take()
     if isinstance(outcome, Held | RunUnlocked):
         if run.lease is not None:
@@ -254,9 +270,10 @@ _HELD = _Held()
 os.register_at_fork(after_in_child=_HELD.reset)
 
 
-def current_run(task: LockAware) -> LockedRun | None:
-    """The run of the task's current delivery (``None`` before or outside one)."""
-    run = getattr(task.request, _ATTR, None)
+def current_run(task: LockAware, request: Any = None) -> LockedRun | None:
+    """The run of the task's current delivery (``None`` before or outside one); ``request``:
+    the task's current request, when the caller has it."""
+    run = getattr(task.request if request is None else request, _ATTR, None)
     return run if isinstance(run, LockedRun) else None
 
 
@@ -266,11 +283,12 @@ def _release(run: LockedRun, finished: bool) -> None:
     run.release(finished)
 
 
-def release_at_body_end(task: LockAware) -> None:
+def release_at_body_end(task: LockAware, request: Any = None) -> None:
     """As the body ends: gives the lease back at once, so that whoever waits on the result
     finds the lock free; except for a delivery with a finish record to make, given back after
-    its result is stored, together with the record (:func:`end_run`)."""
-    run = current_run(task)
+    its result is stored, together with the record (:func:`end_run`). ``request``: the task's
+    current request, when the caller has it."""
+    run = current_run(task, request)
     if run is not None and run.delivery.finish_job is None:
         _release(run, False)
 
@@ -289,8 +307,9 @@ def end_run(task: LockAware, task_id: str, args: Any, kwargs: Any, state: str | 
     """``task_postrun`` (the result is stored): gives the lease back if still held, with the
     finish record if the job ended for good (not at a retry or a requeued rejection); a job
     that failed gives up its queued claim. Never raises."""
-    run = current_run(task)
-    setattr(task.request, _ATTR, None)
+    request = task.request
+    run = current_run(task, request)
+    setattr(request, _ATTR, None)
     if run is not None:
         _release(run, state in ("SUCCESS", "FAILURE", "IGNORED"))
     if state in ("FAILURE", "REJECTED"):

@@ -96,13 +96,14 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
         super().before_start(task_id, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.request.called_directly:
+        request = self.request
+        if request.called_directly:
             return super().__call__(*args, **kwargs)  # a plain function call: no lock
         # Run by the worker (the request is already pushed): released as the body ends.
         try:
             return self.run(*args, **kwargs)
         finally:
-            release_at_body_end(self)
+            release_at_body_end(self, request)
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         # The lock goes back before the retry is published (see release_for_retry).
