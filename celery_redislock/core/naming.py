@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import functools
 import hashlib
 import inspect
 import json
@@ -188,6 +189,40 @@ class _KeyFormatter(string.Formatter):
 
 _formatter = _KeyFormatter()
 
+# A template's literal texts, each followed by the name of the field after it (None at the end).
+_Parts = tuple[tuple[str, str | None], ...]
+
+
+@functools.lru_cache(maxsize=512)
+def _plain_fields(key: str) -> _Parts | None:
+    """The parts of ``key`` when each of its fields is an argument's bare name (``{customer_id}``:
+    no attribute, index, spec or conversion), else None. Such a template is filled with the
+    same :func:`field_text` as any other, without ``str.format``'s machinery (several times
+    the cost, on every call of a task)."""
+    parts: list[tuple[str, str | None]] = []
+    try:
+        for literal, field, spec, conversion in _formatter.parse(key):
+            if field is not None and (not field.isidentifier() or spec or conversion):
+                return None
+            parts.append((literal, field))
+    except ValueError:  # (a malformed template: _formatter says what is wrong)
+        return None
+    return tuple(parts)
+
+
+def _fill(key: str, named: Mapping[str, Any]) -> str:
+    """``key`` filled from ``named`` (see the module's rule)."""
+    parts = _plain_fields(key)
+    if parts is not None:
+        try:
+            return "".join(
+                literal if field is None else literal + field_text(named[field])
+                for literal, field in parts
+            )
+        except (KeyError, TypeError, ValueError):
+            pass  # the full path below raises what is wrong, in its words
+    return str(_formatter.vformat(key, (), named))
+
 
 def _describe(key: object, option: str = "key") -> str:
     if isinstance(key, str):
@@ -287,7 +322,7 @@ def _made(
     try:
         if isinstance(key, str):
             named = _named(bound) if bound is not None else dict(kwargs)
-            return _formatter.vformat(key, (), named)
+            return _fill(key, named)
         if key is not None:
             call = (bound.args, bound.kwargs) if bound is not None else (args, kwargs)
             return _from_function(task, key, *call, option=option)

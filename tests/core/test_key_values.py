@@ -391,3 +391,41 @@ def test_renewal_durations_are_checked(client: redis.Redis) -> None:
         Heartbeat.current().register(lease, max_hold=1e-9)
     assert lease.name not in [x.name for x in Heartbeat.current().leases()]
     lease.release()
+
+
+_TEMPLATE_PARTS = st.lists(
+    st.one_of(
+        st.sampled_from(
+            ["{a}", "{b}", "{c}", "{a.real}", "{a:>4}", "{a!r}", "{0}", "{}", "{{", "}}"]
+        ),
+        st.text(alphabet=":-_x{}%", max_size=3),
+    ),
+    max_size=5,
+)
+_FIELD_VALUES = st.one_of(
+    st.integers(),
+    st.text(max_size=4),
+    st.none(),
+    st.floats(allow_nan=False),
+    st.lists(st.integers()),
+    st.builds(object),  # (no canonical form: an error)
+)
+
+
+@given(_TEMPLATE_PARTS, _FIELD_VALUES, _FIELD_VALUES)
+def test_a_template_of_plain_fields_is_filled_as_str_format_fills_it(
+    parts: list[str], a: object, b: object
+) -> None:
+    """A template whose fields are bare names is filled without str.format's machinery: the
+    same name as str.format with the field rule gives, or the same error."""
+    from celery_redislock.core import naming
+
+    template, values = "".join(parts), {"a": a, "b": b}
+
+    def outcome(fill: Any) -> object:
+        try:
+            return fill(template, values)
+        except Exception as exc:  # (compared, not handled)
+            return (type(exc), str(exc))
+
+    assert outcome(naming._fill) == outcome(lambda t, v: naming._formatter.vformat(t, (), v))
