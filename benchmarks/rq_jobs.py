@@ -1,7 +1,9 @@
 """The jobs of the RQ benchmark (``rq_overhead.py``); its workers import them from here.
 
-``plain`` and ``locked`` do the same one ``INCR``; ``locked`` takes a lease on a lock of its own
-(``rqbench:<run>:<i>``: distinct per call, so no call ever conflicts). ``hold`` is the long
+``plain``, ``floor`` and ``locked`` do the same one ``INCR``; ``locked`` takes a lease on a lock of
+its own (``rqbench:<run>:<i>``: distinct per call, so no call ever conflicts); ``floor`` takes no
+lock but makes the two round trips any lock held where the job runs cannot do without, one
+``PING`` before its body and one after it. ``hold`` is the long
 locked job of the recovery measurement: it notes its pid and start time, then sleeps.
 """
 
@@ -35,6 +37,13 @@ def events_key(run: str) -> str:
 
 def plain(run: str, i: int) -> None:
     _connection().incr(done_key(run, "plain"))
+
+
+def floor(run: str, i: int) -> None:
+    connection = _connection()
+    connection.ping()  # where a lock takes its lease
+    connection.incr(done_key(run, "floor"))
+    connection.ping()  # where it gives it back
 
 
 @locked(lock="rqbench:{run}:{i}")

@@ -19,8 +19,12 @@ What is measured:
      a lock of its own per call, so none ever conflicts) on another;
    * the forking ``Worker`` (a work horse forked per job): ``plain`` on RQ's
      ``rq.worker.Worker``, ``locked_noop`` on ``LockWorker`` (RQ's ``Worker`` with parent-side
-     release: what a user of the lock runs).
-   Both workers of a kind are started together, warmed up, and then take turns (order rotated
+     release: what a user of the lock runs);
+   * and for each, a **floor**: ``floor(run, i)`` on the kind's plain class, no lock, one
+     ``PING`` before the body and one after it where the job runs (in the horse, for the forking
+     worker): the two round trips any lock held there costs (ours takes its lease before the
+     body and gives it back after).
+   The workers of a kind are started together, warmed up, and then take turns (order rotated
    each round): this process enqueues N jobs with ``enqueue_many`` in one pipeline, and the
    clock runs from the enqueue until the counter says all N bodies ran (polled every 5 ms).
    Afterwards every job is checked to be ``finished`` and the counter to be exactly N (none
@@ -92,11 +96,19 @@ from celery_redislock.integrations.rq import spec_of  # noqa: E402
 LOCK_WORKER = "celery_redislock.integrations.rq.LockWorker"
 KINDS: dict[str, dict[str, str]] = {
     # worker kind -> variant -> the worker class that runs it
-    "SimpleWorker": {"plain": "rq.worker.SimpleWorker", "locked": "rq.worker.SimpleWorker"},
-    "Worker (fork)": {"plain": "rq.worker.Worker", "locked": LOCK_WORKER},
+    "SimpleWorker": {
+        "plain": "rq.worker.SimpleWorker",
+        "floor": "rq.worker.SimpleWorker",
+        "locked": "rq.worker.SimpleWorker",
+    },
+    "Worker (fork)": {
+        "plain": "rq.worker.Worker",
+        "floor": "rq.worker.Worker",
+        "locked": LOCK_WORKER,
+    },
 }
 RECOVERY_CLASSES = {"LockWorker": LOCK_WORKER, "Worker": "rq.worker.Worker"}
-FUNCTIONS = {"plain": rq_jobs.plain, "locked": rq_jobs.locked_noop}
+FUNCTIONS = {"plain": rq_jobs.plain, "floor": rq_jobs.floor, "locked": rq_jobs.locked_noop}
 READY_TIMEOUT_S = 60
 WARMUP_JOBS = 20
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -436,11 +448,19 @@ def print_throughput(rates: dict[str, dict[str, Rounds]], counts: dict[str, int]
                 f"{best.worker_cpu_ms:>8.2f}{best.redis_cpu_ms:>7.2f}{best.client_cpu_ms:>8.2f}"
                 f"{best.faults:>8.0f}  {each}"
             )
+    for kind, variants in rates.items():
+        locked, floor = variants["locked"], variants["floor"]
+        print(
+            f"  {kind}: locked / floor {locked.best.jobs_per_s / floor.best.jobs_per_s:.2f}x "
+            f"(best rounds), {paired(locked, floor):.2f}x (paired); CPU per job "
+            f"{locked.best.cpu_ms - floor.best.cpu_ms:+.2f} ms"
+        )
     print(
         "  vs plain: best round / plain's best round; paired: median over the rounds of the rate "
         "/ plain's rate in the same round;\n  ms/job extra: 1/rate - 1/plain rate; CPU: user+sys "
         "per job of the best round, summed over the worker (parent + horses), redis-server and "
-        "this enqueuing process;\n  faults: minor page faults of the worker (parent + horses) "
+        "this enqueuing process;\n  floor: no lock, one PING before the body and one after "
+        "it where the job runs;\n  faults: minor page faults of the worker (parent + horses) "
         "per job: a forked horse copies each page of its parent's memory it writes to, "
         "Python objects' reference counts included"
     )
@@ -476,6 +496,13 @@ def to_json(rates: dict[str, dict[str, Rounds]], recovery: dict[str, Recovery]) 
                     round(x.jobs_per_s / y.jobs_per_s, 3)
                     for x, y in zip(v["locked"].all, v["plain"].all, strict=True)
                 ],
+            }
+            for kind, v in rates.items()
+        },
+        "ratio_to_floor": {
+            kind: {
+                "best": round(v["locked"].best.jobs_per_s / v["floor"].best.jobs_per_s, 3),
+                "paired_median": round(paired(v["locked"], v["floor"]), 3),
             }
             for kind, v in rates.items()
         },

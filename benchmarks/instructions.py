@@ -1,0 +1,237 @@
+"""Instructions per call, counted by valgrind: what the process running a locked task executes
+for its lock, beside floors. A count does not move with the machine's load (the rates of the
+other benchmarks do, by 10-30% on a shared machine), so a change in the per-task path shows
+as a change of the count, however busy the machine is.
+
+Each variant runs in a subprocess under ``valgrind --tool=callgrind`` twice, with N and 6N
+calls; the difference of the two totals divided by 5N is what one call executes, in this
+process (Python, redis-py, hiredis), without start-up, imports and warm-up. What Redis and the
+kernel do is not counted.
+
+1. **One Celery task delivery in a pool child**, as the worker's tracer runs it: the request
+   pushed, ``before_start``, the task called (its ``__call__`` if its class has its own, else
+   its body: nothing), ``task_postrun`` sent:
+   * ``plain``: a task without any lock (the base: Celery's own share of the delivery);
+   * ``floor``: no lock, one ``PING`` before the body and one after it (the two round trips
+     a lock held in the worker cannot do without; ``celery_overhead.py``'s floor);
+   * ``celery_redislock``: ``lock=`` on a key made from the arguments (a lock per call), the
+     settings read once as in a worker.
+2. **One uncontended acquire+release pair** on one name (``lock_core.py``'s locks): ours,
+   redis-py's ``Lock``, python-redis-lock, the fenced floor (``SET NX PX`` and an ``INCR`` in
+   one script, then a compare-and-delete script) and two ``PING`` s.
+
+Needs ``valgrind`` (Debian: ``apt-get install valgrind``). Run from the repository root::
+
+    python benchmarks/instructions.py [--json out.json] [--quick] [--url redis://...]
+
+A full run takes about 4 minutes, ``--quick`` (N = 100 instead of 200) about 2.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import base_parser, delete_keys, redis_target, section  # noqa: E402
+
+CELERY = ("plain", "floor", "celery_redislock")
+PAIRS = ("celery_redislock", "redis_py", "python_redis_lock", "fenced_floor", "ping_x2")
+RUN = os.environ.get("INSTR_RUN") or uuid.uuid4().hex[:8]  # (in every key; the children's too)
+
+
+# -- the calls, run in the child -----------------------------------------------------------------
+
+
+def _celery_call(variant: str, url: str) -> Callable[[int], None]:
+    """One delivery of a no-op task of ``variant``, as a pool child runs it."""
+    import redis
+    from celery import Celery, Task
+    from celery.app.trace import task_has_custom
+    from celery.signals import task_postrun
+
+    import celery_redislock
+    from celery_redislock.integrations.celery import settings
+
+    client = redis.Redis.from_url(url)
+
+    class RoundTrips(Task):  # type: ignore[misc]
+        abstract = True
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            client.ping()
+            try:
+                return super().__call__(*args, **kwargs)
+            finally:
+                client.ping()
+
+    app = Celery(f"instr_{variant}", broker=url, backend=url, set_as_current=False)
+    options: dict[str, Any] = {}
+    if variant == "celery_redislock":
+        app.conf.redislock_url = url
+        celery_redislock.install(app)
+        options = {"lock": {"key": "instr:{run}:{i}"}}
+    elif variant == "floor":
+        options = {"base": RoundTrips}
+
+    @app.task(name="instr.noop", shared=False, **options)  # type: ignore[untyped-decorator]
+    def noop(run: str, i: int) -> None:
+        return None
+
+    app.finalize()
+    task = app.tasks["instr.noop"]
+    # What the tracer calls: the task if its class has its own __call__, else its body.
+    fun = task if task_has_custom(task, "__call__") else task.run
+    settings.freeze()  # as a worker does as it starts (worker_init): settings read once
+
+    def call(i: int) -> None:
+        task_id = uuid.uuid4().hex
+        args = (RUN, i)
+        task.push_request(
+            id=task_id,
+            args=args,
+            kwargs={},
+            delivery_info={},
+            headers={},
+            retries=0,
+            called_directly=False,  # (the tracer's request)
+        )
+        try:
+            task.before_start(task_id, args, {})
+            fun(*args)
+            task_postrun.send(
+                sender=task, task_id=task_id, task=task, args=args, kwargs={}, state="SUCCESS"
+            )
+        finally:
+            task.pop_request()
+
+    return call
+
+
+def _pair_call(variant: str, url: str) -> Callable[[int], None]:
+    """One uncontended acquire+release pair of ``lock_core.py``'s lock ``variant``."""
+    import redis
+    from lock_core import LOCKS
+
+    acquire = LOCKS[variant](redis.Redis.from_url(url), f"instr:{RUN}:{variant}")
+
+    def call(i: int) -> None:
+        acquire()()
+
+    return call
+
+
+def child(kind: str, variant: str, url: str, calls: int) -> None:
+    make = _celery_call if kind == "celery" else _pair_call
+    call = make(variant, url)
+    for i in range(calls):
+        call(i)
+
+
+# -- counting, in the parent ---------------------------------------------------------------------
+
+
+def count(kind: str, variant: str, url: str, calls: int) -> int:
+    """Instructions of a child process running ``calls`` calls, start to end."""
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--callgrind-out-file=/dev/null",
+        sys.executable,
+        __file__,
+        "--child",
+        f"{kind}:{variant}",
+        "--url",
+        url,
+        "--calls",
+        str(calls),
+    ]
+    env = {**os.environ, "INSTR_RUN": RUN}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"{kind}:{variant}: {done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def per_call(kind: str, variant: str, url: str, n: int) -> float:
+    return (count(kind, variant, url, 6 * n) - count(kind, variant, url, n)) / (5 * n)
+
+
+def measure(url: str, n: int) -> dict[str, dict[str, float]]:
+    results: dict[str, dict[str, float]] = {"celery": {}, "pairs": {}}
+    for kind, variants in (("celery", CELERY), ("pairs", PAIRS)):
+        for variant in variants:
+            began = time.perf_counter()
+            results[kind][variant] = per_call(kind, variant, url, n)
+            took = time.perf_counter() - began
+            print(f"  {kind}: {variant:<20}{results[kind][variant]:>12,.0f}  ({took:.0f} s)")
+    return results
+
+
+def report(results: dict[str, dict[str, float]]) -> None:
+    celery = results["celery"]
+    section("1. One Celery task delivery in a pool child: instructions (this process)")
+    base = celery["plain"]
+    print(f"  {'variant':<20}{'per delivery':>14}{'above plain':>14}{'vs floor':>10}")
+    for variant in CELERY:
+        above = celery[variant] - base
+        ratio = above / (celery["floor"] - base) if variant != "plain" else 0.0
+        print(f"  {variant:<20}{celery[variant]:>14,.0f}{above:>+14,.0f}{ratio:>9.2f}x")
+    print("  vs floor: the instructions above plain, to the floor's (two PINGs)")
+    pairs = results["pairs"]
+    section("2. One uncontended acquire+release pair: instructions (this process)")
+    print(f"  {'lock':<20}{'per pair':>14}{'vs fenced floor':>17}")
+    for variant in PAIRS:
+        ratio = pairs[variant] / pairs["fenced_floor"]
+        print(f"  {variant:<20}{pairs[variant]:>14,.0f}{ratio:>16.2f}x")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and "--child" in sys.argv:
+        child_args = argparse.ArgumentParser()
+        child_args.add_argument("--child")
+        child_args.add_argument("--url")
+        child_args.add_argument("--calls", type=int)
+        args = child_args.parse_args()
+        kind, variant = args.child.split(":")
+        child(kind, variant, args.url, args.calls)
+        return 0
+    parser = base_parser(__doc__ or "", "N = 100 calls instead of 200 (about 2.5 minutes)")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
+    n = 100 if args.quick else 200
+    with redis_target(args.url or os.environ.get("REDIS_URL")) as (url, origin):
+        print(
+            f"Instructions per call (valgrind --tool=callgrind, {6 * n} minus {n} calls); "
+            f"Redis at {url} ({origin}); Python {sys.version.split()[0]}",
+            flush=True,
+        )
+        results = measure(url, n)
+        if args.url or os.environ.get("REDIS_URL"):
+            import redis
+
+            with redis.Redis.from_url(url) as client:
+                delete_keys(client, RUN)
+    report(results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
