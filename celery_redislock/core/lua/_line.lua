@@ -2,8 +2,9 @@
 -- line and leases, leases and entries in line made and dropped, and the purge of what lapsed
 -- that a script does before it decides anything.
 -- Defines: queue_known, no_leases, forget_lock_state, queue_exists, lease_count, lease_expiry,
--- keys_present, keep_lease_keys, new_lease, SLOT, MEMBER_LEN, slot_of, tenant_next, in_line,
--- enqueue, requeue, drop_lease, dequeue, parked_count, purge_leases, purge, start.
+-- keys_present, queue_present, keep_lease_keys, new_lease, SLOT, MEMBER_LEN, slot_of,
+-- tenant_next, in_line, enqueue, requeue, drop_lease, dequeue, parked_count, purge_leases, purge,
+-- start.
 
 -- #include _lease.lua
 
@@ -44,6 +45,11 @@ end
 local function keys_present(present)
   queue_known = present % 4 >= 2
   no_leases = present % 2 == 0
+end
+
+-- What the caller learnt already of K.queue (an EXISTS it ran anyway): whether it exists.
+local function queue_present(exists)
+  queue_known = exists
 end
 
 -- Makes the leases key live at least `need` ms (with `slack` more when it is extended, so that

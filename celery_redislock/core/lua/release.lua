@@ -61,7 +61,9 @@ end
 
 -- #include _grant.lua
 
+-- (The fast path's EXISTS said whether the line and the limits exist: not asked again.)
 limits_present(present >= 2)
+queue_present(present % 2 == 1)
 start(now)
 local status, left = 0, 0
 local expiry = redis.call('ZSCORE', K.leases, tok)
