@@ -25,6 +25,7 @@ queued before it, so in a burst the first hand-overs wait behind the burst's own
 Run from the repository root::
 
     python benchmarks/celery_contended.py [--json out.json] [--quick] [--url redis://...]
+        [--load N]
 
 It takes about a minute (``--quick``: 15 calls per workload).
 """
@@ -47,7 +48,15 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from common import Target, base_parser, delete_keys, print_targets, redis_target, section
+from common import (
+    Load,
+    Target,
+    base_parser,
+    delete_keys,
+    print_targets,
+    redis_target,
+    section,
+)
 
 HERE = Path(__file__).resolve().parent
 WORK_S = 0.05
@@ -194,14 +203,24 @@ def report(outcomes: Sequence[Outcome]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = base_parser(__doc__ or "", "15 calls per workload")
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N CPU-burning processes throughout (default 0)",
+    )
     args = parser.parse_args(argv)
     began = time.perf_counter()
     run = f"contended-{uuid.uuid4().hex[:8]}"
     outcomes: list[Outcome] = []
     with redis_target(args.url or os.environ.get("REDIS_URL")) as (url, origin):
-        print(f"Contended Celery workload on Redis at {url} ({origin}); {os.cpu_count()} CPU(s)")
+        print(
+            f"Contended Celery workload on Redis at {url} ({origin}); {os.cpu_count()} CPU(s)"
+            + (f"; {args.load} CPU-burning process(es) throughout" if args.load else "")
+        )
         r = redis.Redis.from_url(url)
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, Load(args.load):
             for workload, calls in (("keys", 60), ("cap", 24), ("slow", 41)):
                 for action in ACTIONS:
                     n = 15 if args.quick else calls

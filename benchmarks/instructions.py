@@ -19,17 +19,27 @@ kernel do is not counted.
 2. **One uncontended acquire+release pair** on one name (``lock_core.py``'s locks): ours,
    redis-py's ``Lock``, python-redis-lock, the fenced floor (``SET NX PX`` and an ``INCR`` in
    one script, then a compare-and-delete script) and two ``PING`` s.
+3. **What Redis executes per contended acquisition**, counted in ``redis-server`` (started here
+   under callgrind, ``--hz 1``; the client is not counted): a holder holds the lock, a waiter's
+   blocking acquire tries, fails and blocks on its ``BLPOP``, the holder releases, the waiter
+   takes the lock and releases it. Every command of the protocol is sent, in the order two
+   processes send it (the wake-up is a push, so the ``BLPOP`` finds it whenever it comes).
+   Ours, fair and not, python-redis-lock and ``lock_core.py``'s waiting floor (three minimal
+   scripts and a ``BLPOP``, as ours): ``lock_core.py``'s Redis CPU per contended acquisition,
+   without the noise.
 
 Needs ``valgrind`` (Debian: ``apt-get install valgrind``). Run from the repository root::
 
     python benchmarks/instructions.py [--json out.json] [--quick] [--url redis://...]
 
-A full run takes about 4 minutes, ``--quick`` (N = 100 instead of 200) about 2.5.
+A full run takes about 6 minutes, ``--quick`` (N = 100 instead of 200, 30 contended
+acquisitions instead of 60) about 4.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -48,6 +58,7 @@ from common import base_parser, delete_keys, redis_target, section  # noqa: E402
 
 CELERY = ("plain", "floor", "celery_redislock")
 PAIRS = ("celery_redislock", "redis_py", "python_redis_lock", "fenced_floor", "ping_x2")
+CONTENDED = ("celery_redislock", "celery_redislock_fair", "python_redis_lock", "waiting_floor")
 RUN = os.environ.get("INSTR_RUN") or uuid.uuid4().hex[:8]  # (in every key; the children's too)
 
 
@@ -180,6 +191,107 @@ def measure(url: str, n: int) -> dict[str, dict[str, float]]:
     return results
 
 
+# -- 3. in redis-server: a contended acquisition -------------------------------------------------
+
+
+def _contended(variant: str, url: str, acquisitions: int) -> None:
+    """``acquisitions`` contended acquisitions of lock ``variant``, driven from this process: a
+    holder's client and a waiter's, the waiter's acquire in a thread, released once the waiter
+    is about to block (its first try refused)."""
+    import threading
+
+    import redis
+    from lock_core import LOCKS
+
+    name = f"instr:{RUN}:contended:{variant}"
+    holder = LOCKS[variant](redis.Redis.from_url(url), name)
+    waiter_client = redis.Redis.from_url(url)
+    blocking = threading.Event()
+    blpop = waiter_client.blpop
+
+    def announced_blpop(*args: Any, **kwargs: Any) -> Any:
+        blocking.set()
+        return blpop(*args, **kwargs)
+
+    waiter_client.blpop = announced_blpop  # type: ignore[method-assign]
+    waiter = LOCKS[variant](waiter_client, name)
+    for _ in range(acquisitions):
+        release_holder = holder()
+        blocking.clear()
+        released: list[Callable[[], None]] = []
+        thread = threading.Thread(target=lambda out=released: out.append(waiter()))
+        thread.start()
+        if not blocking.wait(60):
+            raise RuntimeError(f"{variant}: the waiter did not block")
+        release_holder()
+        thread.join(60)
+        if not released:
+            raise RuntimeError(f"{variant}: the waiter did not get the lock")
+        released[0]()
+
+
+def redis_count(variant: str, acquisitions: int) -> int:
+    """Instructions a fresh redis-server executes, start to shutdown, while this process makes
+    ``acquisitions`` contended acquisitions of ``variant`` on it."""
+    import redis
+
+    from celery_redislock.contrib.redis_server import _free_port, find_redis_server
+
+    port = _free_port()
+    out = Path(f"/tmp/instr-redis-{RUN}-{port}.out")
+    server = subprocess.Popen(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            find_redis_server(),
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--hz",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = redis.Redis.from_url(url)
+        for _ in range(600):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        _contended(variant, url, acquisitions)
+        with contextlib.suppress(redis.RedisError):  # (it closes the connection as it answers)
+            client.shutdown(nosave=True)
+        server.wait(120)
+        found = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.MULTILINE)
+        if found is None:
+            raise RuntimeError(f"{variant}: no totals in {out}")
+        return int(found.group(1))
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        out.unlink(missing_ok=True)
+
+
+def redis_server_version() -> str:
+    from celery_redislock.contrib.redis_server import RedisServer
+
+    server = RedisServer()
+    return f"{server.binary} v{server.version}"
+
+
+def redis_per_acquisition(variant: str, n: int) -> float:
+    return (redis_count(variant, 6 * n) - redis_count(variant, n)) / (5 * n)
+
+
 def report(results: dict[str, dict[str, float]]) -> None:
     celery = results["celery"]
     section("1. One Celery task delivery in a pool child: instructions (this process)")
@@ -196,6 +308,17 @@ def report(results: dict[str, dict[str, float]]) -> None:
     for variant in PAIRS:
         ratio = pairs[variant] / pairs["fenced_floor"]
         print(f"  {variant:<20}{pairs[variant]:>14,.0f}{ratio:>16.2f}x")
+    contended = results.get("contended_in_redis")
+    if contended:
+        section("3. One contended acquisition: instructions in redis-server")
+        print(
+            f"  {'lock':<24}{'per acquisition':>16}{'vs waiting floor':>18}"
+            f"{'vs python-redis-lock':>22}"
+        )
+        for variant in CONTENDED:
+            floor = contended[variant] / contended["waiting_floor"]
+            peer = contended[variant] / contended["python_redis_lock"]
+            print(f"  {variant:<24}{contended[variant]:>16,.0f}{floor:>17.2f}x{peer:>21.2f}x")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -221,6 +344,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         results = measure(url, n)
+        contended = n // 100 * 30
+        results["contended_in_redis"] = {}
+        print(
+            f"Contended acquisitions counted in {redis_server_version()} under callgrind "
+            f"({6 * contended} minus {contended})",
+            flush=True,
+        )
+        for variant in CONTENDED:
+            began = time.perf_counter()
+            results["contended_in_redis"][variant] = redis_per_acquisition(variant, contended)
+            took = time.perf_counter() - began
+            print(
+                f"  contended, in redis-server: {variant:<22}"
+                f"{results['contended_in_redis'][variant]:>12,.0f}  ({took:.0f} s)",
+                flush=True,
+            )
         if args.url or os.environ.get("REDIS_URL"):
             import redis
 

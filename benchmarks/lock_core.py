@@ -30,6 +30,10 @@ The pairs table has a physical floor row, ``ping_x2``: two loopback PING round t
 per "pair" (a pair costs at least two round trips), and prints one PING's round trip under it;
 and a design floor, ``fenced_floor``: the least a lock that hands out fencing tokens must run,
 ``SET NX PX`` and an ``INCR`` of a fence counter in one script, then the raw floor's release.
+Handoff and contention have a design floor too, ``waiting_floor``: the fenced floor's take, a
+``BLPOP`` on a signal list while the lock is held, and a release script that deletes the lease
+and pushes one signal (python-redis-lock's shape, with a fence): like ours, three script calls
+and a ``BLPOP`` per contended acquisition, each script as small as it can be.
 ``--load N`` runs N CPU-burning processes during every measurement (a loaded machine).
 
 ``--parser python|hiredis|both`` sets redis-py's reply parser (and command packer) for every
@@ -98,6 +102,7 @@ RENEW_TTL_S = 60
 RENEW_LEASES = 10_000
 CONTENDERS = 4
 HOLD_S = 0.010  # contention: how long each acquisition holds the lock
+SIGNAL_MS = 2000  # waiting floor: how long a release's signal lives (as our wake-ups)
 SETTLE_S = 0.005  # handoff: the least the holder waits before releasing (the waiter is blocked)
 PUSH_JITTER_S = 0.005  # handoff: extra random hold for push-woken locks
 POLL_INTERVAL_S = {"redis_py": 0.1, "pottery": 0.2}  # polling locks: jitter of one poll period
@@ -216,6 +221,42 @@ def _fenced_floor(client: redis.Redis, name: str) -> Acquire:
     return acquire
 
 
+_GIVE_AND_SIGNAL = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('LPUSH', KEYS[2], 1)
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+def _waiting_floor(client: redis.Redis, name: str) -> Acquire:
+    """Not a full lock: the least a fenced lock whose waiters block (rather than poll) runs
+    under contention. The fenced floor's take script; when the lock is held, a ``BLPOP`` on a
+    signal list, then the take again; a release script that deletes the lease and pushes one
+    signal (python-redis-lock's shape, with a fence). Three scripts and a ``BLPOP`` per
+    contended acquisition, as ours: what those cost Redis is the floor for ours."""
+    take = client.register_script(_SET_AND_FENCE)
+    give = client.register_script(_GIVE_AND_SIGNAL)
+    keys = [f"{{{name}}}:lease", f"{{{name}}}:fence", f"{{{name}}}:signal"]
+    px = TTL_S * 1000
+
+    def acquire() -> Release:
+        token = os.urandom(16).hex()
+        while not take(keys=keys[:2], args=[token, px]):
+            client.blpop([keys[2]], timeout=TTL_S)
+
+        def release() -> None:
+            if give(keys=[keys[0], keys[2]], args=[token, SIGNAL_MS]) != 1:
+                raise RuntimeError(f"waiting floor: {name!r} was not held")
+
+        return release
+
+    return acquire
+
+
 def _ping_floor(client: redis.Redis, name: str) -> Acquire:
     """Not a lock: the physical floor, one PING round trip for the acquire and one for the
     release."""
@@ -238,6 +279,7 @@ LOCKS: dict[str, Factory] = {
     "pottery": _pottery,
     "raw_floor": _raw_floor,
     "fenced_floor": _fenced_floor,
+    "waiting_floor": _waiting_floor,
     "ping_x2": _ping_floor,
 }
 PAIRS_LOCKS = (
@@ -249,8 +291,21 @@ PAIRS_LOCKS = (
     "fenced_floor",
     "ping_x2",
 )
-HANDOFF_LOCKS = (OURS, "celery_redislock_fair", "redis_py", "python_redis_lock", "pottery")
-CONTENTION_LOCKS = (OURS, "celery_redislock_fair", "redis_py", "python_redis_lock")
+HANDOFF_LOCKS = (
+    OURS,
+    "celery_redislock_fair",
+    "redis_py",
+    "python_redis_lock",
+    "pottery",
+    "waiting_floor",
+)
+CONTENTION_LOCKS = (
+    OURS,
+    "celery_redislock_fair",
+    "redis_py",
+    "python_redis_lock",
+    "waiting_floor",
+)
 
 
 # -- Redis helpers -------------------------------------------------------------------------------
@@ -668,6 +723,7 @@ HANDOFF_NOTES = {
     "redis_py": "polls: redis-py default sleep=0.1 s",
     "python_redis_lock": "BLPOP on a signal list, then GET + SET NX",
     "pottery": "polls: random sleep of 0-0.2 s",
+    "waiting_floor": "BLPOP on a signal list, then the fenced floor's take script",
 }
 
 
@@ -761,7 +817,22 @@ def targets(
             20,
             False,
         ),
+        Target(
+            "Redis CPU per contended acquisition, celery_redislock / python_redis_lock",
+            contention[OURS].server_cpu_us_per_acquisition
+            / contention["python_redis_lock"].server_cpu_us_per_acquisition,
+            1.3,
+            False,
+            "x",
+        ),
         Target("handoff mean, celery_redislock", handoffs[OURS].mean, 1.5, False, " ms"),
+        Target(
+            "handoff mean, celery_redislock / python_redis_lock",
+            handoffs[OURS].mean / handoffs["python_redis_lock"].mean,
+            1.0,
+            False,
+            "x",
+        ),
         Target("handoff p99, celery_redislock", handoffs[OURS].p99, 5.0, False, " ms"),
         Target(
             "fairness min/max, celery_redislock_fair",

@@ -9,12 +9,21 @@ import json
 import sys
 from typing import Any
 
-COLUMNS = ("celery_redislock", "celery_redislock_fair", "redis_py", "python_redis_lock")
-FLOORS = ("pottery", "raw_floor", "fenced_floor", "ping_x2")  # pairs only
+COLUMNS = (
+    "celery_redislock",
+    "celery_redislock_fair",
+    "redis_py",
+    "python_redis_lock",
+    "pottery",
+    "raw_floor",
+    "fenced_floor",
+    "waiting_floor",
+    "ping_x2",
+)
 HEADER = (
     "| measure | celery-redislock | fair mode | redis-py `Lock` | python-redis-lock "
-    "| pottery `Redlock` | raw floor | fenced floor | two PINGs |\n"
-    "|---|---|---|---|---|---|---|---|---|"
+    "| pottery `Redlock` | raw floor | fenced floor | waiting floor | two PINGs |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -23,7 +32,6 @@ def _row(label: str, cells: list[str]) -> str:
 
 
 def table(b: dict[str, Any]) -> str:
-    pairs = b["pairs_per_s"]
     hand = b["handoff_ms"]
 
     def handoff(lib: str) -> str:
@@ -31,29 +39,33 @@ def table(b: dict[str, Any]) -> str:
 
     def per_lib(key: str, fmt: str) -> list[str]:
         of = b.get(key, {})
-        return [format(of[lib], fmt) if lib in of else "" for lib in COLUMNS] + [""] * 4
-
-    def pairs_row(label: str, of: dict[str, float]) -> str:
-        return _row(
-            label,
-            [f"{of[lib]:,.0f}" if lib in of else "" for lib in (*COLUMNS, *FLOORS)],
-        )
+        return [format(of[lib], fmt) if lib in of else "" for lib in COLUMNS]
 
     by_parser = b.get("pairs_per_s_by_parser", {})
     if "python" in by_parser and "hiredis" in by_parser:  # lock_core.py --parser both
         pairs_rows = [
-            pairs_row(
-                "uncontended acquire+release pairs/s, pure-Python parser", by_parser["python"]
+            _row(
+                "uncontended acquire+release pairs/s, pure-Python parser",
+                [
+                    f"{by_parser['python'][lib]:,.0f}" if lib in by_parser["python"] else ""
+                    for lib in COLUMNS
+                ],
             ),
-            pairs_row("same, hiredis parser", by_parser["hiredis"]),
+            _row(
+                "same, hiredis parser",
+                [
+                    f"{by_parser['hiredis'][lib]:,.0f}" if lib in by_parser["hiredis"] else ""
+                    for lib in COLUMNS
+                ],
+            ),
         ]
     else:
-        pairs_rows = [pairs_row("uncontended acquire+release pairs/s", pairs)]
+        pairs_rows = [_row("uncontended acquire+release pairs/s", per_lib("pairs_per_s", ",.0f"))]
     rows = [
         *pairs_rows,
         _row(
             "handoff to a waiter blocked in another process, mean / p99 ms",
-            [handoff(lib) for lib in COLUMNS] + [handoff("pottery"), "", "", ""],
+            [handoff(lib) for lib in COLUMNS],
         ),
         _row(
             "4 processes, 10 ms hold: min/max acquisitions per process",
@@ -73,7 +85,7 @@ def table(b: dict[str, Any]) -> str:
             [
                 f"{b['renew_10k']['seconds'] * 1000:.0f} ms, "
                 f"{b['renew_10k']['round_trips']} round trip",
-                *[""] * 7,
+                *[""] * (len(COLUMNS) - 1),
             ],
         ),
     ]
