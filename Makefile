@@ -102,8 +102,9 @@ test:
 quick:
 	$(call phases,lint test-quick)
 
+# --durations: the 25 slowest tests are named at the end (where the suite's time goes).
 test-main: $(VENV)/.dev chromium
-	$(BIN)/pytest -n $(TEST_PROCESSES) -m "not topology" $(ARGS)
+	$(BIN)/pytest -n $(TEST_PROCESSES) -m "not topology" --durations=25 $(ARGS)
 
 # test-main with branch coverage of the package, worker subprocesses included: about a quarter
 # slower, so `make test` leaves it out.
