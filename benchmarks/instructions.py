@@ -233,18 +233,21 @@ def _contended(variant: str, url: str, acquisitions: int) -> None:
 def redis_count(variant: str, acquisitions: int) -> int:
     """Instructions a fresh redis-server executes, start to shutdown, while this process makes
     ``acquisitions`` contended acquisitions of ``variant`` on it."""
+    import tempfile
+
     import redis
 
-    from celery_redislock.contrib.redis_server import _free_port, find_redis_server
+    from celery_redislock.contrib.redis_server import RedisServer
 
-    port = _free_port()
-    out = Path(f"/tmp/instr-redis-{RUN}-{port}.out")
+    plan = RedisServer()  # (not started: its binary and a free port)
+    port = plan.port
+    out = Path(tempfile.gettempdir()) / f"instr-redis-{RUN}-{port}.out"
     server = subprocess.Popen(
         [
             "valgrind",
             "--tool=callgrind",
             f"--callgrind-out-file={out}",
-            find_redis_server(),
+            plan.binary,
             "--port",
             str(port),
             "--save",
@@ -266,6 +269,8 @@ def redis_count(variant: str, acquisitions: int) -> int:
                 break
             except redis.ConnectionError:
                 time.sleep(0.1)
+        else:
+            raise RuntimeError(f"redis-server under valgrind did not answer on port {port}")
         _contended(variant, url, acquisitions)
         with contextlib.suppress(redis.RedisError):  # (it closes the connection as it answers)
             client.shutdown(nosave=True)
