@@ -126,9 +126,16 @@ class Heartbeat:
                 self._cond.notify()  # due before the thread means to wake: it must look again
 
     def unregister(self, lease: Lease) -> None:
-        """Stops renewing ``lease`` (call before or after releasing it)."""
+        """Stops renewing ``lease`` (call before or after releasing it). A lease that may have
+        lapsed before the thread looked is reported lost now: its holder may have seen the lapse
+        first (``check()``) and ended, and the report must still come."""
         with self._cond:
-            self._entries.pop(lease.token, None)
+            entry = self._entries.pop(lease.token, None)
+            lapsed = entry is not None and time.monotonic() >= lease.valid_until
+            if lapsed:
+                lease.lost = True
+        if entry is not None and lapsed:
+            self._report(entry, entry.error or _no_answer(lease))
 
     def leases(self) -> list[Lease]:
         """The leases being renewed now."""

@@ -170,6 +170,37 @@ def test_loss_is_reported_on_time_while_redis_hangs(own_server: RedisServer) -> 
     assert lease not in heartbeat.leases()
 
 
+def test_a_lapse_its_holder_saw_first_is_reported_when_it_lets_go(client: redis.Redis) -> None:
+    """The holder's ``check()`` saw the lapse and its task ended before the heartbeat's thread
+    looked again (a loaded machine): letting go of the lease reports it lost then, once, so
+    that ``lock_lost`` and the ERROR log are not skipped."""
+    lease = Lock(client, "seen-first", ttl=30).acquire()
+    notices: list[tuple[Lease, BaseException | None]] = []
+    heartbeat = Heartbeat.current()
+    heartbeat.register(lease, on_lost=lambda lost, error: notices.append((lost, error)))
+    # No renewal answered in time (Redis frozen, say): the lease may have lapsed just now. The
+    # thread, due again in 10 s, is asleep.
+    lease.valid_until = time.monotonic()
+    with pytest.raises(LockLost):
+        lease.check()
+    heartbeat.unregister(lease)
+    assert [lost for lost, _ in notices] == [lease] and lease.lost
+    assert isinstance(notices[0][1], LockBackendError) and "seen-first" in str(notices[0][1])
+    heartbeat.unregister(lease)  # (again: nothing more to say)
+    assert len(notices) == 1
+    lease.release()
+
+
+def test_a_lease_let_go_in_time_is_not_reported(client: redis.Redis) -> None:
+    lease = Lock(client, "in-time", ttl=30).acquire()
+    lost = threading.Event()
+    heartbeat = Heartbeat.current()
+    heartbeat.register(lease, on_lost=lambda _lease, _e: lost.set())
+    heartbeat.unregister(lease)
+    assert not lost.is_set() and not lease.lost
+    lease.release()
+
+
 def test_a_short_freeze_is_not_reported(own_server: RedisServer) -> None:
     ttl = 1.5
     client = redis.Redis.from_url(own_server.url, socket_timeout=5)
