@@ -107,14 +107,24 @@ def _png_description(path: Path) -> str:
         return str(image.info.get("Description", ""))
 
 
-def _demo_processes() -> list[int]:
+def _demo_processes(redis_url: str) -> list[int]:
     """Pids of live demo workers and RQ work horses (their command line names the demo's app,
-    or an RQ demo worker: ``rqdemo<n>-<pid>``)."""
+    or an RQ demo worker: ``rqdemo<n>-<pid>``) of the demo run on ``redis_url``: other tests
+    running beside this one start demos too, each on a Redis of its own."""
     return [
         p.pid
         for p in processes()
-        if (b"demos.celery.app" in p.cmdline or b"\0rqdemo" in p.cmdline) and alive(p.pid)
+        if (b"demos.celery.app" in p.cmdline or b"\0rqdemo" in p.cmdline)
+        and _environ_has(p.pid, f"REDIS_URL={redis_url}")
+        and alive(p.pid)
     ]
+
+
+def _environ_has(pid: int, entry: str) -> bool:
+    try:
+        return entry.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile
+        return False
 
 
 @pytest.mark.slow
@@ -168,7 +178,7 @@ def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
         "docs/demo-timeline.png is not from the run that wrote the sample: "
         "python -m demos.celery --write-docs"
     )
-    assert _demo_processes() == []
+    assert _demo_processes(demo_redis.url) == []
 
 
 def test_docs_are_written_between_the_markers_only(
@@ -214,12 +224,12 @@ def test_ctrl_c_stops_every_worker(demo_redis: RedisServer, tmp_path: Path, duri
         )  # fmt: skip
     try:
         wait_for(lambda: during in log.read_text(), "the workers run tasks", 120)
-        assert _demo_processes(), "the workers are running"
+        assert _demo_processes(demo_redis.url), "the workers are running"
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=30) == 130
     finally:
         demo.kill()
-    wait_for(lambda: _demo_processes() == [], "every worker process is gone", 10)
+    wait_for(lambda: _demo_processes(demo_redis.url) == [], "every worker process is gone", 10)
 
 
 @pytest.mark.faults
