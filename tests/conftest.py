@@ -66,7 +66,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(900))
     # Slow tests first: test processes running side by side (`-n`) then do not end on one of
     # them while the others sit idle. (A stable sort: the order is otherwise unchanged, and the
-    # same in every process, as pytest-xdist requires.)
+    # same in every process, as pytest-xdist requires.) Each process takes one test at a time
+    # (pytest_configure): the slow ones are spread over the processes as they come free.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
@@ -179,6 +180,12 @@ def _no_thread_or_process_left() -> Iterator[None]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist's load scheduling hands each process a block of a quarter of its share at
+    # the start, in collection order: with the slow tests first, one process got all of them
+    # and ran for 15.7 minutes while the others were done after 9.8. One test at a time instead
+    # (unless `--maxschedchunk` says otherwise).
+    if getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1
     required = [v for v in os.environ.get("REDISLOCK_REQUIRE_VERSIONS", "").split(",") if v]
     missing = [v for v in required if f"redis{v}" not in BINARIES]
     if missing:
