@@ -195,6 +195,7 @@ def test_unreachable_redis_is_exit_code_3() -> None:
 # -- rate limits: rates, limit set/clear, pause, resume ----------------------------------------
 
 
+@pytest.mark.slow
 def test_rates_limit_set_and_clear(client: redis.Redis, redis_server: RedisServer) -> None:
     url = redis_server.url
     nothing = run("rates", url=url)

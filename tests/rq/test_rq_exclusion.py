@@ -15,7 +15,11 @@ from celery_redislock import Lock
 from celery_redislock.errors import LockNotAcquired
 from celery_redislock.integrations.rq import SKIPPED, outcome_of
 
-WORKER_CLASSES = ["LockWorker", "SimpleWorker", "Worker"] + ["LockSpawnWorker"] * HAS_SPAWN
+# Through RQ's own forking worker or a spawning one, the load test takes over 10 s on a loaded
+# machine.
+WORKER_CLASSES = ["LockWorker", "SimpleWorker", pytest.param("Worker", marks=pytest.mark.slow)] + [
+    pytest.param("LockSpawnWorker", marks=pytest.mark.slow)
+] * HAS_SPAWN
 
 
 @pytest.mark.parametrize("worker_class", WORKER_CLASSES)

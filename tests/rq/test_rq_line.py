@@ -71,7 +71,13 @@ def _parked(conn: redis.Redis, name: str, jobs: list[Job]) -> list[str]:
     return _line(conn, name)
 
 
-@pytest.mark.parametrize("worker_class", ["LockWorker", "Worker"] + ["LockSpawnWorker"] * HAS_SPAWN)
+# Through a forking or spawning worker, the burst takes over 10 s.
+_BURST_CLASSES = ["LockWorker", pytest.param("Worker", marks=pytest.mark.slow)] + [
+    pytest.param("LockSpawnWorker", marks=pytest.mark.slow)
+] * HAS_SPAWN
+
+
+@pytest.mark.parametrize("worker_class", _BURST_CLASSES)
 def test_a_burst_on_one_key_drains_in_line_order_one_at_a_time(rq_conn, rq_workers, worker_class):
     """The releasing horse puts the next job back: a plain ``Worker`` drains the line too."""
     rq_workers(name="pool", pool=3, worker_class=worker_class)
