@@ -156,7 +156,12 @@ def judge_fair(
         say(f"  {label}  acquisitions per pid: {per}  (spread {_spread(counts)})")
         say(f"              {handoff_line(handoffs)}")
     mean = statistics.fmean(fair_counts.values()) if fair_counts else 0
-    allowed = max(2, math.ceil(0.05 * mean))
+    # Strict turns leave at most 1 between processes, 2 with the time box's ends. A process the
+    # machine keeps off the CPU between its release and its next request for longer than the
+    # others' turns misses a turn, whatever the lock: seen on a loaded 2-core machine, 39 to
+    # 42 over a mean of 40 (fair=False beside it: 61 to 181). Allowed: 10% of the mean, at
+    # least 2.
+    allowed = max(2, math.ceil(0.1 * mean))
     checks = [
         _workers_check(fleet),
         Check(
