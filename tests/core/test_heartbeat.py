@@ -176,15 +176,24 @@ def test_a_lapse_its_holder_saw_first_is_reported_when_it_lets_go(client: redis.
     that ``lock_lost`` and the ERROR log are not skipped."""
     lease = Lock(client, "seen-first", ttl=30).acquire()
     notices: list[tuple[Lease, BaseException | None]] = []
+    reporters: list[threading.Thread] = []
+
+    def on_lost(lost: Lease, error: BaseException | None) -> None:
+        notices.append((lost, error))
+        reporters.append(threading.current_thread())
+
     heartbeat = Heartbeat.current()
-    heartbeat.register(lease, on_lost=lambda lost, error: notices.append((lost, error)))
-    # No renewal answered in time (Redis frozen, say): the lease may have lapsed just now. The
-    # thread, due again in 10 s, is asleep.
-    lease.valid_until = time.monotonic()
-    with pytest.raises(LockLost):
-        lease.check()
-    heartbeat.unregister(lease)
+    heartbeat.register(lease, on_lost=on_lost)
+    # Holding the heartbeat's lock (re-entrant) keeps its thread from looking at the lease in
+    # between: the report can only come from unregister, on this thread.
+    with heartbeat._cond:
+        # No renewal answered in time (Redis frozen, say): the lease may have lapsed just now.
+        lease.valid_until = time.monotonic()
+        with pytest.raises(LockLost):
+            lease.check()
+        heartbeat.unregister(lease)
     assert [lost for lost, _ in notices] == [lease] and lease.lost
+    assert reporters == [threading.current_thread()]
     assert isinstance(notices[0][1], LockBackendError) and "seen-first" in str(notices[0][1])
     heartbeat.unregister(lease)  # (again: nothing more to say)
     assert len(notices) == 1
