@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -26,6 +27,8 @@ from celery_redislock import (
 )
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.keys import LockKeys
+
+LUA = Path(__file__).resolve().parents[2] / "celery_redislock" / "core" / "lua"
 
 
 @pytest.mark.parametrize(
@@ -636,3 +639,12 @@ def test_the_lock_records_outlive_a_lease_renewed_after_a_hand_over(client: redi
     now_ms = sec * 1000 + usec // 1000
     assert meta_left + now_ms >= int(expiry) + 1000 - 50, "the lease records lapse before it"
     run("release", client, lock.keys.all, ["w", spec, "1", "rw"])
+
+
+def test_numbers_go_to_redis_as_exact_integers(client: redis.Redis) -> None:
+    """The scripts' int(): a fence (server microseconds, 16 digits), an expiry and a negative
+    whole number are written digit for digit; a fraction is rounded, as it always was."""
+    part = (LUA / "_time.lua").read_text()
+    body = "return {int(1795824040507368), int(1795824070507), int(-7), int(2.5), int(2.7)}"
+    got = [x.decode() for x in client.eval(part + "\n" + body, 0)]
+    assert got == ["1795824040507368", "1795824070507", "-7", "2", "3"]

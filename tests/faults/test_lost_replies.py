@@ -218,6 +218,33 @@ def test_release_retried_after_its_reply_was_lost_says_released(
     assert not Lock(client, "lost-release", ttl=5).holders()
 
 
+def test_the_ids_that_make_a_call_count_once_are_the_last_sixteen_newest_first(
+    client: redis.Redis,
+) -> None:
+    """What lets a release, a re-entry or a partial release run twice count once: the lock keeps
+    the ids of its last 16 releases, and a lease those of its last 16 re-entries and partial
+    releases, newest first. (Written in one piece since this release; built id by id before.)"""
+    lock = Lock(client, "sixteen", ttl=5)
+    seen: list[str] = []
+    for _ in range(20):
+        lock.acquire(blocking=False).release()
+        ids = client.hget(lock.keys.meta, "g").decode().split(" ")
+        assert ids[0] not in seen and ids[1:] == seen[:15]
+        seen = ids
+    assert len(seen) == 16
+    outer = lock.acquire(owner="o", blocking=False)
+    record = f"l:{outer.token}"
+    applied: list[str] = []
+    for _ in range(20):
+        lock.acquire(owner="o", blocking=False).release()  # one re-entry, one partial release
+        ids = client.hget(lock.keys.meta, record).decode().split("|")[3].split(" ")
+        assert ids[2:] == applied[:14] and not set(ids[:2]) & set(applied)
+        applied = ids
+    assert len(applied) == 16
+    outer.release()
+    assert not lock.holders()
+
+
 def test_partial_release_retried_after_its_reply_was_lost_counts_once(
     proxy: FaultProxy, through: Through, client: redis.Redis
 ) -> None:

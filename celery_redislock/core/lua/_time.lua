@@ -17,7 +17,12 @@ local function server_now()
   return call_ms, s * 1000000 + us
 end
 
--- Numbers go to Redis as exact integers (Lua's default formatting keeps only 14 digits).
+-- Numbers go to Redis as exact integers (Lua's default formatting keeps only 14 digits). A whole
+-- number is written as one ('%d', a 64-bit integer here), several times cheaper than '%.0f',
+-- which formats a float; anything else is rounded as before.
 local function int(n)
+  if n % 1 == 0 then
+    return string.format('%d', n)
+  end
   return string.format('%.0f', n)
 end
