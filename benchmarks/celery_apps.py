@@ -22,7 +22,10 @@ The ``floor`` variant takes no lock: its tasks only make the Redis round trips a
 kind cannot do without, on the same Redis, so that its figures are the least such a lock can
 cost here. A ``noop`` or ``hold`` sends one ``PING`` before its body and one after it, in the pool
 child (where our lock takes and gives back its lease); a ``unique`` call sends one ``PING``
-before it is published (where an enqueue-time claim is made).
+before it is published (where an enqueue-time claim is made). The ``floor_confirmed`` variant
+(the enqueue benchmark's only) sends one ``PING`` before the publish and one after it: the least
+a claim confirmed once its message went out can cost (ours: a claim whose message never went out,
+its producer killed in between, lasts seconds, not its lifetime, and blocks no later call).
 
 Every variant has the same three tasks, with the same signatures and bodies:
 
@@ -45,6 +48,8 @@ import redis
 from celery import Celery, Task
 
 VARIANTS = ("plain", "celery_redislock", "celery_singleton", "celery_once", "floor")
+# The enqueue benchmark's: also the floor of a claim confirmed after its publish.
+ENQUEUE_VARIANTS = (*VARIANTS, "floor_confirmed")
 ONCE_DEFAULT_TIMEOUT_S = 60 * 60  # celery-once's default lock timeout (QueueOnce.default_timeout)
 
 
@@ -115,9 +120,24 @@ class _PublishRoundTrip(Task):  # type: ignore[misc]
         return super().apply_async(*args, **kwargs)
 
 
+class _ConfirmedPublishRoundTrips(Task):  # type: ignore[misc]
+    """The floor of a claim made at enqueue and confirmed after the publish: one round trip
+    before each publish, one after it."""
+
+    abstract = True
+    floor_url = ""
+
+    def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+        client = _client(self.floor_url)
+        client.ping()
+        result = super().apply_async(*args, **kwargs)
+        client.ping()
+        return result
+
+
 def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> Celery:
     """The app of one variant; only the task base / lock options differ between variants."""
-    if variant not in VARIANTS:
+    if variant not in ENQUEUE_VARIANTS:
         raise ValueError(f"unknown variant {variant!r}")
     keys = Keys(run, variant)
     app = Celery(f"celerybench_{variant}", broker=url, backend=url, set_as_current=False)
@@ -173,6 +193,8 @@ def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> 
     if variant == "floor":
         noop_opts = hold_opts = {"base": _WorkerRoundTrips, "floor_url": url}
         unique_opts = {"base": _PublishRoundTrip, "floor_url": url}
+    if variant == "floor_confirmed":
+        unique_opts = {"base": _ConfirmedPublishRoundTrips, "floor_url": url}
 
     # shared=False: a shared task would be added to every app this process creates.
     @app.task(name="celerybench.noop", shared=False, **noop_opts)  # type: ignore[untyped-decorator]

@@ -17,6 +17,8 @@ benchmark); the task is ``unique(run, n)``, unique on both arguments until it fi
 * plain: ``delay`` with no uniqueness at all: every call is published;
 * floor: plain ``delay`` after one ``PING`` to the same Redis: the least any claim made at enqueue
   (one round trip before the publish) can cost here. Every call is published.
+* floor_confirmed: one ``PING`` before the plain ``delay`` and one after it: the least a claim
+  confirmed once its message went out (ours) can cost. Every call is published.
 
 What is measured, each call ``task.delay(run, n)`` with its result dropped at once (as a
 fire-and-forget caller does: Celery's Redis result backend subscribes to each published task's
@@ -68,7 +70,8 @@ import redis
 from celery import Celery
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmark modules
-from celery_apps import VARIANTS, Keys, make_app
+from celery_apps import ENQUEUE_VARIANTS as VARIANTS
+from celery_apps import Keys, make_app
 from common import (
     base_parser,
     delete_keys,
@@ -79,8 +82,8 @@ from common import (
 )
 
 OURS = "celery_redislock"
-# The variants with enqueue uniqueness (the floor's round trip dedupes nothing).
-UNIQUE = tuple(v for v in VARIANTS if v not in ("plain", "floor"))
+# The variants with enqueue uniqueness (the floors' round trips dedupe nothing).
+UNIQUE = tuple(v for v in VARIANTS if v not in ("plain", "floor", "floor_confirmed"))
 SCENARIOS = ("distinct", "duplicate")
 TASK = "celerybench.unique"
 WARMUP_CALLS = 50

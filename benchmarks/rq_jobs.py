@@ -1,16 +1,22 @@
 """The jobs of the RQ benchmark (``rq_overhead.py``); its workers import them from here.
 
-``plain``, ``floor`` and ``locked`` do the same one ``INCR``; ``locked`` takes a lease on a lock of
-its own (``rqbench:<run>:<i>``: distinct per call, so no call ever conflicts); ``floor`` takes no
-lock but makes the two round trips any lock held where the job runs cannot do without, one
-``PING`` before its body and one after it. ``hold`` is the long
-locked job of the recovery measurement: it notes its pid and start time, then sleeps.
+``plain``, ``floor``, ``floor_renewer`` and ``locked`` do the same one ``INCR``; ``locked`` takes a
+lease on a lock of its own (``rqbench:<run>:<i>``: distinct per call, so no call ever conflicts);
+``floor`` takes no lock but makes the two round trips any lock held where the job runs cannot do
+without, one ``PING`` before its body and one after it. ``floor_renewer`` does the same and also
+starts a thread that wakes every second, once per process, as a lease's renewer is started
+where the job runs: in a forked work horse, once per job (a lease must be renewed by the
+process that runs the job: its worker may die while it runs, and RQ then runs the job again
+while the orphaned horse still does). ``hold`` is the long locked job of the recovery
+measurement: it notes its pid and start time, then sleeps.
 """
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -43,6 +49,33 @@ def floor(run: str, i: int) -> None:
     connection = _connection()
     connection.ping()  # where a lock takes its lease
     connection.incr(done_key(run, "floor"))
+    connection.ping()  # where it gives it back
+
+
+_renewer_pid = 0  # the process that started a renewing thread
+
+
+def _idle() -> None:
+    # Waits as the heartbeat's thread does with nothing due: on a condition, waking each second.
+    wake = threading.Condition()
+    with wake:
+        while True:
+            wake.wait(1.0)
+
+
+def _start_renewer() -> None:
+    """A thread of this process's own, started at its first job (a bare thread, as ours)."""
+    global _renewer_pid
+    if _renewer_pid != os.getpid():
+        _renewer_pid = os.getpid()
+        _thread.start_new_thread(_idle, ())
+
+
+def floor_renewer(run: str, i: int) -> None:
+    connection = _connection()
+    connection.ping()  # where a lock takes its lease
+    _start_renewer()  # where it registers the lease to be renewed
+    connection.incr(done_key(run, "floor_renewer"))
     connection.ping()  # where it gives it back
 
 
