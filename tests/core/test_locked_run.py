@@ -15,6 +15,7 @@ from redis.retry import Retry
 
 from celery_redislock import RateLimit, current_lease, current_rate
 from celery_redislock.core.claims import ClaimKind, claim
+from celery_redislock.core.heartbeat import Heartbeat
 from celery_redislock.core.lock import Lock
 from celery_redislock.core.options import call_signature, parse_lock_option
 from celery_redislock.core.rate_options import parse_rate_option
@@ -445,3 +446,26 @@ def test_each_call_gets_its_own_lock_made_from_one_per_settings(client: redis.Re
     assert other.keys.leases.startswith("elsewhere:") and first.keys.leases.startswith("redislock:")
     with pytest.raises(LockConfigError, match="name"):
         make_lock(_Settings(), client, options, "")
+
+
+def test_a_lapse_the_task_saw_first_is_logged_as_it_lets_go(
+    client: redis.Redis, bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No renewal answered in time (its Redis frozen): the task's check() saw the lapse and it
+    ended; the loss is reported as the run lets go of the lease, and the line says so rather
+    than that the task goes on."""
+    caplog.set_level(logging.INFO, logger="celery_redislock")
+    run = _run(client, _spec(lock="sync:{customer_id}"), "a", bus)
+    held = run.take()
+    assert isinstance(held, Held) and held.lease is not None
+    token = held.lease.token
+    # (The heartbeat's lock, re-entrant, keeps its thread from reporting the lapse first.)
+    with Heartbeat.current()._cond:
+        held.lease.valid_until = time.monotonic()  # as if no renewal came back
+        run.release(finished=False)
+    [line] = [r for r in caplog.records if r.name == "celery_redislock.core.outcomes"]
+    assert line.levelno == logging.ERROR and line.getMessage() == (
+        f"task sync[a]: lease on lock 'sync:42' lost (lock 'sync:42': lease {token} lapsed "
+        "before Redis answered its renewal); seen as the task let go of it"
+    )
+    assert [name for name, _ in bus.sent] == ["acquired", "lost", "released"]

@@ -368,11 +368,15 @@ class LockedRun:
         return locks
 
     def _on_lost(self, lost: Lease, error: BaseException | None) -> None:
+        # Reported as the run lets go of it (release() has dropped its leases already): the
+        # task saw the lapse first and ended, and does not go on.
+        running = lost is self.lease or lost in self.more_leases
         self._say(
             ERROR,
-            ": lease on lock %r lost%s; the task goes on without it",
+            ": lease on lock %r lost%s; %s",
             lost.name,
             f" ({error})" if error else "",
+            "the task goes on without it" if running else "seen as the task let go of it",
         )
         self._signal(self.signals.lost, lease=lost, error=error)
 
