@@ -94,7 +94,7 @@ endef
 
 # Lint, the docs build (warnings as errors, doctests), every test against each Redis found
 # (redis-server on PATH and the embedded 6.2), the Redis topologies, then the Celery and RQ tests
-# once more on the lowest supported versions: about 25 minutes on 2 cores.
+# once more on the lowest supported versions: 16 to 25 minutes on 2 cores, with the load.
 test:
 	$(call phases,lint docs test-main test-topologies test-lowest)
 
