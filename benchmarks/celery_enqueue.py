@@ -40,7 +40,9 @@ variant and scenario is kept.
 Run from the repository root::
 
     python benchmarks/celery_enqueue.py [--calls N] [--rounds R] [--json out.json] [--quick] \\
-        [--url redis://...]
+        [--url redis://...] [--load N]
+
+``--load N`` runs N CPU-burning processes throughout.
 
 A full run (N = 2000, 3 rounds) takes about 30 s on 2 cores, ``--quick`` about 4 s. ``--json``
 writes ``calls_per_s``, ``vs_plain``, ``client_cpu_us`` and ``redis_cpu_us`` per scenario and
@@ -73,6 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmark 
 from celery_apps import ENQUEUE_VARIANTS as VARIANTS
 from celery_apps import Keys, make_app
 from common import (
+    Load,
     base_parser,
     delete_keys,
     print_header,
@@ -258,6 +261,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = base_parser(__doc__ or "", "500 calls, one round (a few seconds)")
     parser.add_argument("--calls", type=int, help="calls per measurement (2000, quick 500)")
     parser.add_argument("--rounds", type=int, help="rounds; the best is kept (3, quick 1)")
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N CPU-burning processes throughout (default 0)",
+    )
     return parser.parse_args(argv)
 
 
@@ -277,9 +287,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 origin,
                 bench.client,
                 args.quick,
-                "no worker: producer cost only",
+                "no worker: producer cost only"
+                + (f"; {args.load} CPU-burning process(es) throughout" if args.load else ""),
             )
-            results = run_rounds(bench, rounds, count)
+            with Load(args.load):
+                results = run_rounds(bench, rounds, count)
             for scenario in SCENARIOS:
                 print_scenario(results, scenario, count, rounds)
         finally:

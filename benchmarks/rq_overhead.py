@@ -46,7 +46,9 @@ What is measured:
 
 Run from the repository root::
 
-    python benchmarks/rq_overhead.py [--json out.json] [--quick] [--url redis://...]
+    python benchmarks/rq_overhead.py [--json out.json] [--quick] [--url redis://...] [--load N]
+
+``--load N`` runs N CPU-burning processes during the throughput rounds.
 
 A full run takes about 2 minutes on 2 cores and ``--quick`` about 30 s. ``--json`` writes
 ``jobs_per_s`` (best round per worker kind and variant), ``ratio`` (locked / plain, best and
@@ -84,6 +86,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the jobs module lives next to this script
 import rq_jobs  # noqa: E402
 from common import (  # noqa: E402
+    Load,
     Target,
     base_parser,
     delete_keys,
@@ -582,6 +585,13 @@ def _log_dir() -> Iterator[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = base_parser(__doc__ or "", "fewer jobs, rounds and kills (about 30 s)")
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N CPU-burning processes during the throughput rounds (default 0)",
+    )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     signal.signal(signal.SIGTERM, _terminate)
@@ -599,13 +609,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"RQ overhead benchmark: Redis {version} at {url} ({origin}); Python "
                     f"{sys.version.split()[0]}, RQ {rq.__version__}, celery_redislock "
                     f"{celery_redislock.__version__}, {os.cpu_count()} CPU(s), load average "
-                    f"{os.getloadavg()[0]:.2f}" + ("; --quick" if args.quick else ""),
+                    f"{os.getloadavg()[0]:.2f}"
+                    + ("; --quick" if args.quick else "")
+                    + (f"; {args.load} CPU-burning process(es)" if args.load else ""),
                     flush=True,
                 )
-                rates = {
-                    kind: run_throughput(bench, kind, settings.rounds, settings.counts[kind])
-                    for kind in KINDS
-                }
+                with Load(args.load):
+                    rates = {
+                        kind: run_throughput(bench, kind, settings.rounds, settings.counts[kind])
+                        for kind in KINDS
+                    }
                 print_throughput(rates, settings.counts)
                 recovery = {
                     label: run_recovery(bench, label, settings.hold_s, settings.trials[label])
