@@ -51,6 +51,7 @@ import redis
 from common import (
     Load,
     Target,
+    add_load_option,
     base_parser,
     delete_keys,
     print_targets,
@@ -203,13 +204,7 @@ def report(outcomes: Sequence[Outcome]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = base_parser(__doc__ or "", "15 calls per workload")
-    parser.add_argument(
-        "--load",
-        type=int,
-        default=0,
-        metavar="N",
-        help="run N CPU-burning processes throughout (default 0)",
-    )
+    add_load_option(parser)
     args = parser.parse_args(argv)
     began = time.perf_counter()
     run = f"contended-{uuid.uuid4().hex[:8]}"

@@ -76,6 +76,7 @@ from celery_apps import ENQUEUE_VARIANTS as VARIANTS
 from celery_apps import Keys, make_app
 from common import (
     Load,
+    add_load_option,
     base_parser,
     delete_keys,
     print_header,
@@ -261,13 +262,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = base_parser(__doc__ or "", "500 calls, one round (a few seconds)")
     parser.add_argument("--calls", type=int, help="calls per measurement (2000, quick 500)")
     parser.add_argument("--rounds", type=int, help="rounds; the best is kept (3, quick 1)")
-    parser.add_argument(
-        "--load",
-        type=int,
-        default=0,
-        metavar="N",
-        help="run N CPU-burning processes throughout (default 0)",
-    )
+    add_load_option(parser)
     return parser.parse_args(argv)
 
 

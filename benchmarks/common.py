@@ -160,6 +160,17 @@ class Load:
             process.join(5)
 
 
+def add_load_option(parser: argparse.ArgumentParser, during: str = "throughout") -> None:
+    """``--load N``: N CPU-burning processes (:class:`Load`) ``during`` the measurements."""
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"run N CPU-burning processes {during} (default 0)",
+    )
+
+
 def load_list(text: str) -> list[int]:
     """``--loads 0,2`` -> [0, 2]."""
     try:

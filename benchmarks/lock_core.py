@@ -86,6 +86,7 @@ from common import (
     PARSERS,
     Load,
     Target,
+    add_load_option,
     base_parser,
     default_parser,
     parser_kwargs,
@@ -917,13 +918,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--duration", type=float, help="seconds of each contention run (default 10, quick 2)"
     )
-    parser.add_argument(
-        "--load",
-        type=int,
-        default=0,
-        metavar="N",
-        help="run N CPU-burning processes during the measurements (default 0)",
-    )
+    add_load_option(parser, "during the measurements")
     parser.add_argument(
         "--parser",
         choices=PARSERS,

@@ -88,6 +88,7 @@ import rq_jobs  # noqa: E402
 from common import (  # noqa: E402
     Load,
     Target,
+    add_load_option,
     base_parser,
     delete_keys,
     print_targets,
@@ -585,13 +586,7 @@ def _log_dir() -> Iterator[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = base_parser(__doc__ or "", "fewer jobs, rounds and kills (about 30 s)")
-    parser.add_argument(
-        "--load",
-        type=int,
-        default=0,
-        metavar="N",
-        help="run N CPU-burning processes during the throughput rounds (default 0)",
-    )
+    add_load_option(parser, "during the throughput rounds")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     signal.signal(signal.SIGTERM, _terminate)
