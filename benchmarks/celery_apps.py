@@ -3,7 +3,7 @@ per variant, same settings.
 
 A worker runs exactly one variant, chosen by environment variables that the benchmark sets::
 
-    CELERYBENCH_VARIANT=plain|celery_redislock|celery_singleton|celery_once
+    CELERYBENCH_VARIANT=plain|celery_redislock|celery_singleton|celery_once|floor|floor_fenced
     CELERYBENCH_URL=redis://...   broker, result backend and every lock on the same Redis
     CELERYBENCH_RUN=<run id>      goes into every key and the queue name
     CELERYBENCH_TTL=3             our lease ttl (s)
@@ -22,10 +22,14 @@ The ``floor`` variant takes no lock: its tasks only make the Redis round trips a
 kind cannot do without, on the same Redis, so that its figures are the least such a lock can
 cost here. A ``noop`` or ``hold`` sends one ``PING`` before its body and one after it, in the pool
 child (where our lock takes and gives back its lease); a ``unique`` call sends one ``PING``
-before it is published (where an enqueue-time claim is made). The ``floor_confirmed`` variant
-(the enqueue benchmark's only) sends one ``PING`` before the publish and one after it: the least
-a claim confirmed once its message went out can cost (ours: a claim whose message never went out,
-its producer killed in between, lasts seconds, not its lifetime, and blocks no later call).
+before it is published (where an enqueue-time claim is made). The ``floor_fenced`` variant (the
+overhead benchmark's only) takes a lease in the pool child with the least script a lock that
+hands out fencing tokens must run (``SET NX PX`` and an ``INCR``, ``floors.py``) and gives it back
+with a compare-and-delete: two round trips, as ``floor``, each a small script. The
+``floor_confirmed`` variant (the enqueue benchmark's only) sends one ``PING`` before the publish
+and one after it: the least a claim confirmed once its message went out can cost (ours: a claim
+whose message never went out, its producer killed in between, lasts seconds, not its lifetime,
+and blocks no later call).
 
 Every variant has the same three tasks, with the same signatures and bodies:
 
@@ -46,10 +50,14 @@ from typing import Any
 
 import redis
 from celery import Celery, Task
+from floors import COMPARE_AND_DELETE, SET_AND_FENCE
 
 VARIANTS = ("plain", "celery_redislock", "celery_singleton", "celery_once", "floor")
+# The overhead benchmark's: also the floor of a fenced lease taken and given back in the worker.
+OVERHEAD_VARIANTS = (*VARIANTS, "floor_fenced")
 # The enqueue benchmark's: also the floor of a claim confirmed after its publish.
 ENQUEUE_VARIANTS = (*VARIANTS, "floor_confirmed")
+FENCED_TTL_MS = 3000  # the fenced floor's lease (as our benchmark's ttl)
 ONCE_DEFAULT_TIMEOUT_S = 60 * 60  # celery-once's default lock timeout (QueueOnce.default_timeout)
 
 
@@ -94,7 +102,7 @@ def _client(url: str) -> redis.Redis:
     return _clients[url]
 
 
-class _WorkerRoundTrips(Task):  # type: ignore[misc]
+class WorkerRoundTrips(Task):  # type: ignore[misc]
     """The floor of a lock held in the worker: one round trip before the body, one after it."""
 
     abstract = True
@@ -107,6 +115,34 @@ class _WorkerRoundTrips(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         finally:
             client.ping()
+
+
+class WorkerFencedLease(Task):  # type: ignore[misc]
+    """The floor of a fenced lock held in the worker: the fenced floor's take (``SET NX PX`` and
+    an ``INCR`` in one script) before the body, its compare-and-delete after it, on a key made
+    from the first two arguments (``noop``'s: one per call, never held)."""
+
+    abstract = True
+    floor_url = ""
+    _scripts: tuple[Any, Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        client = _client(self.floor_url)
+        if WorkerFencedLease._scripts is None:
+            scripts = (
+                client.register_script(SET_AND_FENCE),
+                client.register_script(COMPARE_AND_DELETE),
+            )
+            WorkerFencedLease._scripts = scripts
+        take, give_back = WorkerFencedLease._scripts
+        name = f"{{bench:{args[0]}:{args[1]}}}"
+        keys, token = [f"{name}:lease", f"{name}:fence"], os.urandom(16).hex()
+        if not take(keys=keys, args=[token, FENCED_TTL_MS]):
+            raise RuntimeError(f"fenced floor: {name} is held")
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            give_back(keys=keys[:1], args=[token])
 
 
 class _PublishRoundTrip(Task):  # type: ignore[misc]
@@ -137,7 +173,7 @@ class _ConfirmedPublishRoundTrips(Task):  # type: ignore[misc]
 
 def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> Celery:
     """The app of one variant; only the task base / lock options differ between variants."""
-    if variant not in ENQUEUE_VARIANTS:
+    if variant not in (*OVERHEAD_VARIANTS, *ENQUEUE_VARIANTS):
         raise ValueError(f"unknown variant {variant!r}")
     keys = Keys(run, variant)
     app = Celery(f"celerybench_{variant}", broker=url, backend=url, set_as_current=False)
@@ -191,8 +227,10 @@ def make_app(variant: str, url: str, run: str, *, ttl: float, expiry: float) -> 
         hold_opts["base"] = base
         unique_opts["base"] = base  # celery-singleton, celery-once: unique on all arguments
     if variant == "floor":
-        noop_opts = hold_opts = {"base": _WorkerRoundTrips, "floor_url": url}
+        noop_opts = hold_opts = {"base": WorkerRoundTrips, "floor_url": url}
         unique_opts = {"base": _PublishRoundTrip, "floor_url": url}
+    if variant == "floor_fenced":
+        noop_opts = hold_opts = {"base": WorkerFencedLease, "floor_url": url}
     if variant == "floor_confirmed":
         unique_opts = {"base": _ConfirmedPublishRoundTrips, "floor_url": url}
 

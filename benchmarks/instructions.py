@@ -14,6 +14,9 @@ kernel do is not counted.
    * ``plain``: a task without any lock (the base: Celery's own share of the delivery);
    * ``floor``: no lock, one ``PING`` before the body and one after it (the two round trips
      a lock held in the worker cannot do without; ``celery_overhead.py``'s floor);
+   * ``floor_fenced``: no lock of ours, the same two round trips each a fenced lock's least
+     script (``SET NX PX`` and an ``INCR``, then a compare-and-delete; ``celery_overhead.py``'s
+     fenced floor);
    * ``celery_redislock``: ``lock=`` on a key made from the arguments (a lock per call), the
      settings read once as in a worker.
 2. **One uncontended acquire+release pair** on one name (``lock_core.py``'s locks): ours,
@@ -26,7 +29,9 @@ kernel do is not counted.
    processes send it (the wake-up is a push, so the ``BLPOP`` finds it whenever it comes).
    Ours, fair and not, python-redis-lock and ``lock_core.py``'s waiting floor (three minimal
    scripts and a ``BLPOP``, as ours): ``lock_core.py``'s Redis CPU per contended acquisition,
-   without the noise.
+   without the noise. And ours once more with each part's helpers defined twice per call: the
+   difference is what defining them costs Redis in every call, the most that helpers made once
+   (Redis 7 functions) could save.
 
 Needs ``valgrind`` (Debian: ``apt-get install valgrind``). Run from the repository root::
 
@@ -48,7 +53,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +61,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import base_parser, delete_keys, redis_target, section  # noqa: E402
 
-CELERY = ("plain", "floor", "celery_redislock")
+CELERY = ("plain", "floor", "floor_fenced", "celery_redislock")
 PAIRS = ("celery_redislock", "redis_py", "python_redis_lock", "fenced_floor", "ping_x2")
-CONTENDED = ("celery_redislock", "celery_redislock_fair", "python_redis_lock", "waiting_floor")
+# Ours with every part's helpers defined a second time in each call (see _helpers_defined_twice).
+HELPERS_TWICE = "celery_redislock_helpers_twice"
+CONTENDED = (
+    "celery_redislock",
+    "celery_redislock_fair",
+    "python_redis_lock",
+    "waiting_floor",
+    HELPERS_TWICE,
+)
 RUN = os.environ.get("INSTR_RUN") or uuid.uuid4().hex[:8]  # (in every key; the children's too)
 
 
@@ -67,25 +80,13 @@ RUN = os.environ.get("INSTR_RUN") or uuid.uuid4().hex[:8]  # (in every key; the 
 
 def _celery_call(variant: str, url: str) -> Callable[[int], None]:
     """One delivery of a no-op task of ``variant``, as a pool child runs it."""
-    import redis
-    from celery import Celery, Task
+    from celery import Celery
     from celery.app.trace import task_has_custom
     from celery.signals import task_postrun
+    from celery_apps import WorkerFencedLease, WorkerRoundTrips
 
     import celery_redislock
     from celery_redislock.integrations.celery import settings
-
-    client = redis.Redis.from_url(url)
-
-    class RoundTrips(Task):  # type: ignore[misc]
-        abstract = True
-
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            client.ping()
-            try:
-                return super().__call__(*args, **kwargs)
-            finally:
-                client.ping()
 
     app = Celery(f"instr_{variant}", broker=url, backend=url, set_as_current=False)
     options: dict[str, Any] = {}
@@ -94,7 +95,9 @@ def _celery_call(variant: str, url: str) -> Callable[[int], None]:
         celery_redislock.install(app)
         options = {"lock": {"key": "instr:{run}:{i}"}}
     elif variant == "floor":
-        options = {"base": RoundTrips}
+        options = {"base": WorkerRoundTrips, "floor_url": url}
+    elif variant == "floor_fenced":
+        options = {"base": WorkerFencedLease, "floor_url": url}
 
     @app.task(name="instr.noop", shared=False, **options)  # type: ignore[untyped-decorator]
     def noop(run: str, i: int) -> None:
@@ -293,7 +296,42 @@ def redis_server_version() -> str:
     return f"{server.binary} v{server.version}"
 
 
+@contextlib.contextmanager
+def _helpers_defined_twice() -> Iterator[None]:
+    """Our scripts as they are, but each part's text comes a second time right after it, in a
+    ``do`` block: its helpers' closures are made once more per call and dropped at ``end``
+    (never called). What that adds to a count is what defining the parts' helpers costs Redis
+    in each call: the most that helpers made once (Redis 7 functions, made as their library
+    loads) could save, the rest of the scripts' logic kept."""
+    from redis.commands.core import Script
+
+    from celery_redislock.core import scripts
+
+    real_source, real_scripts = scripts._source, dict(scripts._SCRIPTS)
+
+    def source(file: str) -> bytes:
+        text = real_source(file)
+        if not file.startswith("_"):
+            return text
+        again = scripts._INCLUDE.sub(b"", text).rstrip(b"\n")  # (its includes are in above)
+        return text.rstrip(b"\n") + b"\ndo\n" + again + b"\nend\n"
+
+    scripts._source = source  # type: ignore[assignment]
+    try:
+        # (Calls look their script up by name each time: replacing the entries is enough.)
+        scripts._SCRIPTS.update(
+            {name: Script(None, scripts.assembled(name)) for name in scripts.NAMES}
+        )  # type: ignore[arg-type]
+        yield
+    finally:
+        scripts._source = real_source  # type: ignore[assignment]
+        scripts._SCRIPTS.update(real_scripts)
+
+
 def redis_per_acquisition(variant: str, n: int) -> float:
+    if variant == HELPERS_TWICE:
+        with _helpers_defined_twice():
+            return redis_per_acquisition("celery_redislock", n)
     return (redis_count(variant, 6 * n) - redis_count(variant, n)) / (5 * n)
 
 
@@ -306,7 +344,10 @@ def report(results: dict[str, dict[str, float]]) -> None:
         above = celery[variant] - base
         ratio = above / (celery["floor"] - base) if variant != "plain" else 0.0
         print(f"  {variant:<20}{celery[variant]:>14,.0f}{above:>+14,.0f}{ratio:>9.2f}x")
-    print("  vs floor: the instructions above plain, to the floor's (two PINGs)")
+    print(
+        "  vs floor: the instructions above plain, to the floor's (two PINGs); floor_fenced: "
+        "a fenced lease taken and given back (two small scripts, celery_overhead.py's)"
+    )
     pairs = results["pairs"]
     section("2. One uncontended acquire+release pair: instructions (this process)")
     print(f"  {'lock':<20}{'per pair':>14}{'vs fenced floor':>17}")
@@ -317,13 +358,20 @@ def report(results: dict[str, dict[str, float]]) -> None:
     if contended:
         section("3. One contended acquisition: instructions in redis-server")
         print(
-            f"  {'lock':<24}{'per acquisition':>16}{'vs waiting floor':>18}"
+            f"  {'lock':<32}{'per acquisition':>16}{'vs waiting floor':>18}"
             f"{'vs python-redis-lock':>22}"
         )
         for variant in CONTENDED:
             floor = contended[variant] / contended["waiting_floor"]
             peer = contended[variant] / contended["python_redis_lock"]
-            print(f"  {variant:<24}{contended[variant]:>16,.0f}{floor:>17.2f}x{peer:>21.2f}x")
+            print(f"  {variant:<32}{contended[variant]:>16,.0f}{floor:>17.2f}x{peer:>21.2f}x")
+        ours = contended["celery_redislock"]
+        helpers = contended[HELPERS_TWICE] - ours
+        print(
+            f"  defining the parts' helpers: {helpers:,.0f} per acquisition, "
+            f"{helpers / ours:.1%} of ours; ours without it would be "
+            f"{(ours - helpers) / contended['python_redis_lock']:.2f}x python-redis-lock"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

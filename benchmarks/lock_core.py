@@ -97,6 +97,7 @@ from common import (
     section,
     version_of,
 )
+from floors import COMPARE_AND_DELETE, SET_AND_FENCE
 
 TTL_S = 30
 RENEW_TTL_S = 60
@@ -165,16 +166,8 @@ def _pottery(client: redis.Redis, name: str) -> Acquire:
     return acquire
 
 
-_COMPARE_AND_DELETE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-
 def _raw_floor(client: redis.Redis, name: str) -> Acquire:
-    delete = client.register_script(_COMPARE_AND_DELETE)
+    delete = client.register_script(COMPARE_AND_DELETE)
     px = TTL_S * 1000
 
     def acquire() -> Release:
@@ -191,20 +184,12 @@ def _raw_floor(client: redis.Redis, name: str) -> Acquire:
     return acquire
 
 
-_SET_AND_FENCE = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
-end
-return 0
-"""
-
-
 def _fenced_floor(client: redis.Redis, name: str) -> Acquire:
     """Not a full lock: the least a lock that hands out fencing tokens must do, ``SET NX PX``
     and an ``INCR`` of a fence counter in one script (no server-time fence floor, owners,
     modes, caps, waiters or re-entry), then the raw floor's release."""
-    take = client.register_script(_SET_AND_FENCE)
-    delete = client.register_script(_COMPARE_AND_DELETE)
+    take = client.register_script(SET_AND_FENCE)
+    delete = client.register_script(COMPARE_AND_DELETE)
     keys = [f"{{{name}}}:lease", f"{{{name}}}:fence"]
     px = TTL_S * 1000
 
@@ -239,7 +224,7 @@ def _waiting_floor(client: redis.Redis, name: str) -> Acquire:
     signal list, then the take again; a release script that deletes the lease and pushes one
     signal (python-redis-lock's shape, with a fence). Three scripts and a ``BLPOP`` per
     contended acquisition, as ours: what those cost Redis is the floor for ours."""
-    take = client.register_script(_SET_AND_FENCE)
+    take = client.register_script(SET_AND_FENCE)
     give = client.register_script(_GIVE_AND_SIGNAL)
     keys = [f"{{{name}}}:lease", f"{{{name}}}:fence", f"{{{name}}}:signal"]
     px = TTL_S * 1000
