@@ -8,6 +8,10 @@ LOWEST ?= .venv-lowest
 # Test processes run side by side (pytest-xdist): most of a test's time is spent waiting on
 # workers, leases and timeouts, not on CPU, so three share two cores well.
 TEST_PROCESSES ?= 3
+# `make test LOAD=2` (or quick, test-main, ...): that many CPU-burning processes run beside the
+# tests, so a test that fails on a busy machine fails here first (tests/conftest.py starts them).
+LOAD ?= 0
+export REDISLOCK_TEST_LOAD := $(LOAD)
 
 .PHONY: demo demo-core demo-docs test quick test-main coverage test-quick test-lowest \
 	test-topologies lint lua-check chromium bench bench-celery bench-rq soak clean docs

