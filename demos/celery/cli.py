@@ -73,6 +73,39 @@ class _Progress:
             print("\r" + " " * 40 + "\r", end="", flush=True)
 
 
+# What each column of the summary counts: printed under it, and in docs/examples.md's table.
+LEGEND = (
+    ("sent", "calls made by the producer (delay(), or enqueue() on RQ)"),
+    (
+        "queued",
+        "messages published to the broker (RQ: jobs put on the queue); "
+        "a unique task's duplicate calls are not",
+    ),
+    ("ran", "runs of the task's body, as each run noted itself"),
+    ("skipped", 'runs that found the lock held and did not run (on_conflict="skip")'),
+    (
+        "retried",
+        'runs that found the lock held and were published again for later (on_conflict="retry"); '
+        "one call may retry several times",
+    ),
+    (
+        "max at once (allowed)",
+        "the most runs holding one lock at the same time (read-write: writers), "
+        "and how many the lock allows (1, or its limit)",
+    ),
+    (
+        "fences",
+        "distinct fences handed to the runs: as many as ran means each run held a lease of its own",
+    ),
+    ("verdict", "ok when every check of the use case held, else the checks that failed"),
+)
+
+
+def legend_lines() -> list[str]:
+    """The legend as printed: a line per column of the summary."""
+    return [f"  {column}: {meaning}" for column, meaning in LEGEND]
+
+
 def summary_lines(outcomes: Sequence[Any]) -> list[str]:
     """The summary as printed: a line per use case, then its notes."""
     head = f"  {'use case':<13} {'sent':>5} {'queued':>6} {'ran':>5} {'skipped':>7} "
@@ -138,6 +171,8 @@ def run(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     print()
     lines = summary_lines(outcomes)
     print("\n".join(lines))
+    # After a blank line: the legend is not part of the summary drawn into the picture.
+    print("\n" + "\n".join(legend_lines()))
     runs = [*load(client), *load_rq(client)]
     events = [*load_events(client, EVENTS), *load_events(client, RQ_EVENTS)]
     cases = [o.case for o in outcomes]

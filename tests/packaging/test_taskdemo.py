@@ -128,7 +128,9 @@ def _environ_has(pid: int, entry: str) -> bool:
 
 
 @pytest.mark.slow
-def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
+def test_demo_runs_end_to_end(
+    demo_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     summary_path, png = tmp_path / "summary.json", tmp_path / "timeline.png"
     done = subprocess.run(
         [*DEMO, "--json", str(summary_path), "--png", str(png)],
@@ -165,6 +167,12 @@ def test_demo_runs_end_to_end(demo_redis: RedisServer, tmp_path: Path) -> None:
     # run's do), and the picture beside it comes from the same run as the sample: else
     # `python -m demos.celery --write-docs`.
     printed = _printed_summary(done.stdout)
+    monkeypatch.syspath_prepend(str(ROOT))
+    from demos.celery.cli import legend_lines
+
+    out = done.stdout.splitlines()
+    end = out.index(printed[0]) + len(printed)  # the blank line after the summary
+    assert out[end + 1 : end + 1 + len(legend_lines())] == legend_lines()
     assert _png_description(png) == "\n".join(printed)
     assert _table(printed) == {
         name: {**{k: case[k] for k in FIGURES}, "verdict": "ok"} for name, case in cases.items()
@@ -254,3 +262,19 @@ def test_workers_hear_their_own_sigterm(
         assert proc.wait(timeout=30) == 0, "a warm shutdown, not a kill"
     finally:
         workers.stop()
+
+
+def test_the_legend_explains_every_column_here_and_in_the_docs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The demo prints a line per column of its table saying what it counts, and
+    docs/examples.md gives the same words, column by column."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from demos.celery.cli import LEGEND, legend_lines, summary_lines
+
+    columns = ["use case", *(column for column, _ in LEGEND)]
+    assert summary_lines([])[0].split() == " ".join(columns).split()  # each, in order
+    assert legend_lines() == [f"  {column}: {meaning}" for column, meaning in LEGEND]
+    page = SAMPLE_PAGE.read_text()
+    for column, meaning in LEGEND:
+        assert f"| `{column}` | {meaning} |" in page, column
