@@ -331,6 +331,22 @@ def test_a_message_an_old_worker_discards_as_unregistered_gives_its_claim_up(
     assert started(lockapp, "deploy") == [fresh.id]
 
 
+def test_a_message_a_worker_rejects_as_unreadable_gives_its_claim_up(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """A message in a serializer the worker does not accept is rejected unrun (Celery's
+    ``task_rejected``): its claim goes with it."""
+    worker = workers()
+    dead = lockapp.unique_finished.apply_async(("unreadable",), serializer="pickle")
+    given_up = "rejected unrun: its unique key 'fin:unreadable' is given up"
+    wait_for(lambda: given_up in worker.log(), "the worker gives its claim up", 60)
+    assert not lockapp.r.exists(claim_key("fin:unreadable"))
+    fresh = lockapp.unique_finished.delay("unreadable")
+    assert fresh.id != dead.id
+    assert fresh.get(timeout=60) == "ran"
+    assert started(lockapp, "unreadable") == [fresh.id]
+
+
 def test_no_copy_slips_in_while_a_retry_is_being_published(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
