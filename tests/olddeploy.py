@@ -12,7 +12,8 @@ from celery import Celery
 from celery_redislock import install
 
 URL = os.environ["LOCKAPP_REDIS_URL"]
-app = install(Celery("lockapp", broker=URL, backend=URL))
+# The broker may be another (LOCKAPP_BROKER_URL, e.g. RabbitMQ); results and locks stay on URL.
+app = install(Celery("lockapp", broker=os.environ.get("LOCKAPP_BROKER_URL", URL), backend=URL))
 app.conf.update(worker_prefetch_multiplier=1, broker_connection_retry_on_startup=True)
 app.conf.redislock_url = URL
 
