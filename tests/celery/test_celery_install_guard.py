@@ -96,3 +96,64 @@ def test_a_worker_starts_when_installed_or_with_no_lock_options(
     finally:
         worker.kill()
         worker.wait(10)
+
+
+TYPO = textwrap.dedent(
+    """
+    import os
+    from celery import Celery
+
+    app = Celery("typo", broker=os.environ["BROKER_URL"], task_cls=os.environ.get("TASK_CLS"))
+    if os.environ.get("INSTALL"):
+        import celery_redislock
+        celery_redislock.install(app)
+
+
+    @app.task(lock={"key": "sync:{customer}", "on_conflcit": "retry"})
+    def sync(customer): ...
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"INSTALL": "1"}, {"INSTALL": "1", "TASK_CLS": "celery_redislock:LockedTask"}],
+    ids=["install", "install-and-task-cls"],
+)
+def test_install_refuses_a_bad_option_as_the_module_is_imported(
+    tmp_path: Path, redis_server: RedisServer, env: dict[str, str]
+) -> None:
+    """``install(app)`` checks each option as its ``@app.task`` decorator runs: importing the
+    module fails, naming the task and the option, before anything is published."""
+    (tmp_path / "typo.py").write_text(TYPO)
+    done = subprocess.run(
+        [sys.executable, "-c", "import typo"],
+        cwd=tmp_path,
+        env=_env(redis_server, **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("celery_redislock.errors.LockConfigError: task 'typo.sync'"), last
+    assert "unknown lock option(s) 'on_conflcit'" in last
+    assert "PromiseProxy" not in done.stderr
+
+
+def test_task_cls_alone_cannot_check_at_import_so_the_readme_offers_install(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Celery makes an app's tasks lazily (a ``PromiseProxy``), and with ``task_cls=`` alone
+    nothing of this package runs as the decorator does: the module imports, and the bad option
+    is only found when the task is first made (a worker's start, a producer's first call). So
+    the README offers one way, ``install(app)``, which checks at import."""
+    (tmp_path / "typo.py").write_text(TYPO)
+    env = _env(redis_server, TASK_CLS="celery_redislock:LockedTask")
+    imported = subprocess.run(
+        [sys.executable, "-c", "import typo"], cwd=tmp_path, env=env, capture_output=True
+    )
+    assert imported.returncode == 0
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert "celery_redislock.install(app)" in readme
+    assert "task_cls" not in readme, "the README offers install(app), the way that checks"

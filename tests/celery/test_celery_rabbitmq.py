@@ -47,6 +47,20 @@ def test_rabbitmq_broker_skip_and_child_kill_release(
     assert child not in worker.children()
 
 
+def test_rabbitmq_a_message_an_old_worker_discards_gives_its_unique_claim_up(
+    lockapp: ModuleType, workers: Callable[..., Worker], rabbit: RabbitServer
+) -> None:
+    """The claim rides in an AMQP header as it does over Redis (tests/celery/test_celery_unique.py
+    has the rolling deploy in full)."""
+    old = workers(name="old", app="olddeploy", env={"LOCKAPP_BROKER_URL": rabbit.url})
+    with lockapp.app.connection_for_write(rabbit.url) as amqp:
+        dead = lockapp.unique_finished.apply_async(("amqp",), connection=amqp)
+        given_up = "discarded unrun (unregistered here): its unique key 'fin:amqp' is given up"
+        wait_for(lambda: given_up in old.log(), "the old worker gives its claim up", 60)
+        fresh = lockapp.unique_finished.apply_async(("amqp",), connection=amqp)
+    assert fresh.id != dead.id
+
+
 def test_rabbitmq_whole_worker_killed_redelivery_runs_once_the_lease_lapsed(
     lockapp: ModuleType, workers: Callable[..., Worker], rabbit: RabbitServer
 ) -> None:

@@ -309,6 +309,44 @@ def test_revoke_of_a_message_still_in_the_broker_frees_the_key_when_discarded(
     assert started(lockapp, "in-broker") == []
 
 
+def test_a_message_an_old_worker_discards_as_unregistered_gives_its_claim_up(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """A rolling deploy: a worker of the old code, without the new unique task, takes its
+    message and discards it (Celery's "Received unregistered task"). The claim goes with the
+    message, so the next call is published and run instead of being handed the dead id."""
+    old = workers(name="old", app="olddeploy")
+    dead = lockapp.unique_finished.delay("deploy")
+    assert lockapp.unique_finished.delay("deploy").id == dead.id  # queued: a duplicate
+    wait_for(lambda: dead.state == "FAILURE", "the old worker discards it", timeout=60)
+    assert "Received unregistered task of type 'lockapp.unique_finished'" in old.log()
+    given_up = "discarded unrun (unregistered here): its unique key 'fin:deploy' is given up"
+    wait_for(lambda: given_up in old.log(), "the old worker gives its claim up", 60)
+    assert not lockapp.r.exists(claim_key("fin:deploy"))
+    old.stop()
+    workers(name="new")
+    fresh = lockapp.unique_finished.delay("deploy")
+    assert fresh.id != dead.id
+    assert fresh.get(timeout=60) == "ran"
+    assert started(lockapp, "deploy") == [fresh.id]
+
+
+def test_a_message_a_worker_rejects_as_unreadable_gives_its_claim_up(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """A message in a serializer the worker does not accept is rejected unrun (Celery's
+    ``task_rejected``): its claim goes with it."""
+    worker = workers()
+    dead = lockapp.unique_finished.apply_async(("unreadable",), serializer="pickle")
+    given_up = "rejected unrun: its unique key 'fin:unreadable' is given up"
+    wait_for(lambda: given_up in worker.log(), "the worker gives its claim up", 60)
+    assert not lockapp.r.exists(claim_key("fin:unreadable"))
+    fresh = lockapp.unique_finished.delay("unreadable")
+    assert fresh.id != dead.id
+    assert fresh.get(timeout=60) == "ran"
+    assert started(lockapp, "unreadable") == [fresh.id]
+
+
 def test_no_copy_slips_in_while_a_retry_is_being_published(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:

@@ -8,6 +8,7 @@ import redis
 import rqjobs
 from helpers import wait_for, wait_until_queued
 from rq import Queue
+from rq.job import Job
 from rqcheck import most_at_once_per_key, spans, started, wait_ended
 from rqworkers import HAS_SPAWN
 
@@ -94,10 +95,13 @@ def test_skip_is_a_visible_outcome(rq_conn, rq_server, rq_workers):
     lock = Lock(redis.Redis.from_url(rq_server.url), "s:busy", ttl=30)
     with lock.acquire(owner="test", info={"task_id": "the-test"}):
         job = q.enqueue(rqjobs.exclusive_skip, "busy")
+        assert outcome_of(job) is None  # queued: nothing to say yet
         assert wait_ended([job]) == ["finished"]
-    job.refresh()
+    # On the very Job that enqueue returned (its meta cached at enqueue), as on a fetched one.
+    skipped = {"outcome": "skipped", "lock": "s:busy", "holders": ["the-test"]}
+    assert outcome_of(job) == skipped
+    assert outcome_of(Job.fetch(job.id, connection=rq_conn)) == skipped
     assert job.return_value() == SKIPPED
-    assert outcome_of(job) == {"outcome": "skipped", "lock": "s:busy", "holders": ["the-test"]}
     assert spans(rq_conn, "exclusive_skip") == []
 
 
@@ -132,3 +136,17 @@ def test_a_call_that_cannot_make_its_lock_name_fails_and_the_worker_goes_on(rq_c
     failure = bad.latest_result().exc_string or ""
     assert "LockConfigError" in failure and "cannot derive its lock key" in failure
     assert [span["key"] for span in spans(rq_conn, "exclusive")] == ["fine"]
+
+
+def test_a_worker_without_rqs_scheduler_says_so_as_it_starts(rq_conn, rq_workers):
+    """A conflict retry (and every other job that comes back later) is a scheduled job: with no
+    scheduler it would stay SCHEDULED for ever, so a LockWorker started without one warns,
+    naming the fix; started with one (or in a pool, which runs one), it does not."""
+    without = rq_workers(name="w0", scheduler=False)
+    with_one = rq_workers(name="w1")
+    pool = rq_workers(name="pool", pool=1)
+    warning = "runs no RQ scheduler"
+    assert warning in without.log()
+    assert "--with-scheduler" in without.log() and "with_scheduler=True" in without.log()
+    assert warning not in with_one.log()
+    assert warning not in pool.log()

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from ...errors import DuplicateTask, LockBackendError, LockConfigError
-from ..claims import ClaimKind, publish_claimed
+from ..claims import ClaimKind, publish_claimed, release_claim
 from ..debounce import defer
 from ..lease import RedisClient
 from ..unique_options import UniqueOptions
 from .delivery import SignalLike, TaskSpec
 
-__all__ = ["Duplicate", "SendSettings", "Sender", "Sent", "send_unique"]
+__all__ = ["Duplicate", "SendSettings", "Sender", "Sent", "give_up_discarded", "send_unique"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -239,3 +239,25 @@ def _send_debounced(
             "%s not %s: folded into pending %s under unique key %r", what, by.verb, kept.id, name
         )
     return Duplicate(kept.id)
+
+
+def give_up_discarded(
+    client: RedisClient, namespace: str, name: str, call_id: str, what: str, why: str
+) -> None:
+    """The message of call ``call_id`` was discarded unrun by a worker that cannot run it (its
+    task unknown there, its message unreadable): the claim it holds on the unique key ``name``
+    goes, or every later call would be handed a dead id until the claim lapses. Only this
+    call's own claim goes (a started once_per_period run keeps its period); never raises."""
+    try:
+        superseded = release_claim(client, namespace, name, call_id)
+    except (LockBackendError, LockConfigError) as exc:
+        log.warning(
+            "%s %s: could not give up its unique key %r (it lapses with its claim): %s",
+            what,
+            why,
+            name,
+            exc,
+        )
+        return
+    if superseded is None:
+        log.info("%s %s: its unique key %r is given up", what, why, name)

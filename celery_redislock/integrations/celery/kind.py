@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ...core.unique_options import UniqueOptions
 
 __all__ = [
+    "CLAIM_HEADER",
     "CONFLICTS_HEADER",
     "LINE_EXPIRED_HEADER",
     "LINE_HEADER",
@@ -27,6 +28,10 @@ __all__ = [
 # first joined a line (time.time()); the request id holding its reserved rate slot; how often a
 # delivery finding another delivery of the task holding its lease waited to learn its end.
 CONFLICTS_HEADER = "redislock_conflicts"
+# On every message of a unique call that claims its key: the claim (``{"namespace": ...,
+# "key": ...}``), so that a worker discarding the message unread (an older deploy without the
+# task) gives the claim up without the task's definition.
+CLAIM_HEADER = "redislock_claim"
 LINE_HEADER = "redislock_line"
 LINE_EXPIRED_HEADER = "redislock_line_expired"
 LINE_SINCE_HEADER = "redislock_line_since"

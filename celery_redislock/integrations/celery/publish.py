@@ -15,8 +15,9 @@ from celery.utils import uuid
 
 from ...core.run.delivery import TaskSpec
 from ...core.run.send import Duplicate, Sender, send_unique
+from ...errors import LockConfigError
 from .debounce import payload
-from .kind import CONFLICTS_HEADER, LINE_HEADER, RATE_HEADER, REDELIVERY_HEADER
+from .kind import CLAIM_HEADER, CONFLICTS_HEADER, LINE_HEADER, RATE_HEADER, REDELIVERY_HEADER
 from .registry import Spec, spec_for
 from .settings import client_for, settings_for
 from .signals import lock_conflict
@@ -103,8 +104,22 @@ def publish(
         )
         return send(spec.task, args, kwargs, **options)
     task_id = options["task_id"] = options.get("task_id") or uuid()
+    task_spec = TaskSpec(spec.task, None, spec.unique, None, spec.signature)
+
+    def claimed() -> Any:
+        # The claim rides on the message: a worker that discards it unrun gives it up.
+        if spec.unique.debounced:  # (its pending call is no queued claim)
+            return send(spec.task, args, kwargs, **options)
+        try:
+            name = task_spec.name_of(spec.unique.keying, args or (), kwargs or {})
+        except LockConfigError:  # a call that claimed nothing: the worker says why, as before
+            return send(spec.task, args, kwargs, **options)
+        claim = {"namespace": settings.namespace, "key": name}
+        headers = {**(options.get("headers") or {}), CLAIM_HEADER: claim}
+        return send(spec.task, args, kwargs, **{**options, "headers": headers})
+
     sent = send_unique(
-        TaskSpec(spec.task, None, spec.unique, None, spec.signature),
+        task_spec,
         spec.unique,
         task_id,
         (args or (), kwargs or {}),
@@ -119,7 +134,7 @@ def publish(
         by=Sender(
             "task", "published", "publish", lock_conflict, app.tasks.get(spec.task) or spec.task
         ),
-        publish=lambda: send(spec.task, args, kwargs, **options),
+        publish=claimed,
         cancel=app.control.revoke,
         # on_duplicate="cancel": the pool child running it is sent SIGTERM (prefork).
         stop=lambda task_id: app.control.revoke(task_id, terminate=True, signal="SIGTERM"),

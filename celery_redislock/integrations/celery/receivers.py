@@ -13,7 +13,9 @@ from celery.signals import (
     beat_init,
     celeryd_after_setup,
     task_postrun,
+    task_rejected,
     task_revoked,
+    task_unknown,
     worker_init,
     worker_process_shutdown,
     worker_ready,
@@ -32,7 +34,7 @@ from .line import start_sweeping, stop_sweeping, uses_line
 from .parent import LockRequest
 from .publish import wrap_send_task
 from .registry import publish_specs, spec_of
-from .revoke import release_revoked, wrap_revoke
+from .revoke import release_discarded, release_revoked, wrap_revoke
 from .run import end_run, release_all_held
 from .settings import check_app
 
@@ -89,6 +91,8 @@ def connect_receivers() -> None:
             (worker_shutdown, stop_sweeping),
             (beat_init, _beat_publishes_unique),
             (task_revoked, release_revoked),
+            (task_unknown, release_discarded),
+            (task_rejected, release_discarded),
         ):
             uid = f"celery_redislock.{receiver.__name__}"
             signal.connect(receiver, weak=False, dispatch_uid=uid)

@@ -76,13 +76,26 @@ _RQ = Framework(
 def outcome_of(job: Job) -> dict[str, Any] | None:
     """Why a job did not run (``{"outcome": "skipped" | "superseded" | "finished" | "expired"
     | "full", "lock": ..., "holders": [...]}``; ``"queued"`` while it waits in the lock's task
-    line), or ``None`` if it ran.
+    line), or ``None`` if it ran (or has not been run yet). It reads the job's meta from Redis
+    (one round trip), so any ``Job`` answers: the one ``enqueue`` returned as well as a fetched
+    one.
 
     >>> outcome_of(job)   # doctest: +SKIP
     {'outcome': 'skipped', 'lock': 'sync:42', 'holders': ['9b1c…']}
     """
-    value = (job.meta or {}).get(OUTCOME_META)
+    value = _current_meta(job).get(OUTCOME_META)
     return value if isinstance(value, dict) else None
+
+
+def _current_meta(job: Job) -> dict[str, Any]:
+    """The job's meta as stored now: a ``Job`` (the one ``enqueue`` returned) caches the meta
+    it was made with, and the worker's horse writes the outcome after. A job whose hash has
+    gone (its result expired) keeps what was read last."""
+    raw = job.connection.hget(job.key, "meta")
+    if isinstance(raw, bytes):  # (RQ's connections return bytes)
+        job.meta = job.serializer.loads(raw)
+    meta = job.meta
+    return meta if isinstance(meta, dict) else {}
 
 
 def republished(job: Job) -> bool:

@@ -3,6 +3,7 @@ RQ's own ``wait4`` on the horse returns, instead of leaving it to lapse within `
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from typing import Any
@@ -46,6 +47,14 @@ class ReleasesDeadHorses:
             log.error(
                 "celery_redislock is DISABLED (REDISLOCK_DISABLED): this worker's jobs run "
                 "without their locks and unique claims"
+            )
+        if not settings.disabled and not _with_scheduler(args, kwargs):
+            log.warning(
+                "this worker runs no RQ scheduler: a locked job that comes back later (a "
+                "conflict retry, a wait for its first copy, a rate slot ahead, a job parked in "
+                "a task line) stays SCHEDULED unless another worker of its queues runs one; "
+                "start it with `rq worker --with-scheduler` (in code: "
+                "worker.work(with_scheduler=True)), or use `rq worker-pool`"
             )
         sweeper = None if settings.disabled else self._redislock_sweeper(settings)
         try:
@@ -112,6 +121,16 @@ class ReleasesDeadHorses:
             # released what it held. Anything else (killed, unknown) is looked at.
             if pid and self._redislock_status != 0:
                 release_dead_horse(job, pid)
+
+
+def _with_scheduler(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``Worker.work(*args, **kwargs)`` runs RQ's scheduler (which brings back every
+    job our ``Retry`` answers schedule: without it, they never come back)."""
+    try:
+        bound = inspect.signature(Worker.work).bind(None, *args, **kwargs)
+    except TypeError:  # (RQ raises its own error for that call)
+        return True
+    return bool(bound.arguments.get("with_scheduler", False))
 
 
 def _prepare(job: Job) -> None:
