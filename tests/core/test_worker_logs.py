@@ -138,6 +138,40 @@ def test_a_lost_lease_logs_one_error_line(
     assert "no longer held at release" not in log, log
 
 
+def ignored(name: str, task_id: str) -> str:
+    """Celery's line for a task that raised ``Ignore``."""
+    return rf"INFO celery\.app\.trace Task {re.escape(name)}\[{task_id}\] ignored"
+
+
+def test_celery_adds_no_ignored_line_to_ours_but_keeps_it_for_a_users_ignore(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """A parked or skipped task is answered with Celery's ``Ignore``: our line says what
+    happened, and Celery's "Task ... ignored" after it would only confuse. A task body that
+    raises ``Ignore`` itself keeps Celery's line."""
+    worker = workers(env=CELERY_ENV)
+    holder = lockapp.in_line.delay("pk", 0, 30)
+    wait_for(lambda: lockapp.r.llen("started:line:pk") == 1, "the holder runs", 30)
+    parked = lockapp.in_line.delay("pk", 1)
+    parked_line = OUTCOME + r"parked in the task line of lock 'line:pk' .*"
+    wait_for(lambda: lines(worker.log(), parked_line), "the second parked", 30)
+    with Lock(lockapp.r, "hold:ik", ttl=30).acquire(owner="test", info=HOLDER):
+        skipped = lockapp.hold.delay("ik")
+        wait_for(lambda: lines(worker.log(), SKIPPED_LINE), "the skip logged", 30)
+    lockapp.r.set("stop:pk", 1)
+    assert (holder.get(timeout=30), parked.get(timeout=30)) == (0, 1)
+    users = lockapp.hold.delay("iu", 0, "ignore")  # the body raises Ignore
+    said = ignored("lockapp.hold", users.id)
+    wait_for(lambda: lines(worker.log(), said), "Celery's line for the user's Ignore", 30)
+
+    log = worker.log()
+    assert [m["id"] for m in lines(log, parked_line)] == [parked.id]
+    assert [m["id"] for m in lines(log, SKIPPED_LINE)] == [skipped.id]
+    assert not lines(log, ignored("lockapp.in_line", parked.id)), log
+    assert not lines(log, ignored("lockapp.hold", skipped.id)), log
+    assert len(lines(log, r"INFO celery\.app\.trace Task \S+ ignored")) == 1, log
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
