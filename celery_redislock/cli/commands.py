@@ -116,12 +116,19 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON 
 @_json_option
 @_errors
 def list_command(pattern: str, as_json: bool) -> None:
-    """Locks held or waited for, whose name matches PATTERN (a glob, default: all): mode,
-    holders, the nearest expiry, waiters, and what is set at runtime (a cap, a pause). Exit
-    code 1 if none."""
+    """Locks held, waited for or paused, whose name matches PATTERN (a glob, default: all):
+    mode, holders, the nearest expiry, waiters, and what is set at runtime (a cap, a pause).
+    Exit code 1 if none."""
     target = _target()
-    states = admin.list_locks(target.client(), pattern, target.namespace)
-    live = {r.name: r for r in admin.list_rates(target.client(), pattern, target.namespace)}
+    client = target.client()
+    states = admin.list_locks(client, pattern, target.namespace)
+    live = {r.name: r for r in admin.list_rates(client, pattern, target.namespace)}
+    # A paused lock nobody holds has no leases to be found by: its pause finds it.
+    listed = {s.name for s in states}
+    paused = [n for n, r in live.items() if r.lock_paused_for and n not in listed]
+    if paused:
+        states += [admin.describe_lock(client, n, target.namespace) for n in paused]
+        states.sort(key=lambda s: s.name)
     _report(
         as_json,
         [
@@ -141,8 +148,8 @@ def list_command(pattern: str, as_json: bool) -> None:
 def show_command(name: str, as_json: bool) -> None:
     """Each holder of lock NAME (task name and id, host, pid, fence, held for, expires in,
     token) and each waiter; whether it is paused, and for how long; and the limits set at
-    runtime for NAME, if any. Exit code 1 if nobody holds it or waits for it and it is not
-    paused."""
+    runtime for NAME, if any. Exit code 1 if nobody holds it or waits for it, it is not
+    paused and nothing is set at runtime for NAME."""
     target = _target()
     state = admin.describe_lock(target.client(), name, target.namespace)
     limits = admin.describe_rate(target.client(), name, target.namespace)
@@ -154,10 +161,11 @@ def show_command(name: str, as_json: bool) -> None:
             "paused_for": render.rounded(limits.lock_paused_for),
             "limits": render.rate_dict(limits),
         },
-        bool(state.holders or state.waiters or limits.lock_paused_for),
+        bool(state.holders or state.waiters or limits.lock_paused_for or live),
         render.lock_lines(state, limits.lock_paused_for)
         + ([f"  {render.rate_line(limits)}"] if live else []),
-        f"lock {name!r} is not held, nobody waits for it and it is not paused",
+        f"lock {name!r} is not held, nobody waits for it, it is not paused and nothing is set "
+        "at runtime for it",
     )
 
 

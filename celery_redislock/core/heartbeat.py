@@ -31,6 +31,7 @@ class _Entry:
     lease: Lease
     on_lost: OnLost | None
     hold_until: float | None
+    log_lost: bool = True  # False: on_lost logs the loss, the heartbeat's line would repeat it
     due: float = field(default=0.0)
     busy: bool = False  # in a renewal call that has not answered yet
     error: BaseException | None = None  # why the last renewal call failed, if it did
@@ -107,13 +108,21 @@ class Heartbeat:
         cls._create = threading.Lock()
 
     def register(
-        self, lease: Lease, *, on_lost: OnLost | None = None, max_hold: float | None = None
+        self,
+        lease: Lease,
+        *,
+        on_lost: OnLost | None = None,
+        max_hold: float | None = None,
+        log_lost: bool = True,
     ) -> None:
-        """Keeps ``lease`` alive until :meth:`unregister`, loss, or ``max_hold`` seconds."""
+        """Keeps ``lease`` alive until :meth:`unregister`, loss, or ``max_hold`` seconds. A
+        loss is logged at ERROR, unless ``log_lost`` is false: ``on_lost`` then says it (the
+        heartbeat logs it at DEBUG only)."""
         if max_hold is not None:
             max_hold = seconds(max_hold, MAX_HOLD, "max_hold", name=lease.name)
         hold_until = None if max_hold is None else time.monotonic() + max_hold
-        entry = _Entry(lease, on_lost, hold_until, due=time.monotonic() + lease.lock.ttl / 3)
+        due = time.monotonic() + lease.lock.ttl / 3
+        entry = _Entry(lease, on_lost, hold_until, log_lost, due=due)
         with self._cond:
             self._entries[lease.token] = entry
             if not self._started:
@@ -298,8 +307,12 @@ class Heartbeat:
                 self._cond.notify()
 
     def _report(self, e: _Entry, error: BaseException | None) -> None:
-        log.error(
-            "lock %r: lease %s lost%s", e.lease.name, e.lease.token, f" ({error})" if error else ""
+        log.log(
+            logging.ERROR if e.log_lost else logging.DEBUG,
+            "lock %r: lease %s lost%s",
+            e.lease.name,
+            e.lease.token,
+            f" ({error})" if error else "",
         )
         if e.on_lost is not None:
             try:

@@ -1,10 +1,12 @@
 """Lock names for task calls: one binding of the arguments, so ``f(1)`` and ``f(x=1)`` agree.
 
-The rule (docs/celery.md, "How arguments make a lock name"): no key gives the task name and a
-hash of all bound arguments; a template writes each field from its value by :func:`field_text`
-(equal values, equal names in every process; ``%``, ``{``, ``}``, lone surrogates escaped, the
-empty string ``%e``); a key function's ``str`` is the name as is, ``None`` is refused (a function
-that forgot to ``return``), anything else follows the template rule.
+The rule (docs/celery.md, "How arguments make a lock name"): no key gives the task name and
+all bound arguments as ``name=value`` when each is a short printable scalar (see
+:func:`readable_arguments`), else a hash of them; a template writes each field from its value
+by :func:`field_text` (equal values, equal names in every process; ``%``, ``{``, ``}``, lone
+surrogates escaped, the empty string ``%e``); a key function's ``str`` is the name as is,
+``None`` is refused (a function that forgot to ``return``), anything else follows the template
+rule.
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from .keys import check_name
 from .options import KeyFunction, LockOptions
 from .protocol import PRIORITIES
 
-__all__ = ["bind_arguments", "canonical_hash", "field_text", "lock_name", "tenant_of"]
+__all__ = [
+    "READABLE_MAX",
+    "bind_arguments",
+    "canonical_hash",
+    "field_text",
+    "lock_name",
+    "readable_arguments",
+    "tenant_of",
+]
 
 
 def bind_arguments(
@@ -79,6 +89,60 @@ def canonical_hash(arguments: Mapping[str, Any]) -> str:
     """A stable hash of named arguments: the same for the same values, however they were passed."""
     text = json.dumps(_canonical(dict(arguments)), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+# -- the default name: the arguments as an operator reads them --------------------------------
+
+READABLE_MAX = 64
+"""The longest ``name=value,...`` part of a default lock name; a longer one is hashed."""
+# A text shown as is: no separator of the part (``,`` ``=``), of the name (``:``), no glob or
+# hash-tag character, no escape, no space: what an operator can type back in a shell.
+_READABLE_TEXT = re.compile(r"[A-Za-z0-9_.@/+~-]+")
+# A text that reads as another type's value: shown, it would make "42" and 42 one name.
+_READS_TYPED = re.compile(r"-?[0-9]+|True|False|None")
+
+
+def _readable_value(value: object) -> str | None:
+    """The text of a scalar value in a default name; ``None``: it must be hashed."""
+    # The base types' own methods, as for template fields (an IntEnum reads as its int).
+    if value is None or isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return int.__str__(int(value))
+    if isinstance(value, str):
+        text = str.__str__(value)
+        if _READABLE_TEXT.fullmatch(text) and not _READS_TYPED.fullmatch(text):
+            return text
+    return None
+
+
+def readable_arguments(bound: inspect.BoundArguments) -> str | None:
+    """The bound arguments as ``name=value,...`` (signature order, ``**kwargs`` entries by
+    name; an empty ``*args`` or ``**kwargs`` left out), when each value is ``None``, a
+    ``bool``, an ``int`` or a ``str`` of the characters ``A-Z a-z 0-9 _ . @ / + ~ -`` that does
+    not read as another type (``"42"``, ``"None"``), and the whole is at most
+    :data:`READABLE_MAX` characters; else ``None`` (the name takes their hash). Equal values
+    give equal texts, distinct values distinct texts.
+
+    >>> def sync(customer_id, full=False): ...
+    >>> readable_arguments(inspect.signature(sync).bind(42, full=False))
+    'customer_id=42,full=False'
+    """
+    pairs: list[str] = []
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                return None
+            continue
+        items = sorted(value.items()) if kind is inspect.Parameter.VAR_KEYWORD else [(name, value)]
+        for key, each in items:
+            text = _readable_value(each)
+            if text is None or not (key.isascii() and key.isidentifier()):
+                return None
+            pairs.append(f"{key}={text}")
+    part = ",".join(pairs)
+    return part if len(part) <= READABLE_MAX else None
 
 
 # -- template fields ---------------------------------------------------------------------------
@@ -326,6 +390,9 @@ def _made(
         if key is not None:
             call = (bound.args, bound.kwargs) if bound is not None else (args, kwargs)
             return _from_function(task, key, *call, option=option)
+        shown = readable_arguments(bound) if bound is not None else None
+        if shown is not None:
+            return f"{task}:{shown}" if shown else task
         named = _named(bound) if bound is not None else {"args": list(args), **kwargs}
         return f"{task}:{canonical_hash(named)}"
     except _FieldError as exc:

@@ -83,6 +83,44 @@ def test_list_and_show_a_holder(client: redis.Redis, redis_server: RedisServer) 
     assert detail["waiters"] == [] and detail["mode"] == "write"
 
 
+def test_show_an_idle_lock_with_a_cap_set_at_runtime(
+    client: redis.Redis, redis_server: RedisServer
+) -> None:
+    url = redis_server.url
+    set_limits(client, "api:capped", cap=3)
+    shown = run("show", "api:capped", url=url)
+    assert shown.returncode == 0, (shown.stdout, shown.stderr)
+    first, *rest = shown.stdout.splitlines()
+    assert first == "lock 'api:capped': not held, 0 holder(s), 0 waiter(s)"
+    assert rest[-1].strip().endswith(", cap 3"), shown.stdout
+    detail = run("show", "api:capped", "--json", url=url)
+    assert detail.returncode == 0 and as_json(detail)["limits"]["cap"] == 3
+
+
+def test_list_shows_a_paused_lock_nobody_holds(
+    client: redis.Redis, redis_server: RedisServer
+) -> None:
+    url = redis_server.url
+    Lock(client, "sync:1", ttl=30).acquire(info={"task_id": "t-1"})
+    Lock(client, "sync:2", ttl=30).pause(60)
+    set_limits(client, "sync:3", rate="5/s")  # a rate limit alone is no lock: `rates` shows it
+    listed = run("list", "sync:*", url=url)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    assert [row[0] for row in rows] == ["sync:1", "sync:2"]
+    assert rows[1][1:5] == ["-", "0", "-", "0"] and rows[1][-2] == "-"
+    assert rows[1][-1].endswith("s") and 50 < float(rows[1][-1][:-1]) <= 60
+    entries = as_json(run("list", "sync:*", "--json", url=url))
+    assert [e["name"] for e in entries] == ["sync:1", "sync:2"]
+    assert (entries[1]["holders"], entries[1]["mode"]) == (0, None)
+    assert 50 < entries[1]["paused_for"] <= 60
+    # Paused alone, it is still found; resumed and idle, it is not.
+    only = run("list", "sync:2", url=url)
+    assert only.returncode == 0 and only.stdout.splitlines()[1].split()[0] == "sync:2"
+    resume_lock(client, "sync:2")
+    assert run("list", "sync:2", url=url).returncode == 1
+
+
 def test_nothing_matched_is_exit_code_1(client: redis.Redis, redis_server: RedisServer) -> None:
     url = redis_server.url
     for args in (["list"], ["show", "nope"], ["unique"], ["release-claim", "nope"]):

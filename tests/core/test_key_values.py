@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import inspect
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -28,6 +30,7 @@ from celery_redislock import (
     lock_for,
     renew_leases,
 )
+from celery_redislock.core.keys import check_name
 from celery_redislock.core.naming import lock_name
 from celery_redislock.core.options import LockOptions
 
@@ -429,3 +432,108 @@ def test_a_template_of_plain_fields_is_filled_as_str_format_fills_it(
             return (type(exc), str(exc))
 
     assert outcome(naming._fill) == outcome(lambda t, v: naming._formatter.vformat(t, (), v))
+
+
+# -- lock=True: names an operator can read --------------------------------------------------------
+
+
+def default_name(signature: inspect.Signature, *args: Any, **kwargs: Any) -> str:
+    """The name ``lock=True`` (no key) gives a call of task ``kv.d`` with ``signature``."""
+    return lock_name("kv.d", LockOptions(), signature, args, kwargs)
+
+
+def _sync(customer_id: int, full: bool = False, **extra: Any) -> None: ...
+
+
+SYNC = inspect.signature(_sync)
+
+
+def test_a_default_name_shows_short_printable_arguments(app: Celery) -> None:
+    @app.task(name="proj.sync", lock=True)
+    def sync(customer_id: int, full: bool = False, **extra: Any) -> None: ...
+
+    @app.task(name="proj.nightly_report", lock=True)
+    def nightly_report() -> None: ...
+
+    assert lock_for(sync, (42,)).name == "proj.sync:customer_id=42,full=False"
+    assert lock_for(sync, (), {"customer_id": 42, "full": False}).name == lock_for(sync, (42,)).name
+    assert lock_for(nightly_report).name == "proj.nightly_report"
+    # **extra's entries by name, whatever their order in the call.
+    assert default_name(SYNC, 7, b="x", a=None) == "kv.d:customer_id=7,full=False,a=None,b=x"
+    assert default_name(SYNC, 7, b="x", a=None) == default_name(SYNC, 7, a=None, b="x")
+    assert default_name(SYNC, "cus_A-1.b@x/y+z~", True) == (
+        "kv.d:customer_id=cus_A-1.b@x/y+z~,full=True"
+    )
+
+
+HASHED = [
+    "x" * 60,  # the whole part past 64 characters
+    "",  # no text to show
+    "42",  # would read as the int 42
+    "None",
+    "True",
+    "-7",
+    "a b",  # separators, glob and hash-tag characters, escapes, non-ASCII
+    "a,b",
+    "a=b",
+    "a:b",
+    "sync*",
+    "{tag}",
+    "50%",
+    "caf\u00e9",
+    "line\n",
+    1.5,  # values that are not str, int, bool or None
+    [1],
+    {"a": 1},
+    datetime.date(2026, 11, 28),
+]
+
+
+@pytest.mark.parametrize("value", HASHED, ids=repr)
+def test_a_default_name_falls_back_to_the_hash(value: object) -> None:
+    name = default_name(SYNC, value)
+    assert re.fullmatch(r"kv\.d:[0-9a-f]{24}", name), name
+    assert name == default_name(SYNC, customer_id=value)
+
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.text())
+
+
+def _typed(value: object) -> tuple[str, object]:
+    # True == 1 in Python, yet they are two values to a lock name.
+    return (type(value).__name__, value)
+
+
+@given(_SCALARS, _SCALARS, _SCALARS, _SCALARS)
+def test_default_names_are_equal_exactly_for_equal_arguments(
+    a: object, b: object, c: object, d: object
+) -> None:
+    first, second = default_name(SYNC, a, b=b), default_name(SYNC, c, b=d)
+    assert (first == second) == ((_typed(a), _typed(b)) == (_typed(c), _typed(d)))
+    assert "{" not in first and "}" not in first and check_name(first) == first
+    first.encode()
+    assert len(first) <= len("kv.d:") + 64
+
+
+def test_default_names_are_equal_in_every_process(tmp_path: Path) -> None:
+    script = tmp_path / "name.py"
+    script.write_text(
+        "import inspect\n"
+        "from celery_redislock.core.naming import lock_name\n"
+        "from celery_redislock.core.options import LockOptions\n"
+        "def f(a, **kw): ...\n"
+        "s = inspect.signature(f)\n"
+        "print(lock_name('kv.d', LockOptions(), s, (1,), dict(z=1, y='b', x=None, w=True)))\n"
+        "print(lock_name('kv.d', LockOptions(), s, (1,), dict(w=True, x=None, y='b', z=1)))\n"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, str(script)],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert outputs == {"kv.d:a=1,w=True,x=None,y=b,z=1\n" * 2}

@@ -22,7 +22,7 @@ from rq import Queue
 from rqworkers import RQWorker
 from workers import Worker
 
-from celery_redislock import SKIPPED, Lock
+from celery_redislock import SKIPPED, Lock, lock_for
 from celery_redislock.contrib.redis_server import RedisServer
 
 pytestmark = [pytest.mark.celery, pytest.mark.rq]
@@ -111,6 +111,65 @@ def test_a_skip_and_a_conflict_retry_log_the_same_line_under_celery_and_rq(
     started = r"INFO celery_redislock\.core\.reach lock Redis (\S+) answers; .*"
     assert [m[1] for m in lines(celery.log(), started)] == [celery_server.url]
     assert [m[1] for m in lines(rq.log(), started)] == [rq_server.url]
+
+
+LEASE_LOST = r"ERROR (?P<logger>\S+) .*lease.* lost.*"
+
+
+def test_a_lost_lease_logs_one_error_line(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """One line per lost lease, the run's (naming the task, its id and the lock); the
+    heartbeat's own line would repeat it."""
+    worker = workers(env={**CELERY_ENV, "LOCKAPP_TTL": "1.5"})
+    result = lockapp.watch_lease.delay("ll", 30)
+    wait_for(lambda: lockapp.r.exists("lease:ll"), "the task read its lease", 30)
+    lockapp.r.delete(*lock_for(lockapp.watch_lease, ("ll", 30)).keys.all)  # the lease vanishes
+    assert result.get(timeout=30) == "lost"
+    assert lockapp.r.lrange("signal:lock_lost", 0, -1) == [f"{result.id}:hold:ll".encode()]
+    said = (
+        rf"ERROR celery_redislock\.core\.outcomes task lockapp\.watch_lease\[{result.id}\]: "
+        r"lease on lock 'hold:ll' lost; the task goes on without it"
+    )
+    wait_for(lambda: lines(worker.log(), said), "the loss logged", 10)
+    log = worker.log()
+    assert len(lines(log, LEASE_LOST)) == 1, log
+    # ... nor a WARNING at its release for the lease already reported lost.
+    assert "no longer held at release" not in log, log
+
+
+def ignored(name: str, task_id: str) -> str:
+    """Celery's line for a task that raised ``Ignore``."""
+    return rf"INFO celery\.app\.trace Task {re.escape(name)}\[{task_id}\] ignored"
+
+
+def test_celery_adds_no_ignored_line_to_ours_but_keeps_it_for_a_users_ignore(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """A parked or skipped task is answered with Celery's ``Ignore``: our line says what
+    happened, and Celery's "Task ... ignored" after it would only confuse. A task body that
+    raises ``Ignore`` itself keeps Celery's line."""
+    worker = workers(env=CELERY_ENV)
+    holder = lockapp.in_line.delay("pk", 0, 30)
+    wait_for(lambda: lockapp.r.llen("started:line:pk") == 1, "the holder runs", 30)
+    parked = lockapp.in_line.delay("pk", 1)
+    parked_line = OUTCOME + r"parked in the task line of lock 'line:pk' .*"
+    wait_for(lambda: lines(worker.log(), parked_line), "the second parked", 30)
+    with Lock(lockapp.r, "hold:ik", ttl=30).acquire(owner="test", info=HOLDER):
+        skipped = lockapp.hold.delay("ik")
+        wait_for(lambda: lines(worker.log(), SKIPPED_LINE), "the skip logged", 30)
+    lockapp.r.set("stop:pk", 1)
+    assert (holder.get(timeout=30), parked.get(timeout=30)) == (0, 1)
+    users = lockapp.hold.delay("iu", 0, "ignore")  # the body raises Ignore
+    said = ignored("lockapp.hold", users.id)
+    wait_for(lambda: lines(worker.log(), said), "Celery's line for the user's Ignore", 30)
+
+    log = worker.log()
+    assert [m["id"] for m in lines(log, parked_line)] == [parked.id]
+    assert [m["id"] for m in lines(log, SKIPPED_LINE)] == [skipped.id]
+    assert not lines(log, ignored("lockapp.in_line", parked.id)), log
+    assert not lines(log, ignored("lockapp.hold", skipped.id)), log
+    assert len(lines(log, r"INFO celery\.app\.trace Task \S+ ignored")) == 1, log
 
 
 def _free_port() -> int:

@@ -10,7 +10,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from logging import ERROR, INFO, WARNING
+from logging import DEBUG, ERROR, INFO, WARNING
 from typing import Any, Literal
 
 from ...errors import (
@@ -329,7 +329,10 @@ class LockedRun:
         max_hold = options.max_hold if options.max_hold is not None else d.max_hold
         waited = d.line_waited + self.taken - asked
         for lease in (got, *self.more_leases):
-            Heartbeat.current().register(lease, on_lost=self._on_lost, max_hold=max_hold)
+            # _on_lost logs the loss, naming the run: the heartbeat's line would repeat it.
+            Heartbeat.current().register(
+                lease, on_lost=self._on_lost, max_hold=max_hold, log_lost=False
+            )
             self._signal(self.signals.acquired, lock=lease.name, lease=lease, waited=waited)
         set_current_lease(got)
         return None
@@ -653,7 +656,9 @@ class LockedRun:
                 "lock %r: release failed, the lease lapses within its ttl: %s", lease.name, exc
             )
         except LockNotOwned as exc:  # expired or removed (LockLost): nothing left to give back
-            log.warning("lock %r: lease was no longer held at release: %s", lease.name, exc)
+            # Already reported lost (at ERROR, by _on_lost): this is no news.
+            level = DEBUG if lease.lost else WARNING
+            log.log(level, "lock %r: lease was no longer held at release: %s", lease.name, exc)
         except Exception:  # never mask how the task itself ended
             log.exception("lock %r: release failed, the lease lapses within its ttl", lease.name)
         else:

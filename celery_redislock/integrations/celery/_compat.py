@@ -4,6 +4,7 @@ supported) to 5.7.0 (both tested in CI): an upgrade that breaks one breaks the t
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -11,9 +12,11 @@ from celery.worker import control
 from celery.worker import state as worker_state
 
 __all__ = [
+    "TRACE_LOGGER",
     "SettingLookups",
     "forget_task_base",
     "held_request",
+    "ignored_line_of",
     "is_test_worker",
     "names_locked_task",
     "setting_lookups",
@@ -34,6 +37,23 @@ def forget_task_base(app: Any) -> None:
     """Drops the app's cached task base (``app.Task``, a cached property in the instance
     ``__dict__``), so that a new ``task_cls`` takes effect. (tests/celery/test_celery_options.py)"""
     app.__dict__.pop("Task", None)
+
+
+TRACE_LOGGER = "celery.app.trace"
+"""The logger of Celery's tracer, which says how each task ended."""
+
+
+def ignored_line_of(record: logging.LogRecord) -> str | None:
+    """The task id of Celery's "Task NAME[ID] ignored" line (the tracer's, for a task that
+    raised ``Ignore``: ``logger.log(level, LOG_IGNORED, context)``), ``None`` for any other
+    line. (tests/core/test_worker_logs.py: the ignored line)"""
+    context = record.args
+    if record.msg != "Task %(name)s[%(id)s] %(description)s" or not isinstance(context, dict):
+        return None
+    if context.get("description") != "ignored":
+        return None
+    task_id = context.get("id")
+    return task_id if isinstance(task_id, str) else None
 
 
 def is_test_worker(worker: object) -> bool:

@@ -47,6 +47,7 @@ from .kind import (
 )
 from .settings import app_state, client_for, settings_for
 from .signals import lock_acquired, lock_backend_error, lock_conflict, lock_lost, lock_released
+from .tracelog import answered_with_ignore
 
 __all__ = [
     "SKIPPED",
@@ -208,7 +209,11 @@ def start(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:
             with _HELD.guard:
                 _HELD.runs.add(run)
         return
-    _answer(task, run, outcome)
+    try:
+        _answer(task, run, outcome)
+    except Ignore:
+        answered_with_ignore(task_id)  # our line said it: Celery's "ignored" would repeat it
+        raise
 
 
 def _answer(task: LockAware, run: LockedRun, outcome: Outcome) -> None:
