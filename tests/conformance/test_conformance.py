@@ -467,6 +467,34 @@ def latest_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
     return observed
 
 
+def latest_of_many_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """keep_last: one call runs, then ``calls`` more, each replacing the one before. A replaced
+    call leaves the task line as it is replaced: none is handed the lock (no lease taken, no
+    skip as superseded), each ends canceled, and the newest alone runs once the first ends."""
+    first = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
+    ids = [adapter.send(row.job, key, run_id=str(uuid.uuid4())) for _ in range(row.params["calls"])]
+    newest, replaced = ids[-1], ids[:-1]
+    wait_for(lambda: "queue" in adapter.actions(newest), "the newest parked", DEADLINE_S)
+    adapter.stop(key)
+    settle(adapter, newest)
+    assert settle(adapter, first) == "ran"
+    ran = [r.decode() for r in adapter.marks.lrange(f"ran:{key}", 0, -1)]
+    assert ran == [first, newest], ran
+    ended = {run_id: settle(adapter, run_id) for run_id in replaced}
+    assert [r for r in replaced if ended[r] != "canceled"] == [], ended
+    # Handed the lock, a parked copy is delivered a second time (and takes its lease, or is
+    # discarded as revoked): a replaced copy is delivered at most once, and takes no lease.
+    handed = [
+        r
+        for r in replaced
+        if adapter.deliveries(r) > 1 or adapter.lease(r) or "superseded" in adapter.actions(r)
+    ]
+    assert handed == [], [(r, adapter.deliveries(r), adapter.lease(r)) for r in handed]
+    assert adapter.deliveries(newest) == 2  # parked, then handed the lock
+    return observe(adapter, row, key, newest, same_id=False, first="canceled")
+
+
 def args_of(adapter: Adapter, key: str) -> list[float]:
     """The ``seconds`` each run of ``key`` was called with, in the order they ran."""
     return [float(a) for a in adapter.marks.lrange(f"args:{key}", 0, -1)]
@@ -808,6 +836,7 @@ PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
         lease_taken_away,
         duplicate_while_parked,
         latest_while_running,
+        latest_of_many_while_running,
         cancel_running,
         debounced_burst,
         debounced_stream,
