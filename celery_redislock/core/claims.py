@@ -52,16 +52,26 @@ def claim(
     lifetime: float,
     kind: ClaimKind,
     running_counts: bool,
+    parked_as: str = "",
 ) -> ClaimReply:
     """Claims the key ``name`` for ``task_id`` as its message is published, for ``lifetime``
-    seconds (one round trip). ``running_counts``: a running copy counts as a duplicate."""
-    keys, args = claim_call(namespace, name, task_id, lifetime, kind, running_counts)
+    seconds (one round trip). ``running_counts``: a running copy counts as a duplicate.
+    ``parked_as``: the task line token of a copy that has just parked in the line of the lock
+    named like the key (kind ``REPUBLISH``): replaced already, it leaves the line now; else a
+    later replace takes it out of the line."""
+    keys, args = claim_call(namespace, name, task_id, lifetime, kind, running_counts, parked_as)
     with backend_errors(name):
         return ClaimReply.decode(run("unique_claim", client, keys, args))
 
 
 def claim_call(
-    namespace: str, name: str, task_id: str, lifetime: float, kind: ClaimKind, running_counts: bool
+    namespace: str,
+    name: str,
+    task_id: str,
+    lifetime: float,
+    kind: ClaimKind,
+    running_counts: bool,
+    parked_as: str = "",
 ) -> tuple[list[str], list[str]]:
     """``unique_claim.lua``'s keys and args (see :func:`claim`)."""
     keys = LockKeys.of(namespace, name)
@@ -70,8 +80,9 @@ def claim_call(
         lifetime_ms=max(1, int(lifetime * 1000)),
         kind=kind,
         running_counts=running_counts,
+        parked_as=parked_as,
     )
-    return [keys.queued, keys.leases, keys.meta, keys.replaced], args.encode()
+    return [keys.queued, keys.replaced, *keys.all], args.encode()
 
 
 def release_claim(

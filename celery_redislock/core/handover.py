@@ -54,6 +54,9 @@ class Handed(NamedTuple):
     payload: str
     expired: bool
     """Its wait deadline passed: published so that it ends with that outcome, not run."""
+    replaced: bool = False
+    """Replaced under its unique key while it waited (it left the line then, with ``expired``
+    set too): not published, but ended as canceled (Celery: ``REVOKED``; RQ: ``canceled``)."""
 
 
 Handover = Callable[[Handed], None]
@@ -74,7 +77,8 @@ def hand_over(lock: Handing, granted: Sequence[Grant], expired: Sequence[str] = 
     its short lease lapses. A lock with no ``handover`` (an operator's command knows no
     framework) cannot publish: the leases it handed over lapse at once (``line_lapse.lua``), for
     the next call on the lock or a sweeper to hand over and publish, instead of the lock idling
-    for the publish window. Expired entries wait for a sweeper."""
+    for the publish window. Expired entries (and replaced ones, ``Handed.replaced``: the
+    ``handover`` ends them unrun) wait for a sweeper."""
     if lock.handover is None:
         _lapse(lock, granted)
         return
@@ -91,7 +95,10 @@ def hand_over(lock: Handing, granted: Sequence[Grant], expired: Sequence[str] = 
     for tok, record in zip(every, raw, strict=True):
         if record is None:
             continue  # confirmed already (a sweep beat us to it), or claimed
-        handed = Handed(token=tok, payload=json.loads(record)["x"], expired=tok in done)
+        parked = json.loads(record)
+        handed = Handed(
+            token=tok, payload=parked["x"], expired=tok in done, replaced=bool(parked.get("r"))
+        )
         try:
             lock.handover(handed)
         except Exception as exc:

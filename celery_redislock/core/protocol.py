@@ -388,7 +388,8 @@ class SweepReply(NamedTuple):
     leases: int
     """Leases on the lock (live or handed over and unclaimed)."""
     expired: tuple[str, ...]
-    """Tokens of parked entries past their wait deadline (to publish as expired)."""
+    """Tokens of parked entries past their wait deadline (to publish as expired), or replaced
+    under their unique key (to end unrun: their record says so)."""
     granted: tuple[Grant, ...]
 
     @classmethod
@@ -538,9 +539,12 @@ class ClaimArgs(NamedTuple):
     kind: ClaimKind
     running_counts: bool
     """A running copy counts as a duplicate (unique until finished)."""
+    parked_as: str = ""
+    """A re-publish's (kind ``REPUBLISH``) task line token as it has just parked, if it did."""
 
     def encode(self) -> list[str]:
-        return [self.task_id, str(self.lifetime_ms), self.kind.value, _bit(self.running_counts)]
+        args = [self.task_id, str(self.lifetime_ms), self.kind.value, _bit(self.running_counts)]
+        return [*args, self.parked_as] if self.parked_as else args
 
 
 class ClaimReply(NamedTuple):

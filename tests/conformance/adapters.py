@@ -91,6 +91,10 @@ class Adapter:
         """Sends another delivery of the run ``run_id`` (the same id)."""
         raise NotImplementedError
 
+    def deliveries(self, run_id: str) -> int:
+        """How many times a worker took the run ``run_id`` from its queue (its log's lines)."""
+        raise NotImplementedError
+
     def state(self, run_id: str) -> tuple[str, str | None]:
         """The run's state in the table's words, and the class name of its error if it failed."""
         raise NotImplementedError
@@ -151,6 +155,9 @@ class CeleryAdapter(Adapter):
 
     def send_copy(self, job: str, key: str, run_id: str) -> None:
         self.tasks[job].apply_async((key, 0.0), task_id=run_id, queue=self.queue)
+
+    def deliveries(self, run_id: str) -> int:
+        return self.log().count(f"[{run_id}] received")
 
     def state(self, run_id: str) -> tuple[str, str | None]:
         result = AsyncResult(run_id, app=self.app)
@@ -235,6 +242,9 @@ class RQAdapter(Adapter):
 
     def send_copy(self, job: str, key: str, run_id: str) -> None:
         self.queue.enqueue_job(Job.fetch(run_id, connection=self.marks))
+
+    def deliveries(self, run_id: str) -> int:
+        return self.log().count(f") ({run_id})\n")
 
     def state(self, run_id: str) -> tuple[str, str | None]:
         job = Job.fetch(run_id, connection=self.marks)

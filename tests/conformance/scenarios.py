@@ -608,6 +608,15 @@ SCENARIOS: list[Scenario] = [
         ),
     ),
     Scenario(
+        "keep_last_replaced_copies_leave_the_line_as_they_are_replaced",
+        "keep_last",
+        "latest_of_many_while_running",
+        # One runs; 20 calls follow, each replacing the one before: the replaced leave the line
+        # as they are replaced (none is handed the lock), each ends canceled, the newest runs.
+        Expect("ran", 2, actions("queue", "replace"), same_id=False, first="canceled", lease=HELD),
+        params={"calls": 20},
+    ),
+    Scenario(
         "debounce_runs_once_with_the_latest_arguments",
         "debounced",
         "debounced_burst",

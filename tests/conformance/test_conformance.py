@@ -427,9 +427,8 @@ def latest_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
     first = adapter.send(row.job, key, 60.0)
     wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
     second = adapter.send(row.job, key)
-    # Parked for good (RQ: its horse returned, its Retry scheduled), so that the replace meets a
-    # parked copy and cancels it. A replace that meets the horse still returning cannot cancel
-    # it: that copy skips itself as superseded when handed the lock (tests/rq/test_rq_line.py).
+    # Parked (RQ: its horse returned, its Retry scheduled), so that the replace meets a parked
+    # copy: it takes it out of the line, and the sweeper ends it canceled.
     wait_for(lambda: adapter.state(second)[0] == "parked", "the second parked", DEADLINE_S)
     sent = str(uuid.uuid4())
     third = adapter.send(row.job, key, run_id=sent)
@@ -443,7 +442,8 @@ def latest_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
     # Handed the lock as the first released it (generous: a loaded machine).
     assert adapter.started_at(key)[1] - ended < 5.0
     replaced = settle(adapter, second)
-    observed = observe(
+    # Never handed the lock: no lease taken, no skip as superseded (counted with the third's).
+    return observe(
         adapter,
         row,
         key,
@@ -452,19 +452,34 @@ def latest_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
         same_id=third == second,
         first=replaced,
     )
-    if replaced in ("skipped", "canceled") and "superseded" in adapter.actions(second):
-        # RQ: a cancel can lose against the job's own Retry being scheduled, and the copy is
-        # handed its turn; it then skips itself as superseded, without running (checked
-        # above): the promise a cancel keeps, by the check every run makes as it starts. Its
-        # state may still read canceled (the producer's cancel), but it took the lease handed
-        # to it, to pass it on: the lease signals counted are the third call's alone.
-        observed = dataclasses.replace(
-            observed,
-            actions=observed.actions - {"superseded"},
-            first="canceled",
-            lease=leased(adapter, (third, sent), row.expect.lease),
-        )
-    return observed
+
+
+def latest_of_many_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """keep_last: one call runs, then ``calls`` more, each replacing the one before. A replaced
+    call leaves the task line as it is replaced: none is handed the lock (no lease taken, no
+    skip as superseded), each ends canceled, and the newest alone runs once the first ends."""
+    first = adapter.send(row.job, key, 60.0)
+    wait_for(lambda: adapter.runs(key) == 1, "the first runs", DEADLINE_S)
+    ids = [adapter.send(row.job, key, run_id=str(uuid.uuid4())) for _ in range(row.params["calls"])]
+    newest, replaced = ids[-1], ids[:-1]
+    wait_for(lambda: "queue" in adapter.actions(newest), "the newest parked", DEADLINE_S)
+    adapter.stop(key)
+    settle(adapter, newest)
+    assert settle(adapter, first) == "ran"
+    ran = [r.decode() for r in adapter.marks.lrange(f"ran:{key}", 0, -1)]
+    assert ran == [first, newest], ran
+    ended = {run_id: settle(adapter, run_id) for run_id in replaced}
+    assert [r for r in replaced if ended[r] != "canceled"] == [], ended
+    # Handed the lock, a parked copy is delivered a second time (and takes its lease, or is
+    # discarded as revoked): a replaced copy is delivered at most once, and takes no lease.
+    handed = [
+        r
+        for r in replaced
+        if adapter.deliveries(r) > 1 or adapter.lease(r) or "superseded" in adapter.actions(r)
+    ]
+    assert handed == [], [(r, adapter.deliveries(r), adapter.lease(r)) for r in handed]
+    assert adapter.deliveries(newest) == 2  # parked, then handed the lock
+    return observe(adapter, row, key, newest, same_id=False, first="canceled")
 
 
 def args_of(adapter: Adapter, key: str) -> list[float]:
@@ -808,6 +823,7 @@ PLAYS: dict[str, Callable[[Adapter, Scenario, str], Expect]] = {
         lease_taken_away,
         duplicate_while_parked,
         latest_while_running,
+        latest_of_many_while_running,
         cancel_running,
         debounced_burst,
         debounced_stream,

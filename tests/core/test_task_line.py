@@ -13,6 +13,7 @@ from helpers import wait_for
 
 from celery_redislock import LineFull, Lock, LockConfigError, LockNotAcquired
 from celery_redislock.core import admin
+from celery_redislock.core.claims import ClaimKind, claim
 from celery_redislock.core.handover import hand_over
 from celery_redislock.core.line import (
     Handed,
@@ -23,7 +24,7 @@ from celery_redislock.core.line import (
     sweep,
     sweep_lines,
 )
-from celery_redislock.core.protocol import Grant
+from celery_redislock.core.protocol import ClaimStatus, Grant
 from celery_redislock.errors import JobFinished
 
 
@@ -440,3 +441,65 @@ def test_the_line_is_refused_over_redlock_masters(client: redis.Redis) -> None:
     lock = RedLock([client, client.__class__(port=1), client.__class__(port=2)], "rl", ttl=5)
     with pytest.raises(LockConfigError, match="not available over RedLock masters"):
         park(lock, "x", owner="a")
+
+
+def test_a_replaced_parked_copy_leaves_the_line_as_it_is_replaced(client: redis.Redis) -> None:
+    """keep_last (a unique key that is its run lock's name): a copy replaced while parked leaves
+    the line in the replacing call's claim, and a copy parked after it was replaced leaves it
+    in its own claim as it parks; the release hands the lock to the newest alone, and a sweep
+    hands the replaced ones on as replaced (to end unrun). Each step run twice changes nothing
+    more (a lost reply)."""
+    publisher = Publisher()
+    lock = _lock(client, publisher)
+    running = park(lock, "run", owner="run")
+    assert not isinstance(running, Parked)
+
+    def claimed(task: str, kind: ClaimKind, parked_as: str = "") -> ClaimStatus:
+        found = claim(
+            client,
+            lock.namespace,
+            lock.name,
+            task_id=task,
+            lifetime=60,
+            kind=kind,
+            running_counts=False,
+            parked_as=parked_as,
+        )
+        return found.status
+
+    def parked(task: str) -> str:
+        place = park(lock, task, owner=task)
+        assert isinstance(place, Parked)
+        return place.token
+
+    # t1 is published, delivered and parks (keeping its claim, noted as the key's parked copy).
+    assert claimed("t1", ClaimKind.REPLACE) is ClaimStatus.CLAIMED
+    t1 = parked("t1")
+    for _ in range(2):
+        assert claimed("t1", ClaimKind.REPUBLISH, t1) is ClaimStatus.CLAIMED
+    assert _parked(client, lock) == [t1.encode()]
+    # t2 replaces it: t1 leaves the line in the same step.
+    assert claimed("t2", ClaimKind.REPLACE) is ClaimStatus.REPLACED
+    assert _parked(client, lock) == []
+    # t3 replaces t2 before t2 parks: t2 leaves the line as it parks, t3 stays.
+    assert claimed("t3", ClaimKind.REPLACE) is ClaimStatus.REPLACED
+    t2 = parked("t2")
+    for _ in range(2):
+        assert claimed("t2", ClaimKind.REPUBLISH, t2) is ClaimStatus.REPUBLISH_UNCLAIMED
+    t3 = parked("t3")
+    assert claimed("t3", ClaimKind.REPUBLISH, t3) is ClaimStatus.CLAIMED
+    assert _parked(client, lock) == [t3.encode()]
+    # The release hands the lock to the newest; a sweep hands on the replaced, as replaced.
+    running.release()
+    assert publisher.handed == [Handed(t3, "t3", expired=False, replaced=False)]
+    reply = sweep(lock)
+    assert reply.parked == 0
+    ended = sorted(publisher.handed[1:])
+    assert ended == sorted(
+        [
+            Handed(t1, "t1", expired=True, replaced=True),
+            Handed(t2, "t2", expired=True, replaced=True),
+        ]
+    )
+    assert sweep(lock).expired == ()  # confirmed: handed on once
+    assert len(publisher.handed) == 3

@@ -311,6 +311,31 @@ def test_a_hand_over_delivered_twice_queues_the_job_once(rq_conn, rq_workers):
     assert rq_conn.zrange(q.scheduled_job_registry.key, 0, -1) == []
 
 
+def test_a_replaced_parked_job_handed_on_as_replaced_ends_canceled(rq_conn, rq_workers):
+    """A job replaced under its unique key left the line (unique_claim.lua); its producer's
+    cancel may have lost against its own Retry being scheduled, as here where nobody cancels
+    it: the sweeper's hand-over marked replaced cancels it, off the scheduled registry, never
+    queued to run (twice: the same end)."""
+    pool = rq_workers(name="pool", pool=2)
+    q = Queue("default", connection=rq_conn)
+    q.enqueue(rqjobs.in_line, "replaced", hold=True)
+    _holds(rq_conn)
+    waiting = q.enqueue(rqjobs.in_line, "replaced")
+    _parked(rq_conn, "q:replaced", [waiting])
+    wait_for(lambda: status(waiting) == "scheduled", "RQ to keep the parked job")
+    pool.kill()
+    wait_for(lambda: rq_conn.info("clients")["blocked_clients"] == 0, "dead workers' pops gone")
+    meta = Lock(rq_conn, "q:replaced", ttl=1).keys.meta
+    [field] = [f.decode() for f in rq_conn.hkeys(meta) if f.startswith(b"p:")]
+    handed = Handed(field[2:], json.loads(rq_conn.hget(meta, field))["x"], True, replaced=True)
+    put_back = PutBack(rq_conn, None, rq_conn)
+    put_back(handed)
+    put_back(handed)
+    assert status(waiting) == "canceled"
+    assert rq_conn.zrange(q.scheduled_job_registry.key, 0, -1) == []
+    assert rq_conn.lrange(q.key, 0, -1) == []
+
+
 def test_a_claimed_hand_over_lasts_a_ttl_and_names_its_claimant(rq_conn):
     """What the killed-claimant cases above rest on (the core's claim): the lease a job claims
     is renewed as its own (the ttl from the claim, not the rest of the hand-over window) and

@@ -24,7 +24,10 @@
 --                   task is unclaimed, then the id of the call that claimed it,
 --                   'x' tokens of parked entries whose wait deadline passed (to publish as
 --                   expired), 't:<token>' the turn a parked task with a tenant was handed the
---                   lock at (its tenant's place goes back there if the hand-over lapses)
+--                   lock at (its tenant's place goes back there if the hand-over lapses),
+--                   'u' '<task id> <token>' the last unique copy parked under the lock's name
+--                   (unique_claim.lua: a replace takes it out of the line; a stale one, whose
+--                   entry left, is ignored), a parked record's 'r' 1: replaced, to end unrun
 --   KEYS[3] queue   sorted set: waiter token -> arrival number; and for each tenant with
 --                   parked tasks, its place in the rotation '#<tenant id>' -> its turn (an
 --                   arrival number: a tenant served goes to the end of the line)

@@ -322,7 +322,11 @@ class LockedRun:
                 f"paused for {paused:.1f}s" if paused else f"held by {outcomes.held_by(holders)}",
             )
             self._conflict_signal(name, "queue", holders)
-            self._keep_claim(options.max_wait + self.settings.line_handover_window)
+            # A copy replaced under its unique key (the lock's name) leaves the line as it is
+            # replaced, or here if that came first: never handed the lock. (Not a retry: it
+            # runs even when a newer copy was queued after it started.)
+            in_line = got.token if not d.republished and self._keyed_alike(name) else ""
+            self._keep_claim(options.max_wait + self.settings.line_handover_window, in_line)
             return Parked(got, name, holders, options.max_wait)
         self.lease, self.taken = got, time.monotonic()
         self._finish = d.finish_job is not None
@@ -605,8 +609,14 @@ class LockedRun:
         if not self.framework.republish_claims:
             self._keep_claim(delay)
 
-    def _keep_claim(self, delay: float) -> None:
-        """The job will run later: it holds its unique key meanwhile, as if queued."""
+    def _keyed_alike(self, lock_name: str) -> bool:
+        """Whether the call's unique key is the lock ``lock_name`` (a run lock's line)."""
+        return self.spec.unique is not None and self.unique_name() == lock_name
+
+    def _keep_claim(self, delay: float, parked_as: str = "") -> None:
+        """The job will run later: it holds its unique key meanwhile, as if queued.
+        ``parked_as``: its entry in the task line of the lock named like the key, just made
+        (replaced meanwhile, it leaves the line: see ``unique_claim.lua``)."""
         unique = self.spec.unique
         if unique is None or not unique.queued or not self.delivery.queued:
             return
@@ -619,6 +629,7 @@ class LockedRun:
                 lifetime=delay + (unique.allowance or self.settings.queue_allowance),
                 kind=ClaimKind.REPUBLISH,
                 running_counts=unique.running_counts,
+                parked_as=parked_as,
             )
         except (LockBackendError, LockConfigError) as exc:
             log.warning("%s: could not keep its unique key: %s", self.who, exc)

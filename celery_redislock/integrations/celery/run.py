@@ -17,6 +17,7 @@ from celery import Celery
 from celery.exceptions import Ignore, Reject, Retry
 from kombu.utils.json import dumps, loads
 
+from ...core import outcomes
 from ...core.line import Handed, Handover
 from ...core.lock import Lock
 from ...core.run import (
@@ -130,7 +131,9 @@ def handover_for(app: Celery) -> Handover:
 
         def publish(handed: Handed) -> None:
             signature = app.signature(loads(handed.payload))  # type: ignore[no-untyped-call]
-            if handed.expired:
+            if handed.replaced:
+                _end_replaced(app, signature)
+            elif handed.expired:
                 headers = {**(signature.options.get("headers") or {}), LINE_EXPIRED_HEADER: True}
                 signature.apply_async(headers=headers)
             else:
@@ -184,6 +187,22 @@ def _delivery(task: LockAware, request: Any, task_id: str, args: Any, kwargs: An
         rate_request=f"{task_id}.{retries}",
         max_hold=float(hard) if hard else None,
     )
+
+
+def _end_replaced(app: Celery, signature: Any) -> None:
+    """A parked task replaced under its unique key left the line unrun: it ends ``REVOKED``, as
+    a replaced copy does (never published again: no worker is handed it)."""
+    task_id = str(signature.options.get("task_id") or signature.id)
+    outcomes.log.info(
+        "task %s[%s] revoked: replaced under its unique key while it waited in the task line",
+        signature.task,
+        task_id,
+    )
+    task = app.tasks.get(signature.task)
+    if task is not None and task.ignore_result:
+        return
+    with contextlib.suppress(NotImplementedError):  # (no result backend: the log line remains)
+        app.backend.mark_as_revoked(task_id, "replaced under its unique key")
 
 
 def start(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:

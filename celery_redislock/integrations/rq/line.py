@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 from rq import Queue
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
 
 from ...core.lease import RedisClient
 from ...core.line import DEFAULT_HANDOVER_WINDOW, Handed, drop_hand_over
@@ -94,11 +94,17 @@ class PutBack:
         state = "expired" if handed.expired else "handed"
         deadline = time.monotonic() + (0 if handed.token in self._stuck else SETTLE_S)
         pause = 0.002
-        found = self._move(job_id, queue, handed.token, state)
+
+        def step() -> _Found:
+            if handed.replaced:
+                return self._cancel(job_id, queue, handed.token)
+            return self._move(job_id, queue, handed.token, state)
+
+        found = step()
         while found is _Found.PENDING and time.monotonic() < deadline:
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
-            found = self._move(job_id, queue, handed.token, state)
+            found = step()
         if found is _Found.PENDING:
             self._stuck.add(handed.token)
             raise RedisLockError(
@@ -106,6 +112,8 @@ class PutBack:
                 name=str(ref["lock"]["name"]),
             )
         self._stuck.discard(handed.token)
+        if handed.replaced:
+            return
         if found is _Found.MOVED:
             log.info(
                 "job %s put back on queue %r: %s",
@@ -143,6 +151,31 @@ class PutBack:
                     return _Found.MOVED
                 except redis.WatchError:
                     continue
+
+    def _cancel(self, job_id: str, queue_name: str, token: str) -> _Found:
+        """A job replaced under its unique key while parked left the line unrun: it ends
+        ``canceled``, as a replaced job does (its producer's cancel may have lost against
+        the horse's Retry being scheduled: the job waits in the scheduled registry)."""
+        try:
+            job = Job.fetch(job_id, connection=self.connection, serializer=self.serializer)
+        except NoSuchJobError:
+            return _Found.GONE
+        status = _status(job)
+        if status in _ENDED:
+            return _Found.GONE
+        if status == "started":
+            return _Found.PENDING  # its horse is still parking it
+        line = line_of(job)
+        if line is None or line["token"] != token:
+            return _Found.GONE  # parked anew under another entry
+        queue = Queue(queue_name, connection=self.connection, serializer=self.serializer)
+        queue.scheduled_job_registry.remove(job)
+        try:
+            job.cancel()
+        except InvalidJobOperation:  # canceled meanwhile
+            return _Found.GONE
+        log.info("job %s canceled: replaced under its unique key while parked", job_id)
+        return _Found.GONE
 
     def _elsewhere(self, job_id: str, token: str) -> _Found:
         """The job is not in the scheduled registry: being parked, queued already, or gone."""
