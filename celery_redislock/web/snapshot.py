@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..cli import render
 from ..core import admin
+from ..core.admin import render
 from ..core.admin.listing import glob_escape, scan_names
 from ..core.lease import RedisClient
 from .errors import BadInput

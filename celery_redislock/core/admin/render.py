@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.admin import ClaimState, LockState, RateState, Released, Waiter
-from ..core.lease import Holder
+from ..lease import Holder
+from . import ClaimState, LockState, RateState, Released, Waiter
 
 __all__ = [
     "CLAIM_HEADER",
