@@ -1,5 +1,5 @@
 """What the page shows, read through the admin API (:mod:`celery_redislock.core.admin`) and
-shaped as the CLI's JSON (:mod:`celery_redislock.cli.render`): one page of locks (holders and
+shaped as the CLI's JSON (:mod:`celery_redislock.core.admin.render`): one page of locks (holders and
 their line), one of unique claims, one of names with limits or a pause.
 
 Names are found with SCAN (cheap, even for 10,000 locks), sorted, and only the page shown is
