@@ -202,8 +202,19 @@ def _sorted(found: Iterable[str]) -> list[str]:
 def _lock_row(client: RedisClient, namespace: str, name: str) -> dict[str, Any]:
     state = admin.describe_lock(client, name, namespace)
     limits = admin.describe_rate(client, name, namespace)
-    # The CLI's `show --json` of the lock, and `list --json`'s cap and pause.
-    return {**render.lock_dict(state, detail=True), **render.live_dict(limits)}
+    # The CLI's `show --json` of the lock, and `list --json`'s cap and pause; and the lock's
+    # limit (2 or more), as its holders' records carry it (None: one at a time, or unknown).
+    limit = max((_limit_of(h.info) for h in state.holders), default=0)
+    return {
+        **render.lock_dict(state, detail=True),
+        **render.live_dict(limits),
+        "limit": limit or None,
+    }
+
+
+def _limit_of(info: Mapping[str, str]) -> int:
+    value = info.get("limit", "")
+    return int(value) if value.isdigit() else 0
 
 
 def _claim_row(client: RedisClient, namespace: str, name: str) -> dict[str, Any] | None:

@@ -45,6 +45,22 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
+def visible(text: object) -> str:
+    """``text`` with each character Python deems unprintable (controls, format characters such
+    as the bidirectional overrides and zero-width ones, separators other than the space) as its
+    ``\\uXXXX`` escape: U+202E would show "abc\\u202edef" as "abcfed", passing for another
+    name."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(_TEMPLATES),
@@ -54,6 +70,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["seconds"] = _seconds
+    env.filters["visible"] = visible
     return env
 
 

@@ -5,6 +5,7 @@ JSON view, and the app mounted under a prefix of another app."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -129,4 +130,48 @@ def test_mounted_under_a_prefix_every_link_and_the_session_stay_under_it(
         assert admin.describe_lock(client, "mounted").holders == []
     finally:
         if admin.describe_lock(client, "mounted").holders:
+            lease.release()
+
+
+def _holder_cells(page: str, name: str, cls: str) -> list[str]:
+    """The text of each cell (or block) of class ``cls`` in lock ``name``'s row."""
+    row = page.split(f'<tr class="lock" data-name="{name}">', 1)[1].split('<tr class="lock"')[0]
+    return [
+        re.sub(r"<[^>]+>", "", cell).strip()
+        for _, cell in re.findall(rf'<(td|div) class="{cls}"[^>]*>(.*?)</\1>', row, re.S)
+    ]
+
+
+def test_a_bare_lease_shows_no_task_id_and_its_token_apart(
+    lockapp: ModuleType, serve: Callable[[Any], str]
+) -> None:
+    """A lease taken without a task (``Lock.acquire()``) has no task id: its column says so
+    ("—"), and the token is shown as the token, not as a task id."""
+    client = lockapp.r
+    lease = Lock(client, "bare", ttl=30).acquire()
+    try:
+        page = WebClient(serve(create_app(client))).get().text
+        assert _holder_cells(page, "bare", "task-id") == ["\u2014"]
+        assert _holder_cells(page, "bare", "token") == [lease.token[:8] + "\u2026"]
+        assert f'<code title="{lease.token}">' in page  # the whole token on hover
+    finally:
+        lease.release()
+
+
+def test_a_capped_lock_shows_its_holders_of_its_limit(
+    lockapp: ModuleType, serve: Callable[[Any], str]
+) -> None:
+    """A lock with ``limit=5`` held twice reads "2 of 5"; with a cap set at runtime, the cap
+    takes the place of the limit and the page says so."""
+    client = lockapp.r
+    capped = Lock(client, "capped", ttl=30, limit=5)
+    leases = [capped.acquire(info={"task_id": f"t-{i}"}) for i in range(2)]
+    try:
+        web = WebClient(serve(create_app(client)))
+        assert _holder_cells(web.get().text, "capped", "count") == ["2 of 5"]
+        admin.set_limits(client, "capped", cap=3)
+        assert _holder_cells(web.get().text, "capped", "count") == ["2 of 3 (cap set)"]
+        assert json.loads(web.get("api/state").text)["locks"]["rows"][0]["limit"] == 5
+    finally:
+        for lease in leases:
             lease.release()
