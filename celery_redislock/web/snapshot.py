@@ -13,6 +13,8 @@ Synchronous, as the admin API is: the views run it in a worker thread.
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +27,11 @@ from .errors import BadInput
 
 __all__ = [
     "MAX_PER_PAGE",
+    "NAMES_KEPT_FOR",
+    "NAMES_KEPT_FROM",
     "PER_PAGE",
     "TASK_SEARCH_LIMIT",
+    "NameCache",
     "Query",
     "Section",
     "Snapshot",
@@ -39,6 +44,11 @@ MAX_PER_PAGE = 500
 TASK_SEARCH_LIMIT = 2_000
 """The most names a search by task id (or for pauses) describes, in name order."""
 MAX_SEARCH = 200
+NAMES_KEPT_FOR = 5.0
+"""Seconds a listing of many names (:data:`NAMES_KEPT_FROM` or more) is used again: the rows
+shown are read at every request, the names only this often."""
+NAMES_KEPT_FROM = 1_000
+"""The fewest names whose listing is kept: a smaller one is read again at every request."""
 
 _GLOB = "*?["
 
@@ -199,6 +209,49 @@ def _sorted(found: Iterable[str]) -> list[str]:
     return sorted(set(found))
 
 
+class NameCache:
+    """Listings of many names, kept for :data:`NAMES_KEPT_FOR` seconds.
+
+    Listing the names is most of what a page costs with many locks: SCAN hands back every
+    name, each parsed, and the page asks again every second while it is open. The rows of the
+    page shown are still read at every request; only a lock taken (or gone) since the listing
+    shows up (or leaves) up to that many seconds late. Shared by the requests of one app
+    (worker threads)."""
+
+    def __init__(self, kept_for: float = NAMES_KEPT_FOR, kept_from: int = NAMES_KEPT_FROM) -> None:
+        self.kept_for = kept_for
+        self.kept_from = kept_from
+        self._found: dict[tuple[str, ...], tuple[float, list[str]]] = {}
+        self._guard = threading.Lock()
+
+    def names(self, key: tuple[str, ...], listing: Callable[[], list[str]]) -> list[str]:
+        """The names ``listing`` finds for ``key``: as kept, if kept less than ``kept_for``
+        seconds ago."""
+        now = time.monotonic()
+        with self._guard:
+            kept = self._found.get(key)
+        if kept is not None and now - kept[0] < self.kept_for:
+            return kept[1]
+        names = listing()
+        with self._guard:
+            if len(names) >= self.kept_from:
+                if len(self._found) >= _MAX_KEPT:  # searches vary: keep a bounded few
+                    self._found.clear()
+                self._found[key] = (now, names)
+            else:
+                self._found.pop(key, None)
+        return names
+
+
+_MAX_KEPT = 32
+
+
+def _listed(
+    cache: NameCache | None, key: tuple[str, ...], listing: Callable[[], list[str]]
+) -> list[str]:
+    return listing() if cache is None else cache.names(key, listing)
+
+
 def _lock_row(client: RedisClient, namespace: str, name: str) -> dict[str, Any]:
     state = admin.describe_lock(client, name, namespace)
     limits = admin.describe_rate(client, name, namespace)
@@ -248,8 +301,11 @@ def _empty(query: Query) -> Section:
     return Section([], 0, 1, query.per_page)
 
 
-def read(client: RedisClient, namespace: str, query: Query) -> Snapshot:
-    """One look at the locks, claims and limits of ``namespace`` that ``query`` asks for.
+def read(
+    client: RedisClient, namespace: str, query: Query, cache: NameCache | None = None
+) -> Snapshot:
+    """One look at the locks, claims and limits of ``namespace`` that ``query`` asks for; with
+    ``cache``, the names as listed up to a few seconds ago when there are many.
 
     Raises the admin API's errors: ``LockConfigError`` for a bad pattern, ``LockBackendError``
     when Redis fails."""
@@ -257,11 +313,15 @@ def read(client: RedisClient, namespace: str, query: Query) -> Snapshot:
     task = [_has_task(query.task_id)] if query.task_id else []
     paused = [_is_paused] if query.paused else []
     # A lock with leases, or with a line and no lease (paused, or between two holders).
-    lock_names = _sorted(
-        [
-            *admin.iter_locks(client, namespace, pattern),
-            *scan_names(client, namespace, pattern, "queue"),
-        ]
+    lock_names = _listed(
+        cache,
+        (namespace, pattern, "locks"),
+        lambda: _sorted(
+            [
+                *admin.iter_locks(client, namespace, pattern),
+                *scan_names(client, namespace, pattern, "queue"),
+            ]
+        ),
     )
     locks = _section(
         lock_names,
@@ -273,8 +333,13 @@ def read(client: RedisClient, namespace: str, query: Query) -> Snapshot:
     if query.paused:  # a claim is never paused
         claims = _empty(query)
     else:
+        claim_names = _listed(
+            cache,
+            (namespace, pattern, "claims"),
+            lambda: _sorted(admin.iter_claims(client, namespace, pattern)),
+        )
         claims = _section(
-            _sorted(admin.iter_claims(client, namespace, pattern)),
+            claim_names,
             lambda n: _claim_row(client, namespace, n),
             query,
             query.claims_page,
@@ -283,11 +348,15 @@ def read(client: RedisClient, namespace: str, query: Query) -> Snapshot:
     if query.task_id:  # limits belong to no task
         limits = _empty(query)
     else:
-        limit_names = _sorted(
-            [
-                *scan_names(client, namespace, pattern, "limits"),
-                *scan_names(client, namespace, pattern, "bucket"),
-            ]
+        limit_names = _listed(
+            cache,
+            (namespace, pattern, "limits"),
+            lambda: _sorted(
+                [
+                    *scan_names(client, namespace, pattern, "limits"),
+                    *scan_names(client, namespace, pattern, "bucket"),
+                ]
+            ),
         )
         limits = _section(
             limit_names,

@@ -27,7 +27,7 @@ from .actions import run_action
 from .auth import SESSION_COOKIE, SESSION_SECONDS, check_origin
 from .errors import BadInput, Refused, WebError
 from .site import Site
-from .snapshot import Query, Snapshot, parse_query, read
+from .snapshot import NameCache, Query, Snapshot, parse_query, read
 
 __all__ = ["Views"]
 
@@ -80,6 +80,7 @@ class Views:
     def __init__(self, site: Site) -> None:
         self.site = site
         self.env = _environment()
+        self.names = NameCache()
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -154,7 +155,8 @@ class Views:
 
     async def _snapshot(self, request: Request) -> Snapshot:
         query = parse_query(_single(request.query_params))
-        return await self._admin(lambda: read(self.site.client, self.site.namespace, query))
+        site = self.site
+        return await self._admin(lambda: read(site.client, site.namespace, query, self.names))
 
     # -- endpoints --------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from webclient import TOKEN, WebClient
 from celery_redislock import Lock, RateLimit
 from celery_redislock.core import admin
 from celery_redislock.web import create_app
+from celery_redislock.web.snapshot import NameCache, Query, read
 
 MANY = 10_000
 
@@ -174,4 +175,28 @@ def test_a_capped_lock_shows_its_holders_of_its_limit(
         assert json.loads(web.get("api/state").text)["locks"]["rows"][0]["limit"] == 5
     finally:
         for lease in leases:
+            lease.release()
+
+
+def test_a_listing_of_many_names_is_used_again_for_a_few_seconds(lockapp: ModuleType) -> None:
+    """With many names, the page lists them at most every few seconds (SCAN parses each name:
+    most of a page's cost), while the rows shown are read at every request."""
+    client = lockapp.r
+    leases = [Lock(client, f"many:{i}", ttl=30).acquire(info={"task_id": f"m-{i}"}) for i in (1, 2)]
+    try:
+        many = NameCache(kept_for=3600, kept_from=2)  # "many": two names, kept an hour
+        few = NameCache(kept_for=3600, kept_from=4)
+        query = Query(search="many:*")
+        assert read(client, "redislock", query, many).locks.total == 2
+        assert read(client, "redislock", query, few).locks.total == 2
+        leases[0].release()
+        leases.append(Lock(client, "many:3", ttl=30).acquire(info={"task_id": "m-3"}))
+        kept = read(client, "redislock", query, many).locks
+        assert [r["name"] for r in kept.rows] == ["many:1", "many:2"]  # the names as listed...
+        assert kept.rows[0]["holders"] == []  # ...and each row as it is now
+        fresh = read(client, "redislock", query, few).locks  # too few names to be kept
+        assert [r["name"] for r in fresh.rows] == ["many:2", "many:3"]
+        assert read(client, "redislock", query).locks.total == 2  # no cache: as it is now
+    finally:
+        for lease in leases[1:]:
             lease.release()
