@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from ..core import admin
 from ..core.admin import render
 from ..core.admin.listing import glob_escape, scan_names
@@ -45,10 +47,11 @@ TASK_SEARCH_LIMIT = 2_000
 """The most names a search by task id (or for pauses) describes, in name order."""
 MAX_SEARCH = 200
 NAMES_KEPT_FOR = 5.0
-"""Seconds a listing of many names (:data:`NAMES_KEPT_FROM` or more) is used again: the rows
-shown are read at every request, the names only this often."""
-NAMES_KEPT_FROM = 1_000
-"""The fewest names whose listing is kept: a smaller one is read again at every request."""
+"""Seconds a listing of names is used again on a large database (:data:`NAMES_KEPT_FROM` keys
+or more): the rows shown are read at every request, the names only this often."""
+NAMES_KEPT_FROM = 2_000
+"""The fewest keys (``DBSIZE``) of a database whose listings are kept: on a smaller one, names
+are listed at every request."""
 
 _GLOB = "*?["
 
@@ -210,21 +213,25 @@ def _sorted(found: Iterable[str]) -> list[str]:
 
 
 class NameCache:
-    """Listings of many names, kept for :data:`NAMES_KEPT_FOR` seconds.
+    """Listings of names, kept for :data:`NAMES_KEPT_FOR` seconds on a large database.
 
-    Listing the names is most of what a page costs with many locks: SCAN hands back every
-    name, each parsed, and the page asks again every second while it is open. The rows of the
-    page shown are still read at every request; only a lock taken (or gone) since the listing
-    shows up (or leaves) up to that many seconds late. Shared by the requests of one app
-    (worker threads)."""
+    Listing the names is most of what a page costs with many keys: each SCAN walks the whole
+    database (an empty listing too) and hands back every name, each parsed, and the page asks
+    again every second while it is open. On a database of :data:`NAMES_KEPT_FROM` keys or more
+    (``DBSIZE``), a listing is used again for ``kept_for`` seconds: the rows of the page shown
+    are still read at every request; only a lock taken (or gone) since the listing shows up (or
+    leaves) up to that many seconds late. Shared by the requests of one app (worker threads)."""
 
     def __init__(self, kept_for: float = NAMES_KEPT_FOR, kept_from: int = NAMES_KEPT_FROM) -> None:
         self.kept_for = kept_for
         self.kept_from = kept_from
         self._found: dict[tuple[str, ...], tuple[float, list[str]]] = {}
+        self._large: tuple[float, bool] | None = None
         self._guard = threading.Lock()
 
-    def names(self, key: tuple[str, ...], listing: Callable[[], list[str]]) -> list[str]:
+    def names(
+        self, client: RedisClient, key: tuple[str, ...], listing: Callable[[], list[str]]
+    ) -> list[str]:
         """The names ``listing`` finds for ``key``: as kept, if kept less than ``kept_for``
         seconds ago."""
         now = time.monotonic()
@@ -233,8 +240,9 @@ class NameCache:
         if kept is not None and now - kept[0] < self.kept_for:
             return kept[1]
         names = listing()
+        large = self._is_large(client, now)
         with self._guard:
-            if len(names) >= self.kept_from:
+            if large:
                 if len(self._found) >= _MAX_KEPT:  # searches vary: keep a bounded few
                     self._found.clear()
                 self._found[key] = (now, names)
@@ -242,14 +250,32 @@ class NameCache:
                 self._found.pop(key, None)
         return names
 
+    def _is_large(self, client: RedisClient, now: float) -> bool:
+        """Whether the database holds ``kept_from`` keys or more (asked every ``kept_for``
+        seconds at most)."""
+        with self._guard:
+            known = self._large
+        if known is not None and now - known[0] < self.kept_for:
+            return known[1]
+        try:
+            large = int(client.dbsize()) >= self.kept_from
+        except redis.ResponseError:  # DBSIZE not allowed (ACL): listings are kept
+            large = True
+        with self._guard:
+            self._large = (now, large)
+        return large
+
 
 _MAX_KEPT = 32
 
 
 def _listed(
-    cache: NameCache | None, key: tuple[str, ...], listing: Callable[[], list[str]]
+    client: RedisClient,
+    cache: NameCache | None,
+    key: tuple[str, ...],
+    listing: Callable[[], list[str]],
 ) -> list[str]:
-    return listing() if cache is None else cache.names(key, listing)
+    return listing() if cache is None else cache.names(client, key, listing)
 
 
 def _lock_row(client: RedisClient, namespace: str, name: str) -> dict[str, Any]:
@@ -305,7 +331,7 @@ def read(
     client: RedisClient, namespace: str, query: Query, cache: NameCache | None = None
 ) -> Snapshot:
     """One look at the locks, claims and limits of ``namespace`` that ``query`` asks for; with
-    ``cache``, the names as listed up to a few seconds ago when there are many.
+    ``cache``, the names as listed up to a few seconds ago on a large database.
 
     Raises the admin API's errors: ``LockConfigError`` for a bad pattern, ``LockBackendError``
     when Redis fails."""
@@ -314,6 +340,7 @@ def read(
     paused = [_is_paused] if query.paused else []
     # A lock with leases, or with a line and no lease (paused, or between two holders).
     lock_names = _listed(
+        client,
         cache,
         (namespace, pattern, "locks"),
         lambda: _sorted(
@@ -334,6 +361,7 @@ def read(
         claims = _empty(query)
     else:
         claim_names = _listed(
+            client,
             cache,
             (namespace, pattern, "claims"),
             lambda: _sorted(admin.iter_claims(client, namespace, pattern)),
@@ -349,6 +377,7 @@ def read(
         limits = _empty(query)
     else:
         limit_names = _listed(
+            client,
             cache,
             (namespace, pattern, "limits"),
             lambda: _sorted(
