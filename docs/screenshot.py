@@ -1,11 +1,12 @@
-"""The web view's screenshot for docs/web.md, made by the docs build (``make docs``): a
+"""The web view's screenshot for docs/web.md, docs/web.png (``make docs-screenshot``): a
 throwaway ``redis-server`` with a few locks (holders, a call waiting in a line), a unique claim,
 a rate limit set and paused and a paused lock, the view served by uvicorn on a free port, and
 Chromium (Debian's, through Playwright) taking the picture.
 
-    python docs/screenshot.py docs/_build/screenshots/web.png
+    python docs/screenshot.py docs/web.png
 
-It writes into the build directory: the picture is never in the source tree.
+The picture is committed, so that docs/web.md shows it on GitHub and in the built docs alike;
+take it again when the page's look changes.
 """
 
 from __future__ import annotations
@@ -138,4 +139,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/_build/screenshots/web.png"))
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/web.png"))

@@ -20,11 +20,11 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 
 from ..core import admin
+from ..core.admin import render
 from ..core.handover import DEFAULT_HANDOVER_WINDOW, Handover
 from ..core.lease import RedisClient
 from ..core.lock import DEFAULT_FENCE_KEEP
 from ..errors import LockBackendError, LockConfigError
-from . import render
 
 __all__ = [
     "COMMANDS",

@@ -57,11 +57,11 @@ def _retarget(ctx: click.Context, url: str | None, namespace: str | None) -> Non
     group = ctx.parent
     if group is None or (url is None and namespace is None):
         return
-    from .script import redislock  # (script imports this module)
-
-    assert redislock.callback is not None
+    # The group's command, from the context: importing .script here would close a circle.
+    callback = group.command.callback
+    assert callback is not None
     group.invoke(
-        redislock.callback,
+        callback,
         url=url or group.params["url"],
         namespace=namespace or group.params["namespace"],
         cluster=group.params["cluster"],

@@ -159,7 +159,7 @@ def park(
         wait=False,
         once=True,
         owner=owner,
-        info=info_json(info),
+        info=info_json(info, lock.info_limit),
         job=job,
         claim=os.urandom(8).hex(),
         park=ParkArgs(

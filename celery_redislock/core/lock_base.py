@@ -190,6 +190,8 @@ class LockBase(Generic[S, L]):
             entry_ms=QUEUE_ENTRY_MS,
             keep_ms=max(1, round(self.fence_keep * 1000)),
         ).encode()
+        # The limit a holder's record carries (see info_json): 0, none, for a lock of one.
+        self.info_limit = limit if limit is not None and limit >= 2 else 0
         # KEYS of every lock script, encoded once (the hot path).
         self.encoded_keys = [key.encode() for key in self.keys.all]
         # How long a lease is counted on after its acquire was sent.
@@ -238,7 +240,7 @@ class LockBase(Generic[S, L]):
             wait=blocking and timeout != 0 and self.store.queues,
             once=not reentrant,
             owner=owner,
-            info=info_json(info),
+            info=info_json(info, self.info_limit),
             job=job,
         )
 
@@ -516,9 +518,13 @@ _HOST = socket.gethostname()
 _DEFAULT_INFO: dict[int, str] = {}
 
 
-def info_json(info: Mapping[str, object] | None) -> str:
-    """The holder record stored with a lease: host and pid, then what ``info`` says."""
+def info_json(info: Mapping[str, object] | None, limit: int = 0) -> str:
+    """The holder record stored with a lease: host and pid, then what ``info`` says; and a
+    ``limit`` of 2 or more (a lock's limit lives in its callers, not in Redis: the record lets
+    the CLI and the web view say "2 of 5")."""
     pid = os.getpid()
+    if limit >= 2:
+        info = {**(info or {}), "limit": limit}
     if not info:
         # Made once per process (a forked child has its own pid, so its own record).
         made = _DEFAULT_INFO.get(pid)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-from ..cli import render
 from ..core import admin
+from ..core.admin import render
 from ..core.admin.limits import MAX_CAP
 from ..core.durations import MAX_PAUSE
 from .errors import BadInput, NotFound

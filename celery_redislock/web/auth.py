@@ -115,8 +115,9 @@ class Guard:
 
 
 def check_origin(request: Request) -> None:
-    """Refuses a POST from another site: its ``Origin`` (else its ``Referer``) must be the
-    page's own; a browser's ``Sec-Fetch-Site`` must not be ``cross-site`` or ``same-site``."""
+    """Refuses a POST from another site: its ``Origin`` (else its ``Referer``; one of them must
+    be there) must be the page's own; a browser's ``Sec-Fetch-Site`` must not be ``cross-site``
+    or ``same-site``."""
     fetch_site = request.headers.get("sec-fetch-site")
     if fetch_site in ("cross-site", "same-site"):
         raise Refused(f"a form posted from another site ({fetch_site}) is refused")
@@ -127,5 +128,11 @@ def check_origin(request: Request) -> None:
             raise Refused(f"a form posted from origin {origin!r} is refused: only from {own!r}")
         return
     referer = request.headers.get("referer")
-    if referer is not None and _origin(referer) != own:
+    if referer is None:
+        # Browsers send one of the two with a form post: a post with neither proves nothing of
+        # where it came from.
+        raise Refused(
+            f"a form posted with neither Origin nor Referer is refused: only from {own!r}"
+        )
+    if _origin(referer) != own:
         raise Refused(f"a form posted from {_origin(referer)!r} is refused: only from {own!r}")

@@ -1,5 +1,5 @@
 """What the page shows, read through the admin API (:mod:`celery_redislock.core.admin`) and
-shaped as the CLI's JSON (:mod:`celery_redislock.cli.render`): one page of locks (holders and
+shaped as the CLI's JSON (:mod:`celery_redislock.core.admin.render`): one page of locks (holders and
 their line), one of unique claims, one of names with limits or a pause.
 
 Names are found with SCAN (cheap, even for 10,000 locks), sorted, and only the page shown is
@@ -13,20 +13,27 @@ Synchronous, as the admin API is: the views run it in a worker thread.
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..cli import render
+import redis
+
 from ..core import admin
+from ..core.admin import render
 from ..core.admin.listing import glob_escape, scan_names
 from ..core.lease import RedisClient
 from .errors import BadInput
 
 __all__ = [
     "MAX_PER_PAGE",
+    "NAMES_KEPT_FOR",
+    "NAMES_KEPT_FROM",
     "PER_PAGE",
     "TASK_SEARCH_LIMIT",
+    "NameCache",
     "Query",
     "Section",
     "Snapshot",
@@ -39,6 +46,12 @@ MAX_PER_PAGE = 500
 TASK_SEARCH_LIMIT = 2_000
 """The most names a search by task id (or for pauses) describes, in name order."""
 MAX_SEARCH = 200
+NAMES_KEPT_FOR = 5.0
+"""Seconds a listing of names is used again on a large database (:data:`NAMES_KEPT_FROM` keys
+or more): the rows shown are read at every request, the names only this often."""
+NAMES_KEPT_FROM = 2_000
+"""The fewest keys (``DBSIZE``) of a database whose listings are kept: on a smaller one, names
+are listed at every request."""
 
 _GLOB = "*?["
 
@@ -199,11 +212,88 @@ def _sorted(found: Iterable[str]) -> list[str]:
     return sorted(set(found))
 
 
+class NameCache:
+    """Listings of names, kept for :data:`NAMES_KEPT_FOR` seconds on a large database.
+
+    Listing the names is most of what a page costs with many keys: each SCAN walks the whole
+    database (an empty listing too) and hands back every name, each parsed, and the page asks
+    again every second while it is open. On a database of :data:`NAMES_KEPT_FROM` keys or more
+    (``DBSIZE``), a listing is used again for ``kept_for`` seconds: the rows of the page shown
+    are still read at every request; only a lock taken (or gone) since the listing shows up (or
+    leaves) up to that many seconds late. Shared by the requests of one app (worker threads)."""
+
+    def __init__(self, kept_for: float = NAMES_KEPT_FOR, kept_from: int = NAMES_KEPT_FROM) -> None:
+        self.kept_for = kept_for
+        self.kept_from = kept_from
+        self._found: dict[tuple[str, ...], tuple[float, list[str]]] = {}
+        self._large: tuple[float, bool] | None = None
+        self._guard = threading.Lock()
+
+    def names(
+        self, client: RedisClient, key: tuple[str, ...], listing: Callable[[], list[str]]
+    ) -> list[str]:
+        """The names ``listing`` finds for ``key``: as kept, if kept less than ``kept_for``
+        seconds ago."""
+        now = time.monotonic()
+        with self._guard:
+            kept = self._found.get(key)
+        if kept is not None and now - kept[0] < self.kept_for:
+            return kept[1]
+        names = listing()
+        large = self._is_large(client, now)
+        with self._guard:
+            if large:
+                if len(self._found) >= _MAX_KEPT:  # searches vary: keep a bounded few
+                    self._found.clear()
+                self._found[key] = (now, names)
+            else:
+                self._found.pop(key, None)
+        return names
+
+    def _is_large(self, client: RedisClient, now: float) -> bool:
+        """Whether the database holds ``kept_from`` keys or more (asked every ``kept_for``
+        seconds at most)."""
+        with self._guard:
+            known = self._large
+        if known is not None and now - known[0] < self.kept_for:
+            return known[1]
+        try:
+            large = int(client.dbsize()) >= self.kept_from
+        except redis.ResponseError:  # DBSIZE not allowed (ACL): listings are kept
+            large = True
+        with self._guard:
+            self._large = (now, large)
+        return large
+
+
+_MAX_KEPT = 32
+
+
+def _listed(
+    client: RedisClient,
+    cache: NameCache | None,
+    key: tuple[str, ...],
+    listing: Callable[[], list[str]],
+) -> list[str]:
+    return listing() if cache is None else cache.names(client, key, listing)
+
+
 def _lock_row(client: RedisClient, namespace: str, name: str) -> dict[str, Any]:
     state = admin.describe_lock(client, name, namespace)
     limits = admin.describe_rate(client, name, namespace)
-    # The CLI's `show --json` of the lock, and `list --json`'s cap and pause.
-    return {**render.lock_dict(state, detail=True), **render.live_dict(limits)}
+    # The CLI's `show --json` of the lock, and `list --json`'s cap and pause; and the lock's
+    # limit (2 or more), as its holders' records carry it (None: one at a time, or unknown).
+    limit = max((_limit_of(h.info) for h in state.holders), default=0)
+    return {
+        **render.lock_dict(state, detail=True),
+        **render.live_dict(limits),
+        "limit": limit or None,
+    }
+
+
+def _limit_of(info: Mapping[str, str]) -> int:
+    value = info.get("limit", "")
+    return int(value) if value.isdigit() else 0
 
 
 def _claim_row(client: RedisClient, namespace: str, name: str) -> dict[str, Any] | None:
@@ -237,8 +327,11 @@ def _empty(query: Query) -> Section:
     return Section([], 0, 1, query.per_page)
 
 
-def read(client: RedisClient, namespace: str, query: Query) -> Snapshot:
-    """One look at the locks, claims and limits of ``namespace`` that ``query`` asks for.
+def read(
+    client: RedisClient, namespace: str, query: Query, cache: NameCache | None = None
+) -> Snapshot:
+    """One look at the locks, claims and limits of ``namespace`` that ``query`` asks for; with
+    ``cache``, the names as listed up to a few seconds ago on a large database.
 
     Raises the admin API's errors: ``LockConfigError`` for a bad pattern, ``LockBackendError``
     when Redis fails."""
@@ -246,11 +339,16 @@ def read(client: RedisClient, namespace: str, query: Query) -> Snapshot:
     task = [_has_task(query.task_id)] if query.task_id else []
     paused = [_is_paused] if query.paused else []
     # A lock with leases, or with a line and no lease (paused, or between two holders).
-    lock_names = _sorted(
-        [
-            *admin.iter_locks(client, namespace, pattern),
-            *scan_names(client, namespace, pattern, "queue"),
-        ]
+    lock_names = _listed(
+        client,
+        cache,
+        (namespace, pattern, "locks"),
+        lambda: _sorted(
+            [
+                *admin.iter_locks(client, namespace, pattern),
+                *scan_names(client, namespace, pattern, "queue"),
+            ]
+        ),
     )
     locks = _section(
         lock_names,
@@ -262,8 +360,14 @@ def read(client: RedisClient, namespace: str, query: Query) -> Snapshot:
     if query.paused:  # a claim is never paused
         claims = _empty(query)
     else:
+        claim_names = _listed(
+            client,
+            cache,
+            (namespace, pattern, "claims"),
+            lambda: _sorted(admin.iter_claims(client, namespace, pattern)),
+        )
         claims = _section(
-            _sorted(admin.iter_claims(client, namespace, pattern)),
+            claim_names,
             lambda n: _claim_row(client, namespace, n),
             query,
             query.claims_page,
@@ -272,11 +376,16 @@ def read(client: RedisClient, namespace: str, query: Query) -> Snapshot:
     if query.task_id:  # limits belong to no task
         limits = _empty(query)
     else:
-        limit_names = _sorted(
-            [
-                *scan_names(client, namespace, pattern, "limits"),
-                *scan_names(client, namespace, pattern, "bucket"),
-            ]
+        limit_names = _listed(
+            client,
+            cache,
+            (namespace, pattern, "limits"),
+            lambda: _sorted(
+                [
+                    *scan_names(client, namespace, pattern, "limits"),
+                    *scan_names(client, namespace, pattern, "bucket"),
+                ]
+            ),
         )
         limits = _section(
             limit_names,

@@ -27,7 +27,7 @@ from .actions import run_action
 from .auth import SESSION_COOKIE, SESSION_SECONDS, check_origin
 from .errors import BadInput, Refused, WebError
 from .site import Site
-from .snapshot import Query, Snapshot, parse_query, read
+from .snapshot import NameCache, Query, Snapshot, parse_query, read
 
 __all__ = ["Views"]
 
@@ -45,6 +45,22 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
+def visible(text: object) -> str:
+    """``text`` with each character Python deems unprintable (controls, format characters such
+    as the bidirectional overrides and zero-width ones, separators other than the space) as its
+    ``\\uXXXX`` escape: U+202E would show "abc\\u202edef" as "abcfed", passing for another
+    name."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(_TEMPLATES),
@@ -54,6 +70,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["seconds"] = _seconds
+    env.filters["visible"] = visible
     return env
 
 
@@ -63,6 +80,7 @@ class Views:
     def __init__(self, site: Site) -> None:
         self.site = site
         self.env = _environment()
+        self.names = NameCache()
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -137,7 +155,8 @@ class Views:
 
     async def _snapshot(self, request: Request) -> Snapshot:
         query = parse_query(_single(request.query_params))
-        return await self._admin(lambda: read(self.site.client, self.site.namespace, query))
+        site = self.site
+        return await self._admin(lambda: read(site.client, site.namespace, query, self.names))
 
     # -- endpoints --------------------------------------------------------------------------
 

@@ -9,7 +9,9 @@ stale ``build/`` directory would otherwise leak old modules into the wheel). The
 - ``pip install "<wheel>[web]"``: ``redislock web`` serves the page;
 - ``pip install "<wheel>[celery]"``: a real worker from that environment runs a locked task
   published through a Redis broker (kombu's Redis transport needs ``packaging``, which only
-  ``celery[redis]`` brings).
+  ``celery[redis]`` brings);
+- the ``docs`` extra brings every module the docs' autodoc imports (``make docs`` installs it
+  alone on a fresh clone).
 
 Each fresh environment downloads from the package index (pip's cache helps on reruns).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,11 +32,13 @@ import urllib.request
 import zipfile
 from collections.abc import Iterator
 from email.parser import Parser
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 import redis
 from helpers import free_port, wait_for
+from packaging.requirements import Requirement
 
 from celery_redislock import Lock
 from celery_redislock._version import __version__
@@ -430,3 +435,58 @@ def test_a_locked_rq_job_runs_from_a_clean_install_with_the_rq_extra(
     env = isolated_env(venv, PKG_REDIS_URL=url_of_db(redis_url, 3), PYTHONPATH=str(work))
     out = run_snippet(venv, RQ_SNIPPET, cwd=work, env=env)
     assert out == {"same_job": True, "status": "finished", "result": 42, "celery": False}, out
+
+
+def _dist(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _closure(dist: str, extras: set[str]) -> set[str]:
+    """The installed distributions ``dist[extras]`` brings, itself included (as pip resolves)."""
+    found: set[str] = set()
+    todo = [(dist, frozenset(extras))]
+    done: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        name, wanted = todo.pop()
+        if (_dist(name), wanted) in done:
+            continue
+        done.add((_dist(name), wanted))
+        found.add(_dist(name))
+        for line in metadata.requires(name) or []:
+            req = Requirement(line)
+            if req.marker is None or any(
+                req.marker.evaluate({"extra": extra}) for extra in wanted | {""}
+            ):
+                todo.append((req.name, frozenset(req.extras)))
+    return found
+
+
+def test_the_docs_extra_brings_every_module_autodoc_imports() -> None:
+    """``make docs`` on a fresh clone installs the ``docs`` extra alone: each module the pages'
+    autodoc directives import must import with what that extra brings (and the standard
+    library), not with what the ``dev`` extra happens to add."""
+    targets: set[str] = set()
+    for page in (ROOT / "docs").glob("*.md"):
+        for kind, target in re.findall(
+            r"^\.\. auto(module|class|function|exception|data)::\s+(\S+)", page.read_text(), re.M
+        ):
+            targets.add(target if kind == "module" else target.rpartition(".")[0])
+    assert "celery_redislock.contrib.pytest" in targets, targets
+    code = (
+        "import importlib, sys\n"
+        f"for m in {sorted(targets)!r}: importlib.import_module(m)\n"
+        "print('\\n'.join(sorted({n.partition('.')[0] for n in sys.modules})))\n"
+    )
+    imported = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.split()
+    owners = metadata.packages_distributions()
+    brought = _closure("celery-redislock", {"docs"})
+    missing = {
+        f"{top} ({', '.join(owners[top])})"
+        for top in imported
+        if top not in sys.stdlib_module_names
+        and top in owners
+        and not any(_dist(d) in brought for d in owners[top])
+    }
+    assert not missing, f"autodoc imports these, which the docs extra does not bring: {missing}"

@@ -185,3 +185,29 @@ def test_each_action_does_what_the_cli_would(
     assert admin.describe_lock(held, "sync:1").holders == []
     logout = web.post("logout", {"csrf": web.csrf()})
     assert logout.status == 303 and "max-age=0" in logout.headers["set-cookie"].lower()
+
+
+def test_a_post_with_neither_origin_nor_referer_is_refused(
+    held: redis.Redis, serve: Callable[[Any], str]
+) -> None:
+    """docs/web.md: the `Origin`, else the `Referer`, must be the view's own; a post with neither
+    proves nothing of where it comes from, so it is refused (a browser sends one of them)."""
+    web = WebClient(serve(create_app(held, actions=True, token=TOKEN)))
+    bare = WebClient(web.base, origin="-")  # sends no Origin (and no Referer)
+    login = bare.login()
+    assert (login.status, "set-cookie" in login.headers) == (403, False), login.text
+    assert "neither" in login.text
+
+    assert web.login().status == 303
+    csrf = web.csrf()
+    before = _state(held)
+    release = {"name": "sync:1", "all": "1", "csrf": csrf}
+    bare.cookie = web.cookie
+    answer = bare.post("actions/release", release, x_requested_with="fetch")
+    assert answer.status == 403, answer.text
+    assert "neither" in answer.text
+    assert _state(held) == before
+    # With its own origin as the Referer alone, the same post goes through.
+    through = bare.post("actions/release", release, x_requested_with="fetch", referer=web.base)
+    assert through.status == 200, through.text
+    assert admin.describe_lock(held, "sync:1").holders == []

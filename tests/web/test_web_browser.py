@@ -109,3 +109,45 @@ def test_without_the_token_nothing_is_freed(
         assert admin.describe_lock(client, "sync:ro").holders[0].token == before[0].token
     finally:
         lease.release()
+
+
+def test_a_very_long_lock_name_keeps_the_page_within_the_window(
+    lockapp: ModuleType, serve: Callable[[Any], str], page: Any
+) -> None:
+    """A 3,000-character name is cut (its full text on hover): the page is no wider than the
+    window, and the other columns stay on screen."""
+    client = lockapp.r
+    name = "long:" + "x" * 2995
+    lease = Lock(client, name, ttl=30).acquire(info={"task_id": "t-long", "task": "t.long"})
+    try:
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.goto(serve(create_app(client)))
+        row = page.locator("tr.lock").filter(has_text="t-long")
+        expect(row).to_have_count(1)
+        widths = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+        assert widths[0] <= widths[1], widths
+        shown = row.locator("th code.name")
+        assert shown.get_attribute("title") == name  # the full name on hover
+        box = shown.bounding_box()
+        assert box is not None and box["x"] + box["width"] <= widths[1]
+        assert row.locator("td.task-id").bounding_box()["x"] < widths[1]
+    finally:
+        lease.release()
+
+
+def test_bidirectional_controls_in_a_name_are_shown_escaped(
+    lockapp: ModuleType, serve: Callable[[Any], str], page: Any
+) -> None:
+    """A name with a right-to-left override (U+202E) would display reversed, passing for
+    another name: the page shows such characters as escapes, in the name and its hover text."""
+    client = lockapp.r
+    name = "invoice:\u202etxt.exe"
+    lease = Lock(client, name, ttl=30).acquire(info={"task_id": "t-bidi"})
+    try:
+        page.goto(serve(create_app(client)))
+        shown = page.locator("tr.lock").filter(has_text="t-bidi").locator("th code.name")
+        expect(shown).to_have_count(1)
+        assert shown.inner_text() == "invoice:\\u202etxt.exe"
+        assert shown.get_attribute("title") == "invoice:\\u202etxt.exe"
+    finally:
+        lease.release()

@@ -5,6 +5,7 @@ JSON view, and the app mounted under a prefix of another app."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -18,6 +19,7 @@ from webclient import TOKEN, WebClient
 from celery_redislock import Lock, RateLimit
 from celery_redislock.core import admin
 from celery_redislock.web import create_app
+from celery_redislock.web.snapshot import NameCache, Query, read
 
 MANY = 10_000
 
@@ -129,4 +131,75 @@ def test_mounted_under_a_prefix_every_link_and_the_session_stay_under_it(
         assert admin.describe_lock(client, "mounted").holders == []
     finally:
         if admin.describe_lock(client, "mounted").holders:
+            lease.release()
+
+
+def _holder_cells(page: str, name: str, cls: str) -> list[str]:
+    """The text of each cell (or block) of class ``cls`` in lock ``name``'s row."""
+    row = page.split(f'<tr class="lock" data-name="{name}">', 1)[1].split('<tr class="lock"')[0]
+    return [
+        re.sub(r"<[^>]+>", "", cell).strip()
+        for _, cell in re.findall(rf'<(td|div) class="{cls}"[^>]*>(.*?)</\1>', row, re.S)
+    ]
+
+
+def test_a_bare_lease_shows_no_task_id_and_its_token_apart(
+    lockapp: ModuleType, serve: Callable[[Any], str]
+) -> None:
+    """A lease taken without a task (``Lock.acquire()``) has no task id: its column says so
+    ("—"), and the token is shown as the token, not as a task id."""
+    client = lockapp.r
+    lease = Lock(client, "bare", ttl=30).acquire()
+    try:
+        page = WebClient(serve(create_app(client))).get().text
+        assert _holder_cells(page, "bare", "task-id") == ["\u2014"]
+        assert _holder_cells(page, "bare", "token") == [lease.token[:8] + "\u2026"]
+        assert f'<code title="{lease.token}">' in page  # the whole token on hover
+    finally:
+        lease.release()
+
+
+def test_a_capped_lock_shows_its_holders_of_its_limit(
+    lockapp: ModuleType, serve: Callable[[Any], str]
+) -> None:
+    """A lock with ``limit=5`` held twice reads "2 of 5"; with a cap set at runtime, the cap
+    takes the place of the limit and the page says so."""
+    client = lockapp.r
+    capped = Lock(client, "capped", ttl=30, limit=5)
+    leases = [capped.acquire(info={"task_id": f"t-{i}"}) for i in range(2)]
+    try:
+        web = WebClient(serve(create_app(client)))
+        assert _holder_cells(web.get().text, "capped", "count") == ["2 of 5"]
+        admin.set_limits(client, "capped", cap=3)
+        assert _holder_cells(web.get().text, "capped", "count") == ["2 of 3 (cap set)"]
+        assert json.loads(web.get("api/state").text)["locks"]["rows"][0]["limit"] == 5
+    finally:
+        for lease in leases:
+            lease.release()
+
+
+def test_on_a_large_database_a_listing_is_used_again_for_a_few_seconds(
+    lockapp: ModuleType,
+) -> None:
+    """On a large database, the page lists the names at most every few seconds (each SCAN walks
+    every key and each name is parsed: most of a page's cost), while the rows shown are read at
+    every request."""
+    client = lockapp.r
+    leases = [Lock(client, f"many:{i}", ttl=30).acquire(info={"task_id": f"m-{i}"}) for i in (1, 2)]
+    try:
+        large = NameCache(kept_for=3600, kept_from=1)  # "large": a key or more; kept an hour
+        small = NameCache(kept_for=3600, kept_from=10**9)
+        query = Query(search="many:*")
+        assert read(client, "redislock", query, large).locks.total == 2
+        assert read(client, "redislock", query, small).locks.total == 2
+        leases[0].release()
+        leases.append(Lock(client, "many:3", ttl=30).acquire(info={"task_id": "m-3"}))
+        kept = read(client, "redislock", query, large).locks
+        assert [r["name"] for r in kept.rows] == ["many:1", "many:2"]  # the names as listed...
+        assert kept.rows[0]["holders"] == []  # ...and each row as it is now
+        fresh = read(client, "redislock", query, small).locks  # too small to keep listings
+        assert [r["name"] for r in fresh.rows] == ["many:2", "many:3"]
+        assert read(client, "redislock", query).locks.total == 2  # no cache: as it is now
+    finally:
+        for lease in leases[1:]:
             lease.release()

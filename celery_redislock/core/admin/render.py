@@ -1,11 +1,12 @@
-"""What the CLI prints: each admin result as plain lines for people and as JSON for scripts."""
+"""How the admin API's results read: plain lines for people and JSON for scripts. The CLI prints
+them and the web view shows them; both import this module, which imports neither."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..core.admin import ClaimState, LockState, RateState, Released, Waiter
-from ..core.lease import Holder
+from ..lease import Holder
+from . import ClaimState, LockState, RateState, Released, Waiter
 
 __all__ = [
     "CLAIM_HEADER",
