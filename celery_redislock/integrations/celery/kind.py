@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFLICTS_HEADER",
+    "DUPLICATE_HEADER",
     "LINE_EXPIRED_HEADER",
     "LINE_HEADER",
     "LINE_SINCE_HEADER",
@@ -32,6 +33,7 @@ LINE_EXPIRED_HEADER = "redislock_line_expired"
 LINE_SINCE_HEADER = "redislock_line_since"
 RATE_HEADER = "redislock_rate"
 REDELIVERY_HEADER = "redislock_redelivered"
+DUPLICATE_HEADER = "redislock_duplicate"  # a workflow's step published to fail at once
 
 
 class LockAware:

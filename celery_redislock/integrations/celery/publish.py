@@ -13,10 +13,10 @@ from typing import Any
 from celery import Celery
 from celery.utils import uuid
 
-from ...core.run.delivery import TaskSpec
+from ...core.run.delivery import DuplicateMark, TaskSpec
 from ...core.run.send import Duplicate, Sender, send_unique
 from .debounce import payload
-from .kind import CONFLICTS_HEADER, LINE_HEADER, RATE_HEADER, REDELIVERY_HEADER
+from .kind import CONFLICTS_HEADER, DUPLICATE_HEADER, LINE_HEADER, RATE_HEADER, REDELIVERY_HEADER
 from .registry import Spec, spec_for
 from .settings import client_for, settings_for
 from .signals import lock_conflict
@@ -103,6 +103,16 @@ def publish(
         )
         return send(spec.task, args, kwargs, **options)
     task_id = options["task_id"] = options.get("task_id") or uuid()
+    # Celery itself names the parent when its worker publishes a workflow's next step (a
+    # chain's next link, a link callback or errback, a group inside a chain) from the run
+    # that just ended: an error raised there would break that run's ending. Callers leave it
+    # to Celery (a call from inside a task gets its parent after this point).
+    from_run = bool(options.get("parent_id"))
+
+    def publish_marked(mark: DuplicateMark) -> Any:
+        headers = {**(options.get("headers") or {}), DUPLICATE_HEADER: mark.encode()}
+        return send(spec.task, args, kwargs, **{**options, "headers": headers})
+
     sent = send_unique(
         TaskSpec(spec.task, None, spec.unique, None, spec.signature),
         spec.unique,
@@ -111,9 +121,19 @@ def publish(
         delay=_delay(app, options),
         expires_in=_expires_in(app, spec, options),
         republish=_is_republish(options),
-        # A member of a group or chord has its id fixed in the group's result and the chord's
-        # count: handing back another id would leave them waiting forever, so it raises.
-        in_canvas=bool(options.get("group_id") or options.get("chord")),
+        # A step of a workflow has its id fixed in advance (a group's result, a chord's count,
+        # a chain's next link), or callbacks that would be lost with it: handing back another
+        # id would leave the workflow waiting for ever, so it raises (or, from_run, fails).
+        in_canvas=bool(
+            options.get("group_id")
+            or options.get("chord")
+            or "chain" in options
+            or options.get("link")
+            or options.get("link_error")
+            or from_run
+        ),
+        from_run=from_run,
+        publish_marked=publish_marked,
         settings=settings,
         client=client_for(app, settings),
         by=Sender(
