@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 from celery import Celery, chain, chord, group
+from celery.exceptions import ChordError
 from helpers import free_port, is_skipped, started, stop, wait_for
 from kombu.exceptions import OperationalError
 from producers import burst
@@ -200,6 +201,17 @@ def test_a_duplicate_step_of_a_workflow_is_an_answer(
         steps.get(timeout=30)
     assert steps.parent.state == "FAILURE" and steps.parent.parent.get(timeout=5) == "first"
 
+    # A group that a chain's link before it publishes: its duplicate member fails, unrun.
+    fanned = chain(
+        lockapp.echo.si("fan"), group(lockapp.unique_finished.si("wf", 60), lockapp.echo.si("g"))
+    ).apply_async()
+    with pytest.raises(DuplicateTask, match=running.id):
+        fanned.get(timeout=30)
+    # A chord's body, published by the result backend as the header ends: the chord fails.
+    header = [lockapp.echo.si("h1"), lockapp.echo.si("h2")]
+    with pytest.raises(ChordError, match=f"DuplicateTask.*{running.id}"):
+        chord(header)(lockapp.unique_finished.si("wf", 60)).get(timeout=30)
+
     callback = lockapp.unique_finished.si("wf", 60)
     callback.freeze()
     assert lockapp.echo.apply_async(("parent",), link=callback).get(timeout=30) == "parent"
@@ -210,7 +222,9 @@ def test_a_duplicate_step_of_a_workflow_is_an_answer(
     stop(lockapp, "wf")
     assert running.get(timeout=30) == "ran"
     assert started(lockapp, "wf") == [running.id], "no duplicate ran"
-    assert lockapp.r.lrange("echo", 0, -1) == [b"'first'", b"'parent'"]
+    assert sorted(lockapp.r.lrange("echo", 0, -1)) == sorted(
+        [b"'first'", b"'fan'", b"'g'", b"'h1'", b"'h2'", b"'parent'"]
+    )
 
 
 # -- retries, revokes, ETA, replace ------------------------------------------------------------
