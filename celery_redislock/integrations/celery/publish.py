@@ -102,6 +102,9 @@ def publish(
             spec.task,
         )
         return send(spec.task, args, kwargs, **options)
+    # An id given in advance to a call made inside a run is a workflow's (a chord's body, which
+    # Celery 5.3's result backend publishes with no other sign): it must be answered under it.
+    fixed_id = bool(options.get("task_id")) and app.current_worker_task is not None
     task_id = options["task_id"] = options.get("task_id") or uuid()
     # Celery itself names the parent when its worker publishes a workflow's next step (a
     # chain's next link, a link callback or errback, a group inside a chain) from the run
@@ -131,6 +134,7 @@ def publish(
             or options.get("link")
             or options.get("link_error")
             or from_run
+            or fixed_id
         ),
         from_run=from_run,
         publish_marked=publish_marked,
