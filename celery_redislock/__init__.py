@@ -41,6 +41,7 @@ from .errors import (
     LockNotOwned,
     LockUpgradeError,
     RedisLockError,
+    TaskSkipped,
 )
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ __all__ = [  # noqa: RUF022 (in groups: the docs list them in this order)
     "DuplicateTask",
     "JobFinished",
     "LineFull",
+    "TaskSkipped",
     # Celery, loaded on first use
     "LockedTask",
     "install",

@@ -11,7 +11,8 @@ Every error the package raises derives from :class:`RedisLockError`::
     ├── LockUpgradeError            an owner holding a read lease asked for write
     ├── LockBackendError            Redis could not be reached or answered with an error
     ├── JobFinished                 acquire(job=...): that job is recorded as finished already
-    └── DuplicateTask               a unique task is already queued or running (not published)
+    ├── DuplicateTask               a unique task is already queued or running (not published)
+    └── TaskSkipped                 a task run was skipped: its lock was held (not run)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "LockNotOwned",
     "LockUpgradeError",
     "RedisLockError",
+    "TaskSkipped",
 ]
 
 
@@ -145,3 +147,29 @@ class DuplicateTask(RedisLockError):
         self.task_id = task_id
         self.expires_in = expires_in
         self.state = state
+
+
+class TaskSkipped(RedisLockError):
+    """A task run was skipped, not run: its lock was held (``on_conflict="skip"``, ``outcome``
+    ``"skipped"``), or a newer copy replaced it under its unique key (``"superseded"``).
+
+    ``holders`` names the task ids that held the lock (the newer copy, when superseded). A
+    skipped Celery run ends ``FAILURE`` with this error, so that ``.get()``, groups, chords and
+    chains see it at once; Celery logs it at INFO, as an expected outcome. Its attributes are
+    part of its ``args``, so that a JSON result backend (which stores ``args``) gives them back.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        name: str | None = None,
+        holders: list[str] | None = None,
+        outcome: str | None = None,
+    ) -> None:
+        super().__init__(message, name=name)
+        self.holders = holders
+        self.outcome = outcome
+        self.args = (message, name, holders, outcome)
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

@@ -93,6 +93,13 @@ def children_of(pid: int) -> list[int]:
     return [p.pid for p in processes() if p.ppid == pid and p.state not in ("Z", "X")]
 
 
+def is_skipped(result: Any) -> bool:
+    """Whether a Celery result is a skipped run: ``FAILURE`` with ``TaskSkipped``."""
+    from celery_redislock import TaskSkipped
+
+    return bool(result.state == "FAILURE" and isinstance(result.result, TaskSkipped))
+
+
 def started(lockapp: ModuleType, name: str) -> list[str]:
     """Ids of the test app's tasks that noted a start under ``name``, in order."""
     return [t.decode() for t in lockapp.r.lrange(f"started:{name}", 0, -1)]

@@ -100,6 +100,19 @@ def hold(self: Any, name: str, seconds: float = 0.0, ending: str = "return") -> 
     return ending
 
 
+@app.task
+def echo(value: Any = None, *more: Any) -> Any:
+    """A plain task (no lock): a workflow's other step; notes each run under ``echo``."""
+    r.rpush("echo", repr(value))
+    return value
+
+
+@app.task
+def note_errback(task_id: str) -> None:
+    """A ``link_error`` callback: notes the id of the task that failed."""
+    r.rpush("errback", task_id)
+
+
 @app.task(bind=True, lock={"key": "hold:{name}", **RETRY}, max_retries=3)
 def duplicate(self: Any, name: str) -> str:
     """Takes the same lock as ``hold``, retrying until it gets it."""

@@ -29,7 +29,7 @@ expected:
 
 * ``tasks_sent``: messages this process published (a unique call that returned an existing
   copy's result published nothing and is not counted);
-* ``tasks_completed``: sent ids with a run that noted its end, or that ended ``SKIPPED``;
+* ``tasks_completed``: sent ids with a run that noted its end, or that ended skipped;
 * ``tasks_lost``: sent ids that did neither (target 0, with either broker), except the ones
   below, listed with their result state, their runs, the lock conflicts noted for them, the
   worker log lines about them and a likely cause;

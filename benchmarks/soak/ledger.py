@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from .records import Publish, Run, _seconds
+from .records import SKIPPED, Publish, Run, _seconds
 
 
 def _text(value: bytes | str) -> str:
@@ -74,13 +74,19 @@ def read_publishes(ledger: redis.Redis) -> dict[str, list[Publish]]:
 
 
 def read_states(main: redis.Redis, app: Any, task_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Task id -> the result backend's record (``{"status": "PENDING"}`` when it has none)."""
+    """Task id -> the result backend's record (``{"status": "PENDING"}`` when it has none; a
+    skipped run's status read as ``SKIPPED``)."""
     out: dict[str, dict[str, Any]] = {}
     for first in range(0, len(task_ids), 500):
         chunk = task_ids[first : first + 500]
         keys = [app.backend.get_key_for_task(t) for t in chunk]
         for task_id, raw in zip(chunk, main.mget(keys), strict=True):
-            out[task_id] = json.loads(raw) if raw else {"status": "PENDING"}
+            record = json.loads(raw) if raw else {"status": "PENDING"}
+            error = record.get("result")
+            failed = record.get("status") == "FAILURE" and isinstance(error, dict)
+            if failed and error.get("exc_type") == "TaskSkipped":  # a skipped run
+                record["status"] = SKIPPED
+            out[task_id] = record
     return out
 
 

@@ -16,7 +16,14 @@ import pytest
 from celery import Celery, Task
 from workers import TESTS, Worker
 
-from celery_redislock import LockConfigError, LockedTask, install, lock_for
+from celery_redislock import (
+    DuplicateTask,
+    LockConfigError,
+    LockedTask,
+    TaskSkipped,
+    install,
+    lock_for,
+)
 from celery_redislock.contrib.redis_server import RedisServer
 
 
@@ -416,3 +423,19 @@ def test_max_wait_with_another_action_is_refused(app: Celery) -> None:
 
         @app.task(name="opts.mw2", lock={"key": "l", "on_conflict": "queue", "max_wait": 0.5})
         def mw2() -> None: ...
+
+
+def test_skips_and_workflow_duplicates_are_expected_errors_beside_the_task_s_own(
+    app: Celery,
+) -> None:
+    """Celery logs an error in ``throws`` at INFO, without a traceback: ours are added to what
+    a task declares, never in its place."""
+
+    @app.task(lock="t:{n}", throws=(KeyError,))
+    def own(n: int) -> None: ...
+
+    @app.task(lock="u:{n}")
+    def plain(n: int) -> None: ...
+
+    assert own.throws == (KeyError, TaskSkipped, DuplicateTask)
+    assert plain.throws == (TaskSkipped, DuplicateTask)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 import redis
-from celery.exceptions import TimeoutError as CeleryTimeout
+from celery import chain, chord, group
+from celery.exceptions import ChordError
 from helpers import wait_for, wait_until_queued
 from workers import Worker
 
-from celery_redislock import SKIPPED, Lock, LockBackendError, LockNotAcquired, lock_for
+from celery_redislock import Lock, LockBackendError, LockNotAcquired, TaskSkipped, lock_for
 from celery_redislock.contrib.redis_server import RedisServer
 
 POOLS = {
@@ -35,9 +37,10 @@ def test_pool_renews_while_running_skips_duplicates_and_releases(
     time.sleep(2.5)  # an observation window of 2.5 ttls: only renewal can keep the lease
     assert [h.token for h in lock.holders()] == [holder.token]
     late = lockapp.hold.delay("p", 0)
-    wait_for(lambda: late.state == SKIPPED, "the duplicate skipped", 30)
-    assert late.info["lock"] == "hold:p"
-    assert late.info["holders"] == [first.id]
+    with pytest.raises(TaskSkipped) as skipped:
+        late.get(timeout=30)
+    assert skipped.value.name == "hold:p"
+    assert skipped.value.holders == [first.id]
     lockapp.r.set("stop:p", 1)
     assert first.get(timeout=30) == "return"
     wait_for(lambda: not lock.locked(), "released", 5)
@@ -122,18 +125,59 @@ def test_raise_on_conflict_fails_the_task_naming_the_holder(
     lockapp.r.set("stop:x", 1)
 
 
-def test_skip_state_is_not_ready_and_signal_names_the_action(
+def test_a_skipped_run_is_an_answer_that_get_groups_chains_and_errbacks_see(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
-    workers()
-    lockapp.hold.delay("s", 60)
+    """A skipped run ends FAILURE with TaskSkipped naming the lock and its holder: ``.get()``
+    raises it at once (the bound is a liveness bound: SKIPPED as a state of its own left it
+    waiting for ever), a group, a chord and a chain answer, a ``link_error`` callback runs, and the
+    worker logs it at INFO as expected, with no traceback."""
+    worker = workers()
+    holder = lockapp.hold.delay("s", 60)
     wait_for(lambda: lockapp.r.llen("started:s") == 1, "holder running", 30)
     skipped = lockapp.hold.delay("s", 0)
-    wait_for(lambda: skipped.state == SKIPPED, "skipped", 30)
-    with pytest.raises(CeleryTimeout):
-        skipped.get(timeout=0.2)  # SKIPPED is not a ready state: use on_conflict="raise" to wait
+    with pytest.raises(TaskSkipped, match=f"skipped: lock 'hold:s' is held by {holder.id}") as e:
+        skipped.get(timeout=30)
+    assert (e.value.name, e.value.holders, e.value.outcome) == ("hold:s", [holder.id], "skipped")
+    assert skipped.state == "FAILURE"
+    assert isinstance(skipped.get(propagate=False), TaskSkipped)
     assert lockapp.r.lrange("signal:lock_conflict", 0, -1) == [f"{skipped.id}:skip".encode()]
+
+    with pytest.raises(TaskSkipped):
+        group(lockapp.hold.si("s", 0), lockapp.hold.si("s", 0)).apply_async().get(timeout=30)
+    # (ChordError naming it, or the error itself: as the Celery release reports a failed member)
+    with pytest.raises((ChordError, TaskSkipped), match="skipped: lock 'hold:s'"):
+        chord([lockapp.hold.si("s", 0), lockapp.echo.si("h")])(lockapp.echo.s()).get(timeout=30)
+    links = chain(lockapp.hold.si("s", 0), lockapp.echo.si("after")).apply_async()
+    with pytest.raises(TaskSkipped):
+        links.get(timeout=30)
+    # (.get() raised the first link's error as soon as it was stored: the later one follows)
+    wait_for(lambda: links.state == "FAILURE", "the chain's later link is marked failed", 30)
+    failed = lockapp.hold.apply_async(("s", 0), link_error=lockapp.note_errback.s())
+    wait_for(lambda: lockapp.r.lrange("errback", 0, -1) == [failed.id.encode()], "errback ran", 30)
+    assert lockapp.r.lrange("echo", 0, -1) == [b"'h'"], "no step after a skipped one ran"
+    assert lockapp.r.llen("started:s") == 1
+
+    wait_for(lambda: "raised expected: TaskSkipped" in worker.log(), "logged as expected", 10)
+    log = worker.log()
+    assert f"{skipped.id}] skipped: lock 'hold:s' is held by {holder.id}" in log
+    # (The chord's failure is Celery's own ERROR line; no run of the task logs one.)
+    assert not re.search(r"(ERROR|WARNING)/\S+\] Task lockapp\.hold\[", log), log
     lockapp.r.set("stop:s", 1)
+    assert holder.get(timeout=30) == "return"
+
+
+def test_a_skipped_eager_run_answers_alike(lockapp: ModuleType) -> None:
+    """``apply()`` (and ``task_always_eager``): the same FAILURE with TaskSkipped."""
+    lease = lock_for(lockapp.hold, ("e",)).acquire(blocking=False)
+    try:
+        result = lockapp.hold.apply(("e", 0))
+        assert result.state == "FAILURE"
+        with pytest.raises(TaskSkipped, match="lock 'hold:e' is held by"):
+            result.get()
+    finally:
+        lease.release()
+    assert lockapp.r.llen("started:e") == 0
 
 
 def test_redis_for_locks_down_fails_the_task_by_default(
@@ -159,7 +203,8 @@ def test_locks_on_another_redis_than_the_broker(
         assert [h.info["task_id"] for h in lock.holders()] == [first.id]
         assert not lock_for(lockapp.hold, ("o",)).locked()  # nothing on the broker's Redis
         late = lockapp.hold.delay("o", 0)
-        wait_for(lambda: late.state == SKIPPED, "the duplicate skipped", 30)
+        with pytest.raises(TaskSkipped):
+            late.get(timeout=30)
         lockapp.r.set("stop:o", 1)
         assert first.get(timeout=30) == "return"
         wait_for(lambda: not lock.locked(), "released", 5)

@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import pytest
-from helpers import wait_for
+from helpers import is_skipped, wait_for
 from rabbit import RabbitServer
 from workers import Worker
 
-from celery_redislock import SKIPPED, lock_for
+from celery_redislock import lock_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]  # both kill a child or a whole worker
 
@@ -40,7 +40,7 @@ def test_rabbitmq_broker_skip_and_child_kill_release(
         first = lockapp.hold.apply_async(("m", 60), connection=amqp)
         wait_for(lambda: lockapp.r.llen("started:m") == 1, "holder running", 30)
         late = lockapp.hold.apply_async(("m", 0), connection=amqp)
-    wait_for(lambda: late.state == SKIPPED, "the duplicate skipped", 30)
+    wait_for(lambda: is_skipped(late), "the duplicate skipped", 30)
     child = int(lockapp.r.hget("pid", first.id))
     os.kill(child, 9)
     wait_for(lambda: not lock_for(lockapp.hold, ("m",)).locked(), "released by the parent", 5)

@@ -15,12 +15,13 @@ from types import ModuleType
 
 import pytest
 from celery import Celery, chain, chord, group
-from helpers import free_port, started, stop, wait_for
+from celery.exceptions import ChordError
+from helpers import free_port, is_skipped, started, stop, wait_for
 from kombu.exceptions import OperationalError
 from producers import burst
 from workers import TESTS, Worker
 
-from celery_redislock import SKIPPED, DuplicateTask, LockBackendError, LockNotAcquired, lock_for
+from celery_redislock import DuplicateTask, LockBackendError, LockNotAcquired, lock_for
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.keys import LockKeys
 
@@ -174,6 +175,58 @@ def test_canvas(lockapp: ModuleType, workers: Callable[..., Worker]) -> None:
     stop(lockapp, "busy")
 
 
+def test_a_duplicate_step_of_a_workflow_is_an_answer(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """Issue 43, item 1: a duplicate whose id is fixed in a workflow never hands back another
+    copy's id (the workflow would wait for ever). Published by the caller (a chain's first
+    link, a call with callbacks): DuplicateTask at publish. Published by Celery's worker as
+    the previous step ends (a chain's next link, a link callback): its run fails at once with
+    DuplicateTask, unrun, and the chain's later links fail with it. A plain call still gets
+    the running copy's result. The bounds are liveness bounds: before, each waited for ever."""
+    workers(concurrency=2)
+    running = lockapp.unique_finished.delay("wf", 60)
+    wait_for(lambda: started(lockapp, "wf"), "the first copy runs")
+
+    with pytest.raises(DuplicateTask, match=running.id) as caught:
+        chain(lockapp.unique_finished.si("wf", 60), lockapp.echo.si("after")).apply_async()
+    assert caught.value.task_id == running.id
+    with pytest.raises(DuplicateTask, match=running.id):
+        lockapp.unique_finished.apply_async(("wf", 60), link=lockapp.echo.si("callback"))
+
+    steps = chain(
+        lockapp.echo.si("first"), lockapp.unique_finished.si("wf", 60), lockapp.echo.si("last")
+    ).apply_async()
+    with pytest.raises(DuplicateTask, match=f"a copy \\({running.id}\\) is already running"):
+        steps.get(timeout=30)
+    assert steps.parent.state == "FAILURE" and steps.parent.parent.get(timeout=5) == "first"
+
+    # A group that a chain's link before it publishes: its duplicate member fails, unrun.
+    fanned = chain(
+        lockapp.echo.si("fan"), group(lockapp.unique_finished.si("wf", 60), lockapp.echo.si("g"))
+    ).apply_async()
+    with pytest.raises(DuplicateTask, match=running.id):
+        fanned.get(timeout=30)
+    # A chord's body, published by the result backend as the header ends: the chord fails.
+    header = [lockapp.echo.si("h1"), lockapp.echo.si("h2")]
+    with pytest.raises(ChordError, match=f"DuplicateTask.*{running.id}"):
+        chord(header)(lockapp.unique_finished.si("wf", 60)).get(timeout=30)
+
+    callback = lockapp.unique_finished.si("wf", 60)
+    callback.freeze()
+    assert lockapp.echo.apply_async(("parent",), link=callback).get(timeout=30) == "parent"
+    with pytest.raises(DuplicateTask, match=running.id):
+        lockapp.app.AsyncResult(callback.id).get(timeout=30)
+
+    assert lockapp.unique_finished.delay("wf", 60).id == running.id, "a plain call: unchanged"
+    stop(lockapp, "wf")
+    assert running.get(timeout=30) == "ran"
+    assert started(lockapp, "wf") == [running.id], "no duplicate ran"
+    assert sorted(lockapp.r.lrange("echo", 0, -1)) == sorted(
+        [b"'first'", b"'fan'", b"'g'", b"'h1'", b"'h2'", b"'parent'"]
+    )
+
+
 # -- retries, revokes, ETA, replace ------------------------------------------------------------
 
 
@@ -251,9 +304,9 @@ def test_replace_revokes_a_waiting_copy(
     revoked = {task_id for ids_ in replies.values() for task_id in ids_}
     assert set(ids[:-1]) <= revoked, "each replaced copy was revoked"
     # A revoke that reaches the worker after the countdown is over is caught by the check at
-    # start instead (the claim names a newer copy): the copy ends SKIPPED, never runs.
-    states = {lockapp.app.AsyncResult(task_id).state for task_id in ids[:-1]}
-    assert states <= {"REVOKED", "SKIPPED"}, states
+    # start instead (the claim names a newer copy): the copy ends skipped, never runs.
+    results = [lockapp.app.AsyncResult(task_id) for task_id in ids[:-1]]
+    assert all(r.state == "REVOKED" or is_skipped(r) for r in results), [r.state for r in results]
 
 
 # -- faults ------------------------------------------------------------------------------------
@@ -381,7 +434,7 @@ def test_the_claim_is_given_up_when_the_job_ends_without_running(
     # Skipped: this process holds the run lock.
     held = lock_for(lockapp.unique_locked, ("skip",)).acquire(blocking=False, owner="test")
     skipped = lockapp.unique_locked.delay("skip")
-    wait_for(lambda: skipped.state == SKIPPED, "the copy is skipped", 20)
+    wait_for(lambda: is_skipped(skipped), "the copy is skipped", 20)
     wait_for(lambda: not lockapp.r.exists(claim_key("hold:skip")), "the skip gives up the claim", 5)
     held.release()
     fresh = lockapp.unique_locked.delay("skip")
@@ -428,7 +481,7 @@ def test_a_running_copy_is_kept_and_a_superseded_copy_does_not_run(
         stray = plain.send_task("lockapp.unique_finished", ("sup",))
     finally:
         plain.close()
-    wait_for(lambda: lockapp.app.AsyncResult(stray.id).state == SKIPPED, "the stray skipped", 20)
+    wait_for(lambda: is_skipped(lockapp.app.AsyncResult(stray.id)), "the stray skipped", 20)
     assert conflicts_of(lockapp, stray.id) == ["superseded"]
     assert started(lockapp, "sup") == []
     assert lockapp.r.get(claim_key("fin:sup")) == queued.id.encode(), "the newer keeps its claim"
@@ -481,7 +534,7 @@ def test_the_claim_holder_runs_when_a_superseded_copy_holds_the_run_lease(
     try:
         consume_parked(lockapp)
         result = lockapp.app.AsyncResult(holder.id)
-        wait_for(lambda: result.state in ("RETRY", SKIPPED), "the holder met the lease", 20)
+        wait_for(lambda: result.state in ("RETRY", "FAILURE"), "the holder met the lease", 20)
         assert result.state == "RETRY", "the claim holder comes back instead of being skipped"
         assert conflicts_of(lockapp, holder.id) == ["retry"]
         assert lockapp.r.get(claim_key("fin:window")) == holder.id.encode(), "it keeps its claim"
@@ -511,12 +564,12 @@ def test_a_lost_claim_and_the_same_call_again_run_once(
     workers(concurrency=2)
     for key, first, second in pairs:
         wait_for(
-            lambda a=first, b=second: {a.state, b.state} <= {"SUCCESS", SKIPPED},
+            lambda a=first, b=second: all(r.state == "SUCCESS" or is_skipped(r) for r in (a, b)),
             f"both copies of {key} ended",
             30,
         )
         assert second.state == "SUCCESS", "the newer copy, holding the claim, ran"
-        if first.state == SKIPPED:
+        if is_skipped(first):
             assert started(lockapp, key) == [second.id], key
             continue
         # The older started after the newer had ended (a slow pool child): one after the other.

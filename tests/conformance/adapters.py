@@ -16,7 +16,7 @@ from rq.job import Job
 from rqworkers import RQWorker
 from workers import Worker
 
-from celery_redislock import Lock
+from celery_redislock import Lock, TaskSkipped
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.integrations.rq import SKIPPED, UniqueQueue, outcome_of
 
@@ -164,11 +164,13 @@ class CeleryAdapter(Adapter):
         state = result.state
         if state == "SUCCESS":
             return "ran", None
+        if state == "FAILURE" and isinstance(result.result, TaskSkipped):
+            return "skipped", None  # a ready state, so that .get() and workflows see it
         if state == "FAILURE":
             return "failed", type(result.result).__name__
         if state == "PENDING" and self.actions(run_id)[-1:] == ["queue"]:
             return "parked", None  # Celery stores no state for a task in a line (docs/line.md)
-        named = {"SKIPPED": "skipped", "RETRY": "retrying", "REVOKED": "canceled"}
+        named = {"RETRY": "retrying", "REVOKED": "canceled"}
         return named.get(state, "pending"), None
 
     def error_text(self, run_id: str) -> str:
@@ -176,8 +178,10 @@ class CeleryAdapter(Adapter):
         return str(result.result) if result.state == "FAILURE" else ""
 
     def skip_record(self, run_id: str) -> dict[str, Any]:
-        info = AsyncResult(run_id, app=self.app).info  # SKIPPED's meta
-        return dict(info) if isinstance(info, dict) else {"info": repr(info)}
+        info = AsyncResult(run_id, app=self.app).info  # the TaskSkipped error
+        if isinstance(info, TaskSkipped):
+            return {"lock": info.name, "holders": info.holders}
+        return {"info": repr(info)}
 
     def forget(self, run_id: str) -> None:
         self.app.control.revoke(run_id)

@@ -13,8 +13,9 @@ limit (:func:`rate_hooks`: settle a cost, pause after a 429).
 What an outcome is, in words common to both (the adapters map each framework's onto them):
 
 - ``state``: ``ran`` (Celery ``SUCCESS``, RQ ``finished`` with the body's result), ``skipped``
-  (``SKIPPED``), ``failed`` (``FAILURE``/``failed``, ``error`` naming the exception class),
-  ``retrying`` (``RETRY``/``scheduled`` to come back), ``canceled`` (``REVOKED``/``canceled``);
+  (Celery ``FAILURE`` with ``TaskSkipped``, RQ ``finished`` returning ``SKIPPED``), ``failed``
+  (``FAILURE``/``failed``, ``error`` naming the exception class), ``retrying``
+  (``RETRY``/``scheduled`` to come back), ``canceled`` (``REVOKED``/``canceled``);
 - ``actions``: every ``lock_conflict`` action sent for the run id (receivers in the worker
   modules, and in this process for the producer side), and ``backend_error:<policy>`` for
   ``lock_backend_error``;
@@ -148,7 +149,7 @@ class Expect:
     # The lock_acquired / lock_released signals sent for its run id (the lock's or the run lock
     # a unique lifecycle implies).
     lease: frozenset[str] = frozenset()
-    # A skipped run's record of the conflict (Celery: the SKIPPED state's info; RQ: outcome_of):
+    # A skipped run's record of the conflict (Celery: the TaskSkipped error's; RQ: outcome_of):
     # its holders, once its lock's name was found in it.
     record: tuple[str, ...] | None = None
     # A line the producer logs for a second send (as ``log``, for the second call's own id).

@@ -287,7 +287,7 @@ def test_assertions_on_a_locked_app(
         test_app="""
         import pytest
 
-        from celery_redislock import SKIPPED, lock_for
+        from celery_redislock import TaskSkipped, lock_for
         from celery_redislock.contrib.testing import assert_lock_key, assert_unlocked, hold_lock
         from proj import app, go, report, started, sync_customer
         from waiting import wait_for
@@ -311,7 +311,8 @@ def test_assertions_on_a_locked_app(
 
         def test_eager_run_meets_a_held_lock(redislock):
             with redislock.hold(sync_customer, 7) as lease:
-                assert sync_customer.apply(args=(7,)).state == "IGNORED"
+                skipped = sync_customer.apply(args=(7,))
+                assert skipped.state == "FAILURE" and isinstance(skipped.result, TaskSkipped)
                 holders = redislock.assert_locked(sync_customer, 7)
                 assert [h.token for h in holders] == [lease.token]
                 assert holders[0].info["task_id"] == "pytest"
@@ -333,8 +334,9 @@ def test_assertions_on_a_locked_app(
                 holders = redislock.assert_locked(sync_customer, 42)
                 assert [h.info["task_id"] for h in holders] == [first.id]
                 second = sync_customer.delay(42)
-                wait_for(lambda: second.state == SKIPPED, "the second run is skipped")
-                assert second.result == {"lock": "sync:42", "holders": [first.id]}
+                with pytest.raises(TaskSkipped) as skipped:
+                    second.get(timeout=10)
+                assert (skipped.value.name, skipped.value.holders) == ("sync:42", [first.id])
             finally:
                 go.set()
             assert first.get(timeout=10) == 42
@@ -462,8 +464,9 @@ def test_with_celerys_own_fixtures(
     pytester.makepyfile(waiting=WAIT_FOR)
     pytester.makepyfile(
         """
-        from celery_redislock import SKIPPED
-        from waiting import wait_for
+        import pytest
+
+        from celery_redislock import TaskSkipped
 
 
         def test_skip_on_celery_app(celery_app, celery_worker, redislock, redislock_url):
@@ -476,8 +479,8 @@ def test_with_celerys_own_fixtures(
             celery_worker.reload()
             redislock.assert_lock_key(job, "job:1", 1)
             with redislock.hold(job, 1):
-                skipped = job.delay(1)
-                wait_for(lambda: skipped.state == SKIPPED, "the run is skipped")
+                with pytest.raises(TaskSkipped):
+                    job.delay(1).get(timeout=10)
             assert job.delay(1).get(timeout=10) == 1
         """
     )

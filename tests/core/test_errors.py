@@ -19,6 +19,7 @@ from celery_redislock import (
     LockNotOwned,
     LockUpgradeError,
     RedisLockError,
+    TaskSkipped,
 )
 
 ERRORS = [
@@ -30,6 +31,7 @@ ERRORS = [
     LockBackendError("Redis failed", name="sync:42"),
     LockConfigError("bad ttl", name="sync:42"),
     LockUpgradeError("read to write", name="sync:42"),
+    TaskSkipped("skipped", name="sync:42", holders=["t1"], outcome="skipped"),
 ]
 
 
@@ -50,3 +52,12 @@ def test_each_error_comes_back_from_a_json_result_backend(error: RedisLockError)
     # JSON keeps the class and the message; the attributes are not part of the message.
     assert type(again) is type(error)
     assert str(again) == str(error)
+
+
+def test_task_skipped_keeps_its_lock_and_holders_through_a_json_result_backend() -> None:
+    """A skipped Celery run's error comes back with what it names (Celery stores ``args``)."""
+    backend = Celery("errors", backend="cache+memory://", set_as_current=False).backend
+    error = TaskSkipped("skipped", name="sync:42", holders=["t1"], outcome="skipped")
+    again = backend.exception_to_python(backend.prepare_exception(error))
+    assert (again.name, again.holders, again.outcome) == ("sync:42", ["t1"], "skipped")
+    assert str(again) == "skipped"

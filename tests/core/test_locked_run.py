@@ -16,12 +16,14 @@ from redis.retry import Retry
 from celery_redislock import RateLimit, current_lease, current_rate
 from celery_redislock.core.claims import ClaimKind, claim
 from celery_redislock.core.heartbeat import Heartbeat
+from celery_redislock.core.keys import LockKeys
 from celery_redislock.core.lock import Lock
 from celery_redislock.core.options import call_signature, parse_lock_option
 from celery_redislock.core.rate_options import parse_rate_option
 from celery_redislock.core.run import (
     AwaitFirst,
     Delivery,
+    DuplicateMark,
     Fail,
     Finished,
     Framework,
@@ -37,7 +39,13 @@ from celery_redislock.core.run import (
 )
 from celery_redislock.core.signal import Signal
 from celery_redislock.core.unique_options import parse_unique_option
-from celery_redislock.errors import LineFull, LockBackendError, LockConfigError, LockNotAcquired
+from celery_redislock.errors import (
+    DuplicateTask,
+    LineFull,
+    LockBackendError,
+    LockConfigError,
+    LockNotAcquired,
+)
 
 FRAMEWORK = Framework(
     word="task",
@@ -310,6 +318,42 @@ def test_a_copy_replaced_under_its_unique_key_is_superseded(client: redis.Redis,
     outcome = run.take()
     assert isinstance(outcome, Skip) and outcome.kind == "superseded"
     assert outcome.holders == ["new"] and run.lease is None
+
+
+def test_a_workflow_step_published_as_a_duplicate_fails_at_once_taking_nothing(
+    client: redis.Redis, bus: Bus
+) -> None:
+    """A delivery marked as a duplicate (a chain's next link that the framework published
+    although a copy holds its unique key) fails with DuplicateTask naming that copy, takes
+    no lease, and leaves the holder's claim alone, also as the run ends."""
+    spec = _spec(unique="until_finished")
+    holder = _run(client, spec, "holder", bus)
+    claim(
+        client,
+        "redislock",
+        holder.unique_name(),
+        task_id="holder",
+        lifetime=60,
+        kind=ClaimKind.NEW,
+        running_counts=True,
+    )
+    mark = DuplicateMark("holder", holder.unique_name(), "queued")
+    run = _run(client, spec, "step", bus, duplicate=mark)
+    outcome = run.take()
+    assert isinstance(outcome, Fail) and isinstance(outcome.error, DuplicateTask)
+    assert outcome.error.task_id == "holder" and outcome.error.state == "queued"
+    assert "task sync[step]: a copy (holder) is already queued" in str(outcome.error)
+    assert run.lease is None and bus.sent == []
+    run.end_claim()
+    run.release(finished=True)
+    assert client.get(LockKeys.of("redislock", holder.unique_name()).queued) == b"holder"
+
+
+def test_a_duplicate_mark_is_read_from_what_a_message_carries() -> None:
+    mark = DuplicateMark("h", "fin:x", "running")
+    assert DuplicateMark.decode(mark.encode()) == mark
+    assert DuplicateMark.decode(None) is None
+    assert DuplicateMark.decode({"holder": "h", "name": 1, "state": "queued"}) is None
 
 
 # -- lock= as a list: several locks, all or nothing ------------------------------------------

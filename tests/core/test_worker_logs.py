@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 import redis
 import rqjobs
-from helpers import wait_for
+from helpers import is_skipped, wait_for
 from rq import Queue
 from rqworkers import RQWorker
 from workers import Worker
@@ -73,7 +73,7 @@ def test_a_skip_and_a_conflict_retry_log_the_same_line_under_celery_and_rq(
     ):
         task = lockapp.hold.delay("lg")
         job = queue.enqueue(rqjobs.exclusive_skip, "lg")
-        wait_for(lambda: task.state == SKIPPED, "the Celery task skipped", 30)
+        wait_for(lambda: is_skipped(task), "the Celery task skipped", 30)
         wait_for(lambda: job.get_status(refresh=True) == "finished", "the RQ job ended", 30)
     assert job.return_value() == SKIPPED
     wait_for(lambda: lines(celery.log(), SKIPPED_LINE), "Celery logs the skip", 10)

@@ -1,7 +1,7 @@
 """The locked run, once for every framework: a task's parsed options and the facts of one
 delivery in, a typed outcome out (see :mod:`.run`)."""
 
-from .delivery import Delivery, Framework, RunSettings, Signals, TaskSpec
+from .delivery import Delivery, DuplicateMark, Framework, RunSettings, Signals, TaskSpec
 from .outcome import (
     AwaitFirst,
     Fail,
@@ -18,6 +18,7 @@ from .run import LockedRun, locks_of_call, make_lock
 __all__ = [
     "AwaitFirst",
     "Delivery",
+    "DuplicateMark",
     "Fail",
     "Finished",
     "Framework",

@@ -9,13 +9,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ...errors import DuplicateTask
 from ..lock import Lock
 from ..naming import lock_name, tenant_of
 from ..options import LockOptions
 from ..rate_options import RateOptions
 from ..unique_options import UniqueOptions
 
-__all__ = ["Delivery", "Framework", "RunSettings", "SignalLike", "Signals", "TaskSpec"]
+__all__ = [
+    "Delivery",
+    "DuplicateMark",
+    "Framework",
+    "RunSettings",
+    "SignalLike",
+    "Signals",
+    "TaskSpec",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +70,42 @@ class Framework:
 
 
 @dataclass(frozen=True, slots=True)
+class DuplicateMark:
+    """What a duplicate published on purpose carries: a workflow's step (its id fixed in
+    advance) that the framework publishes from a run that just ended, where an error would
+    break that run's own ending. Its run fails at once with :class:`DuplicateTask`, so that
+    the workflow sees the answer (``holder``: the copy holding unique key ``name``, ``state``
+    ``"queued"``, ``"running"`` or ``"started"``)."""
+
+    holder: str
+    name: str
+    state: str
+
+    def encode(self) -> dict[str, str]:
+        return {"holder": self.holder, "name": self.name, "state": self.state}
+
+    @classmethod
+    def decode(cls, value: object) -> DuplicateMark | None:
+        """The mark a message carries (``None``: none, or not one of ours)."""
+        if not isinstance(value, Mapping):
+            return None
+        holder, name, state = value.get("holder"), value.get("name"), value.get("state")
+        if isinstance(holder, str) and isinstance(name, str) and isinstance(state, str):
+            return cls(holder, name, state)
+        return None
+
+    def error(self, who: str, expires_in: float | None = None) -> DuplicateTask:
+        return DuplicateTask(
+            f"{who}: a copy ({self.holder}) is already {self.state} under unique key "
+            f"{self.name!r} (a step of a workflow, whose id is fixed: not run)",
+            name=self.name,
+            task_id=self.holder,
+            expires_in=expires_in,
+            state=self.state,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Delivery:
     """The facts of one delivery of a task."""
 
@@ -95,6 +140,8 @@ class Delivery:
     """Sent back for its rate slot before: it waits the rest in place."""
     max_hold: float | None = None
     """The framework's longest hold of a lease (its time limit), unless ``max_hold=`` says."""
+    duplicate: DuplicateMark | None = None
+    """Published as a duplicate on purpose (a workflow's step): it fails at once, not run."""
 
 
 class RunSettings(Protocol):

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ...errors import TaskSkipped
+from .. import outcomes
 from ..lease import Lease
 from ..line import Parked as Place
 
@@ -46,6 +48,17 @@ class Skip:
     kind: Literal["skipped", "superseded"]
     lock: str
     holders: list[str]
+
+    def error(self, who: str) -> TaskSkipped:
+        """The error a framework whose callers wait for an answer ends the run with (``who``:
+        the run, e.g. ``task add[id]``)."""
+        if self.kind == "superseded":
+            why = f"superseded by {', '.join(self.holders)} under unique key {self.lock!r}"
+        else:
+            why = f"lock {self.lock!r} is held by {outcomes.held_by(self.holders)}"
+        return TaskSkipped(
+            f"{who} skipped: {why}", name=self.lock, holders=list(self.holders), outcome=self.kind
+        )
 
 
 @dataclass(frozen=True, slots=True)

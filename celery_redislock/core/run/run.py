@@ -34,7 +34,15 @@ from ..options import LockOptions
 from ..rate import MAX_DELAY, RateLimit, reserve_all
 from ..redlock import lock_factory
 from .current import RateSlot, set_current_lease, set_current_rate
-from .delivery import Delivery, Framework, RunSettings, SignalLike, Signals, TaskSpec
+from .delivery import (
+    Delivery,
+    DuplicateMark,
+    Framework,
+    RunSettings,
+    SignalLike,
+    Signals,
+    TaskSpec,
+)
 from .outcome import (
     AwaitFirst,
     Fail,
@@ -180,6 +188,8 @@ class LockedRun:
         unlocked: RunUnlocked | None = None
         set_current_rate(None)
         set_current_lease(None)
+        if self.delivery.duplicate is not None:
+            return self._duplicate(self.delivery.duplicate)
         for wanted, step in ((self.spec.rate, self._rate_slot), (self.spec.lock, self._lease)):
             instead = None if wanted is None else step()
             if isinstance(instead, RunUnlocked):
@@ -498,6 +508,19 @@ class LockedRun:
             return self._retry(name, f"Redis for lock {name!r} failed: {exc}", "backend")
         return self._fail(exc)
 
+    def _duplicate(self, mark: DuplicateMark) -> Fail:
+        """A workflow's step published although a duplicate: it fails at once, taking nothing
+        (the key and its claim are the holder's)."""
+        self._claim_ended = True
+        self._say(
+            INFO,
+            " not run: %s is %s under unique key %r (a step of a workflow)",
+            mark.holder,
+            mark.state,
+            mark.name,
+        )
+        return Fail(mark.error(self.who), lock=mark.name, holders=[mark.holder])
+
     def _fail(
         self, error: BaseException, mark: str | None = None, lock: str = "", holders: Any = ()
     ) -> Fail:
@@ -580,6 +603,7 @@ class LockedRun:
         if holder is None or d.republished:
             return None  # a retry runs even though a newer copy was queued after it started
         self.release(finished=False)
+        self._claim_ended = True  # given up just now; the key is the newer copy's
         self._say(INFO, " skipped: superseded by %s under unique key %r", holder, name)
         self._conflict_signal(name, "superseded", [holder])
         return Skip("superseded", name, [holder])

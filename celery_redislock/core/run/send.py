@@ -15,7 +15,7 @@ from ..claims import ClaimKind, publish_claimed, release_claim
 from ..debounce import defer
 from ..lease import RedisClient
 from ..unique_options import UniqueOptions
-from .delivery import SignalLike, TaskSpec
+from .delivery import DuplicateMark, SignalLike, TaskSpec
 
 __all__ = ["Duplicate", "SendSettings", "Sender", "Sent", "give_up_discarded", "send_unique"]
 
@@ -87,10 +87,17 @@ def send_unique(
     cancel: Callable[[str], None],
     stop: Callable[[str], None] | None = None,
     encode: Callable[[], str] | None = None,
+    from_run: bool = False,
+    publish_marked: Callable[[DuplicateMark], T] | None = None,
 ) -> Sent[T] | Duplicate:
     """Claims the key of a unique call and publishes it; or says which copy holds the key
-    (``Duplicate``), or raises :class:`DuplicateTask` (``on_duplicate="raise"``, or a member
-    of a group or chord, whose id is fixed). ``delay``: seconds until the call is due;
+    (``Duplicate``), or raises :class:`DuplicateTask` (``on_duplicate="raise"``, or
+    ``in_canvas``: a step of a workflow, whose id is fixed in advance, or whose callbacks would
+    be lost with it). A duplicate that is a workflow's step published by the framework itself
+    from a run that just ended (``from_run``: a chain's next link, a callback), where an error
+    would break that run's ending, is published with a :class:`DuplicateMark` instead
+    (``publish_marked``): its run fails at once with :class:`DuplicateTask`, which the
+    workflow sees. ``delay``: seconds until the call is due;
     ``expires_in``: seconds after which it is dropped unrun (its claim must not outlive it).
     ``cancel`` takes a replaced queued copy off its queue; ``stop`` stops a running copy
     (``on_duplicate="cancel"``); ``encode`` gives the call as a sweeper publishes it later
@@ -107,7 +114,17 @@ def send_unique(
     if unique.debounced:
         assert encode is not None, "a debounced call needs its payload"
         return _send_debounced(
-            spec, unique, call_id, call, in_canvas, settings, client, by, publish, encode
+            # (published by the framework from a run: folded as before, never an error there)
+            spec,
+            unique,
+            call_id,
+            call,
+            in_canvas and not from_run,
+            settings,
+            client,
+            by,
+            publish,
+            encode,
         )
     life = min(delay + (unique.allowance or settings.queue_allowance), MAX_CLAIM_S)
     if expires_in is not None:
@@ -155,12 +172,23 @@ def send_unique(
     if found.duplicate:
         state = "running" if found.running else "started" if found.started else "queued"
         raising = action == "raise" or in_canvas
+        if raising and from_run and publish_marked is not None:
+            log.info(
+                "%s %s to fail at once (a step of a workflow): %s is %s under unique key %r",
+                what,
+                by.verb,
+                found.holder,
+                state,
+                name,
+            )
+            signal("raise")
+            return Sent(publish_marked(DuplicateMark(found.holder, name, state)))
         log.info(
             "%s not %s: %s is %s under unique key %r", what, by.verb, found.holder, state, name
         )
         signal("raise" if raising else "existing")
         if raising:
-            canvas = " (inside a group or chord)" if in_canvas and action != "raise" else ""
+            canvas = " (a step of a workflow)" if in_canvas and action != "raise" else ""
             raise DuplicateTask(
                 f"{by.word} {spec.name}: a copy ({found.holder}) is already {state} under "
                 f"unique key {name!r}{canvas}",
@@ -200,10 +228,11 @@ def _send_debounced(
     """A debounced call: kept as the key's pending call, or folded into it (latest wins)."""
     name = spec.name_of(unique.keying, *call)
     what = f"{by.word} {spec.name}[{call_id}]"
-    if in_canvas:  # its id is fixed in the group's result: folded into another, it never ends
+    if in_canvas:  # its id is fixed in the workflow: folded into another, it never ends
         raise LockConfigError(
-            f"{by.word} {spec.name}: a debounced call cannot be a member of a group or chord "
-            "(it may be folded into another call, and its own id would never end)",
+            f"{by.word} {spec.name}: a debounced call cannot be a step of a workflow (a member "
+            "of a group, chord or chain, or a call with callbacks): it may be folded into "
+            "another call, and its own id would never end",
             name=name,
         )
     assert unique.period is not None

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CLAIM_HEADER",
     "CONFLICTS_HEADER",
+    "DUPLICATE_HEADER",
     "LINE_EXPIRED_HEADER",
     "LINE_HEADER",
     "LINE_SINCE_HEADER",
@@ -37,6 +38,7 @@ LINE_EXPIRED_HEADER = "redislock_line_expired"
 LINE_SINCE_HEADER = "redislock_line_since"
 RATE_HEADER = "redislock_rate"
 REDELIVERY_HEADER = "redislock_redelivered"
+DUPLICATE_HEADER = "redislock_duplicate"  # a workflow's step published to fail at once
 
 
 class LockAware:

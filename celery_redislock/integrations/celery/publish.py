@@ -13,11 +13,18 @@ from typing import Any
 from celery import Celery
 from celery.utils import uuid
 
-from ...core.run.delivery import TaskSpec
+from ...core.run.delivery import DuplicateMark, TaskSpec
 from ...core.run.send import Duplicate, Sender, send_unique
 from ...errors import LockConfigError
 from .debounce import payload
-from .kind import CLAIM_HEADER, CONFLICTS_HEADER, LINE_HEADER, RATE_HEADER, REDELIVERY_HEADER
+from .kind import (
+    CLAIM_HEADER,
+    CONFLICTS_HEADER,
+    DUPLICATE_HEADER,
+    LINE_HEADER,
+    RATE_HEADER,
+    REDELIVERY_HEADER,
+)
 from .registry import Spec, spec_for
 from .settings import client_for, settings_for
 from .signals import lock_conflict
@@ -103,7 +110,20 @@ def publish(
             spec.task,
         )
         return send(spec.task, args, kwargs, **options)
+    # An id given in advance to a call made inside a run is a workflow's (a chord's body, which
+    # Celery 5.3's result backend publishes with no other sign): it must be answered under it.
+    fixed_id = bool(options.get("task_id")) and app.current_worker_task is not None
     task_id = options["task_id"] = options.get("task_id") or uuid()
+    # Celery itself names the parent when its worker publishes a workflow's next step (a
+    # chain's next link, a link callback or errback, a group inside a chain) from the run
+    # that just ended: an error raised there would break that run's ending. Callers leave it
+    # to Celery (a call from inside a task gets its parent after this point).
+    from_run = bool(options.get("parent_id"))
+
+    def publish_marked(mark: DuplicateMark) -> Any:
+        headers = {**(options.get("headers") or {}), DUPLICATE_HEADER: mark.encode()}
+        return send(spec.task, args, kwargs, **{**options, "headers": headers})
+
     task_spec = TaskSpec(spec.task, None, spec.unique, None, spec.signature)
 
     def claimed() -> Any:
@@ -126,9 +146,20 @@ def publish(
         delay=_delay(app, options),
         expires_in=_expires_in(app, spec, options),
         republish=_is_republish(options),
-        # A member of a group or chord has its id fixed in the group's result and the chord's
-        # count: handing back another id would leave them waiting forever, so it raises.
-        in_canvas=bool(options.get("group_id") or options.get("chord")),
+        # A step of a workflow has its id fixed in advance (a group's result, a chord's count,
+        # a chain's next link), or callbacks that would be lost with it: handing back another
+        # id would leave the workflow waiting for ever, so it raises (or, from_run, fails).
+        in_canvas=bool(
+            options.get("group_id")
+            or options.get("chord")
+            or "chain" in options
+            or options.get("link")
+            or options.get("link_error")
+            or from_run
+            or fixed_id
+        ),
+        from_run=from_run,
+        publish_marked=publish_marked,
         settings=settings,
         client=client_for(app, settings),
         by=Sender(

@@ -23,6 +23,7 @@ from ...core.lock import Lock
 from ...core.run import (
     AwaitFirst,
     Delivery,
+    DuplicateMark,
     Fail,
     Framework,
     Held,
@@ -38,6 +39,7 @@ from ...core.run import (
 from ...errors import LockConfigError
 from .kind import (
     CONFLICTS_HEADER,
+    DUPLICATE_HEADER,
     LINE_EXPIRED_HEADER,
     LINE_HEADER,
     LINE_SINCE_HEADER,
@@ -65,7 +67,9 @@ __all__ = [
 ]
 
 SKIPPED = "SKIPPED"
-"""The result state of a task run that was skipped because its lock was held."""
+"""The outcome of a run skipped because its lock was held. A skipped Celery run ends in the
+state ``FAILURE`` with :class:`~celery_redislock.errors.TaskSkipped` (in earlier
+releases, a state of its own that ``.get()`` waited on for ever); RQ returns this string."""
 
 _ATTR = "_redislock_run"  # on the request: this delivery's LockedRun
 _CELERY = Framework(
@@ -186,6 +190,7 @@ def _delivery(task: LockAware, request: Any, task_id: str, args: Any, kwargs: An
         payload=lambda _lock, fresh: _payload(task, fresh),
         rate_request=f"{task_id}.{retries}",
         max_hold=float(hard) if hard else None,
+        duplicate=DuplicateMark.decode(headers.get(DUPLICATE_HEADER)),
     )
 
 
@@ -239,8 +244,11 @@ def _answer(task: LockAware, run: LockedRun, outcome: Outcome) -> None:
     """Raises Celery's answer to an outcome that does not run the task."""
     request, d = task.request, run.delivery
     if isinstance(outcome, Skip):
-        _store_skipped(task, d.id, outcome.lock, outcome.holders)
-    elif isinstance(outcome, Fail):
+        # A ready state (FAILURE) with an error naming the lock: .get(), groups, chords and
+        # chains see it at once (a custom state would leave them waiting for ever). Logged by
+        # Celery at INFO: the task class lists TaskSkipped in ``throws``.
+        raise outcome.error(run.who)
+    if isinstance(outcome, Fail):
         raise outcome.error
     elif isinstance(outcome, RetryAfter) and outcome.own:
         # Past the task's own max_retries, Celery raises ``exc``: a LockNotAcquired naming the lock.
@@ -266,16 +274,6 @@ def _answer(task: LockAware, run: LockedRun, outcome: Outcome) -> None:
             raise Reject(exc, requeue=True) from exc
     # Ignore, not Retry: a RETRY state stored now could land after the first delivery's result.
     raise Ignore()
-
-
-def _store_skipped(task: LockAware, task_id: str, name: str, holders: list[str]) -> None:
-    if task.ignore_result or task.request.is_eager:
-        return
-    # Without a result backend (NotImplementedError) the log line and the signal remain.
-    with contextlib.suppress(NotImplementedError):
-        task.backend.store_result(
-            task_id, {"lock": name, "holders": holders}, SKIPPED, request=task.request
-        )
 
 
 class _Held:

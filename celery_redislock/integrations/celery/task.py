@@ -11,6 +11,7 @@ from ...core.lease import Lease
 from ...core.options import LockOption, call_signature, parse_lock_option
 from ...core.rate_options import RateOptionDict, parse_rate_option
 from ...core.unique_options import Lifecycle, UniqueOptionDict, parse_unique_option
+from ...errors import DuplicateTask, TaskSkipped
 from .guard import check_cancel_pool
 from .kind import LockAware
 from .publish import wrap_send_task
@@ -43,9 +44,14 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
     rate: str | RateOptionDict | None = None
     """The ``rate=`` option as declared: a rate (``"100/m"``), or a dict of options."""
     call_signature: ClassVar[inspect.Signature | None] = None
+    throws: ClassVar[tuple[type[BaseException], ...]] = (TaskSkipped, DuplicateTask)
+    """Errors Celery logs at INFO without a traceback: a run skipped, or a duplicate in a
+    workflow, is an expected outcome (a task's own ``throws=`` is kept, these added)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        throws = tuple(cls.throws or ())
+        cls.throws = throws + tuple(e for e in (TaskSkipped, DuplicateTask) if e not in throws)
         if not {"lock", "unique", "rate", "run"} & cls.__dict__.keys():
             return  # an abstract base Celery derives: nothing declared here
         run = cls.__dict__.get("run", getattr(cls, "run", None))
