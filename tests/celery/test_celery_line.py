@@ -121,6 +121,7 @@ def test_a_dead_childs_lock_goes_to_the_next_in_line_at_once(
     wait_for(lambda: holder.state == "FAILURE", "the killed holder's failure (WorkerLostError)")
 
 
+@pytest.mark.slow
 def test_a_child_forked_while_the_parent_is_inside_the_lock_client_runs_the_next_in_line(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
