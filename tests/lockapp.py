@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Any
 
 import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject
-from celery.signals import task_failure, task_postrun, task_prerun, task_success
+from celery.signals import task_failure, task_postrun, task_prerun, task_success, worker_init
 from celery.worker.control import inspect_command
 
 from celery_redislock import LockedTask, LockLost, install, lock_conflict, lock_for, lock_lost
+from celery_redislock.integrations.celery.settings import client_for
 
 URL = os.environ["LOCKAPP_REDIS_URL"]
 # The broker may be another (LOCKAPP_BROKER_URL, e.g. RabbitMQ); results and locks stay on URL.
@@ -586,3 +588,37 @@ def _note_delivery(sender: Any = None, task_id: str = "", **_: Any) -> None:
 
 
 task_prerun.connect(_note_delivery, weak=False)
+
+
+# -- a thread of the worker's main process inside the lock client's pool ------------------------
+
+# Never collected where they were inherited (a pool child): a client collected there disconnects
+# its pool, which takes the pool's lock.
+_KEPT: list[Any] = []
+
+
+def _hold_lock_pool(sender: Any = None, **_: Any) -> None:
+    """With ``LOCKAPP_POOL_HOLDER`` set: a thread of the worker's main process that, while the
+    key ``pool:hold`` exists, holds the connection pool of the app's lock client as a thread of
+    that process does for an instant in each call it makes (the child watch, the line sweeper);
+    ``pool:held`` says that it does. A pool child forked meanwhile inherits the pool taken."""
+    if not os.environ.get("LOCKAPP_POOL_HOLDER"):
+        return
+    pool = client_for(app).connection_pool
+    own = redis.Redis.from_url(URL)  # the thread's own, never used by a child
+    _KEPT.extend((pool, own))
+
+    def hold() -> None:
+        while True:
+            if own.exists("pool:hold"):
+                with pool._lock:
+                    own.set("pool:held", 1)
+                    while own.exists("pool:hold"):
+                        time.sleep(0.01)
+                own.delete("pool:held")
+            time.sleep(0.01)
+
+    threading.Thread(target=hold, name="lockapp-pool-holder", daemon=True).start()
+
+
+worker_init.connect(_hold_lock_pool, weak=False)

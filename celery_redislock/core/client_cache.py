@@ -1,8 +1,9 @@
 """The process's one cache of lock clients, for both integrations: the same settings, the same
-client (a forked child too: redis-py reconnects after a fork); changed settings, a new one."""
+client; changed settings, a new one; a forked child, clients of its own."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -60,14 +61,27 @@ def make_client(settings: Settings, what: Callable[[str], str]) -> RedisClient:
 
 class ClientCache:
     """One client per :meth:`~celery_redislock.core.settings.Settings.client_key`: the same
-    settings, the same client (a forked child too: redis-py reconnects after a fork); changed
-    settings, a new one. The ``size`` latest are kept."""
+    settings, the same client; changed settings, a new one. The ``size`` latest are kept. A
+    forked child (a Celery pool child, an RQ work horse) makes clients of its own
+    (:meth:`forget_inherited`)."""
 
     def __init__(self, size: int = 16) -> None:
         self._size = size
         # Replaced whole under the lock, never changed in place: read without it.
         self._entries: list[tuple[tuple[object, ...], RedisClient]] = []
         self._lock = threading.Lock()
+        self._inherited: list[RedisClient] = []
+
+    def forget_inherited(self) -> None:
+        """In a forked child: from now on, new clients. Another thread of the parent (its child
+        watch, its line sweeper) may have been inside one of the parent's clients' connection
+        pools at the fork; that pool's lock then stays taken here for ever, and redis-py (8)
+        takes it as it resets the pool for the child: the child's first call would hang. The
+        parent's clients are kept, never used: collected, one would disconnect its pool, which
+        takes that lock too."""
+        self._inherited += [client for _, client in self._entries]
+        self._entries = []
+        self._lock = threading.Lock()  # (as the pools' locks: maybe taken at the fork)
 
     def get(self, settings: Settings, what: Callable[[str], str]) -> RedisClient | None:
         """The client of ``settings`` (:func:`make_client`); ``None`` if they name no Redis
@@ -89,3 +103,4 @@ class ClientCache:
 
 CLIENTS = ClientCache()
 """The process's lock clients, for both integrations."""
+os.register_at_fork(after_in_child=CLIENTS.forget_inherited)

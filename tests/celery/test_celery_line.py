@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 from celery.result import AsyncResult
-from helpers import started, wait_for, wait_started
+from helpers import started, stop, wait_for, wait_started
 from workers import TESTS, Worker
 
 from celery_redislock import LineFull, LockNotAcquired
@@ -119,6 +119,38 @@ def test_a_dead_childs_lock_goes_to_the_next_in_line_at_once(
     wait_for(lambda: waiting.state == "SUCCESS", "the parked task to run", timeout=20)
     assert time.monotonic() - killed < 15  # well before the 30 s ttl
     wait_for(lambda: holder.state == "FAILURE", "the killed holder's failure (WorkerLostError)")
+
+
+@pytest.mark.slow
+def test_a_child_forked_while_the_parent_is_inside_the_lock_client_runs_the_next_in_line(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """The child killed, the worker forks its replacement at once, while the parent's child
+    watch is releasing the dead child's lease through the lock client: a replacement forked in
+    the instant that thread is inside the client's connection pool inherits the pool taken
+    (redis-py 8 takes the pool's lock as it resets it for the child). Here a thread of the
+    parent holds that pool across the fork, for certain. The replacement must still take its
+    locks: the parked task handed the lock runs in it, before the next in line."""
+    worker = workers(name="w1", concurrency=2, env={"LOCKAPP_POOL_HOLDER": "1"})
+    holder = _hold(lockapp, "forked")
+    first = _park(lockapp, lockapp.in_line, "forked", 1)
+    second = _park(lockapp, lockapp.in_line, "forked", 2)
+    busy = lockapp.hold.delay("forked-busy", 60)  # the other child: the hand-over goes to the new
+    wait_started(lockapp, "forked-busy")
+    child = int(lockapp.r.hget("pid", holder.id))
+    others = set(worker.children()) - {child}
+    lockapp.r.set("pool:hold", 1)
+    wait_for(lambda: lockapp.r.exists("pool:held"), "the parent's thread to hold the pool")
+    os.kill(child, signal.SIGKILL)
+    wait_for(lambda: set(worker.children()) - others - {child}, "the worker to fork a replacement")
+    [replacement] = set(worker.children()) - others - {child}
+    lockapp.r.delete("pool:hold")
+    wait_for(lambda: first.state == "SUCCESS", "the task handed the lock to run", timeout=60)
+    wait_for(lambda: second.state == "SUCCESS", "the next in line to run", timeout=60)
+    assert int(lockapp.r.hget("pid", first.id)) == replacement
+    assert started(lockapp, "line:forked") == [holder.id, first.id, second.id]
+    stop(lockapp, "forked-busy")
+    wait_for(lambda: busy.state == "SUCCESS", "the busy task to end")
 
 
 def _force_release_all(lockapp: ModuleType, name: str, how: str) -> None:

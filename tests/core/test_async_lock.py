@@ -6,6 +6,8 @@ behind; and a Celery task and an asyncio handler exclude each other on one key."
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from types import ModuleType
@@ -14,6 +16,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 import redis.asyncio
+from faultproxy import FaultProxy
 from helpers import stop, wait_for, wait_started, wait_until_queued
 from workers import Worker
 
@@ -32,8 +35,27 @@ from celery_redislock.asyncio import AsyncLease, AsyncLock
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core import admin, claims
 from celery_redislock.core.claims import ClaimKind
+from celery_redislock.core.keys import LockKeys
+from celery_redislock.core.scripts import script
 
 T = TypeVar("T")
+
+# No CLIENT SETINFO on connecting (redis-py 5.0 calls it lib_name and lib_version, newer
+# versions driver_info).
+NO_CLIENT_INFO: dict[str, Any] = (
+    {"driver_info": None}
+    if importlib.util.find_spec("redis.driver_info")
+    else {"lib_name": None, "lib_version": None}
+)
+
+
+async def until(condition: Callable[[], object], what: str, timeout: float = 30) -> None:
+    """Polls ``condition`` without blocking the event loop; fails naming ``what`` after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.005)
 
 
 async def close(aclient: redis.asyncio.Redis) -> None:
@@ -196,6 +218,66 @@ def test_a_cancelled_acquire_leaves_no_lease_and_no_place_in_line(
     assert [h.token for h in sync.holders()] == [held.token]
     held.release()
     wait_for(lambda: client.zcard("redislock:{cancelled}:queue") == 0, "the line emptied")
+    sync.acquire(blocking=False).release()
+
+
+def test_an_acquire_cancelled_while_its_reply_is_late_gives_its_lease_back(
+    redis_server: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a free lock the acquire's script makes a lease in Redis; its reply is held back by the
+    proxy and the call is cancelled meanwhile (a client gone). The give-back drops that lease at
+    once: the lock is free long before its ttl (600 s), and the late reply reaches nobody (the
+    cancelled call's connection is closed): the client's next calls get their own answers."""
+    keys = LockKeys.of("redislock", "late")
+    sync = Lock(client, "late", ttl=600)
+    for name in ("acquire", "release"):  # no NOSCRIPT round trip among the delayed replies
+        client.script_load(script(name).script)
+    errors: list[dict[str, Any]] = []
+
+    async def body(proxy: FaultProxy) -> None:
+        main = asyncio.current_task()
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: errors.append(context))
+        # The cancel closes the call's connection, so the give-back opens one: with no
+        # handshake to wait for (RESP2, no CLIENT SETINFO) its release leaves at once, and the
+        # socket timeout outlasts the late replies.
+        aclient = redis.asyncio.Redis.from_url(
+            proxy.url, protocol=2, socket_timeout=10, **NO_CLIENT_INFO
+        )
+        await aclient.ping()
+        alock = AsyncLock(aclient, "late", ttl=600)
+        proxy.delay(replies=3.0)
+        acquiring = asyncio.create_task(alock.acquire(blocking=False))
+        # The script ran (the lease is in Redis) and its reply is on its way.
+        await until(lambda: sync.holders(), "the lease to be made")
+        assert not acquiring.done(), "the reply came back before the cancel: delay it longer"
+        [made] = sync.holders()
+        acquiring.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await acquiring
+        # Given back in a task of its own, whose own reply is late too: the lease is gone from
+        # Redis as soon as the release runs there.
+        await until(lambda: not client.exists(keys.leases), "the lease to be given back")
+        assert not sync.holders()
+        proxy.heal()
+        # The give-back ends once its late reply is in: nothing is left running.
+        await until(lambda: asyncio.all_tasks() == {main}, "the give-back to end")
+        # The same client goes on: each call gets its own reply, none the cancelled call's.
+        lease = await alock.acquire(blocking=False)
+        assert lease.fence > made.fence and lease.token != made.token
+        assert [h.token for h in await alock.holders()] == [lease.token]
+        with pytest.raises(LockNotAcquired):
+            sync.acquire(blocking=False)
+        await lease.release()
+        assert not await alock.locked()
+        await close(aclient)
+
+    with (
+        FaultProxy("127.0.0.1", redis_server.port) as proxy,
+        caplog.at_level(logging.WARNING, logger="celery_redislock"),
+    ):
+        asyncio.run(body(proxy))
+    assert not errors  # no task failed unseen (a late reply read as an error)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
     sync.acquire(blocking=False).release()
 
 
