@@ -42,6 +42,18 @@ def wait_until_queued(client: redis.Redis | redis.RedisCluster, lock: Lock, coun
     wait_for(lambda: client.zcard(lock.keys.all[2]) >= count, f"{count} waiter(s) queued")
 
 
+def redis_time_ms(client: redis.Redis) -> float:
+    """Redis's clock (TIME), in milliseconds: the one its scripts' due times are on."""
+    seconds, micros = client.time()
+    return seconds * 1000 + micros / 1000
+
+
+def wait_redis_time(client: redis.Redis, at_ms: float, timeout: float = 30) -> None:
+    """Blocks until Redis's clock reads ``at_ms`` or later (a due time a script gave): what is
+    due then is surely due, however long this machine took to get there."""
+    wait_for(lambda: redis_time_ms(client) >= at_ms, f"Redis's clock at {at_ms:.0f} ms", timeout)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:

@@ -9,7 +9,6 @@ on the celery_server.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Iterator
 from types import ModuleType
 
@@ -70,7 +69,6 @@ def test_lock_redis_unreachable_at_release_and_at_start_under_run(
     assert len(left) == 1 and left[0][0] == job.id, "the lease is still there"
     expires_in = left[0][1]
     assert 0 < expires_in <= TTL
-    seen_at = time.monotonic()
 
     # Unreachable as a task starts, policy "run": it runs without the lock, logging an ERROR.
     unlocked = lockapp.hold.delay("unl", 0)
@@ -79,9 +77,9 @@ def test_lock_redis_unreachable_at_release_and_at_start_under_run(
     assert re.search(r"ERROR/.*\[" + unlocked.id + r"\] runs WITHOUT lock 'hold:unl'", worker.log())
     assert not Lock(redis.Redis.from_url(lock_redis.url), "hold:unl", ttl=TTL).locked()
 
-    # The lease lapses on its own, within ttl: at its expiry (1 s margin for a loaded machine).
-    left_now = expires_in - (time.monotonic() - seen_at)
-    wait_for(lambda: not lock.locked(), "the lease lapses", left_now + 1)
+    # The lease lapses on its own (nothing can reach that Redis to release it), at the expiry
+    # seen above, within the ttl: Redis's own clock does that (the 60 s: liveness only).
+    wait_for(lambda: not lock.locked(), "the lease lapses", 60)
 
 
 def test_lock_redis_down_at_start_under_retry_republishes_until_it_is_back(
@@ -103,11 +101,12 @@ def test_lock_redis_down_at_start_under_retry_republishes_until_it_is_back(
 
     back = FaultProxy("127.0.0.1", lock_redis.port, port=port).start()
     try:
-        back_at = time.monotonic()
-        assert job.get(timeout=20) == "ran"
-        # Within the longest backoff (1.6 s) of Redis coming back; 2 s margin for a loaded machine.
-        assert time.monotonic() - back_at < 1.6 + 2
+        assert job.get(timeout=60) == "ran"  # (liveness only)
     finally:
         back.stop()
+    # It runs at its next try once Redis is back, within the longest backoff: no wait it
+    # announced was longer than that (1.6 s), however long each took on this machine.
+    waits = [float(s) for s in re.findall(re.escape(retried) + r" ([0-9.]+)s", worker.log())]
+    assert len(waits) >= 3 and max(waits) <= 1.6, waits
     assert lockapp.r.llen("started:dup:rt") == 1
     assert not Lock(redis.Redis.from_url(lock_redis.url), "hold:rt", ttl=TTL).locked()

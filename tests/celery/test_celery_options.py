@@ -7,7 +7,6 @@ import importlib
 import logging
 import os
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -318,14 +317,13 @@ def k() -> None: ...
 
 def refused_to_start(worker: Worker) -> str:
     """Starts ``worker``, which must exit with status 1 before it is ready; returns its log."""
-    began = time.monotonic()
     try:
         with pytest.raises(AssertionError, match="did not start"):
-            worker.start(timeout=30)
+            worker.start(timeout=60)  # (liveness only)
     finally:
         worker.kill()
+    # Status 1: it exited by itself (one still starting at the deadline is killed, -9).
     assert worker.proc is not None and worker.proc.returncode == 1, worker.log()
-    assert time.monotonic() - began < 20
     return worker.log()
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 from faultproxy import FaultProxy
-from helpers import wait_for
+from helpers import redis_time_ms, wait_for, wait_redis_time
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -50,28 +50,33 @@ def sweep_until(client: redis.Redis, publish: Publisher, count: int, window: flo
 
 
 def test_a_burst_is_published_once_with_the_latest_call(client: redis.Redis) -> None:
-    ids = [defer(client, NS, "k", f"c{n}", f"p{n}", quiet=0.3, max_wait=None).id for n in range(5)]
-    assert ids == ["c0"] * 5  # every caller is handed the pending call's id
+    calls = [defer(client, NS, "k", f"c{n}", f"p{n}", quiet=0.3, max_wait=None) for n in range(5)]
+    assert [c.id for c in calls] == ["c0"] * 5  # every caller is handed the pending call's id
     publish = Publisher()
-    assert sweep_pending(client, NS, publish) == 0  # not quiet yet: nothing published
+    swept = sweep_pending(client, NS, publish)
+    if redis_time_ms(client) < calls[-1].due_ms:  # (swept before it was due: the usual case)
+        assert swept == 0  # not quiet yet: nothing published
     sweep_until(client, publish, 1)
     assert publish.sent == [("c0", "p4")]
-    time.sleep(0.1)
+    # Anything left of it would be due by now (it was published): this sweep finds nothing.
     assert sweep_pending(client, NS, publish) == 0 and len(publish.sent) == 1
     # Published and confirmed: the key's record is gone, and so is its listing (once old).
     assert not client.exists(LockKeys.of(NS, "k").pending)
 
 
 def test_max_wait_publishes_during_a_steady_stream(client: redis.Redis) -> None:
-    first = defer(client, NS, "k", "c0", "p0", quiet=0.5, max_wait=0.8)
+    # A 30 s quiet time, which no call of this stream lets pass, however slow the machine:
+    # only max_wait can publish.
+    first = defer(client, NS, "k", "c0", "p0", quiet=30, max_wait=0.8)
     publish = Publisher()
     n = 0
     while not publish.sent:
         n += 1
-        kept = defer(client, NS, "k", f"c{n}", f"p{n}", quiet=0.5, max_wait=0.8)
-        assert kept.due_ms <= first.due_ms + 300  # never past first + max_wait
+        kept = defer(client, NS, "k", f"c{n}", f"p{n}", quiet=30, max_wait=0.8)
+        assert kept.due_ms <= first.due_ms  # never past first + max_wait
         sweep_pending(client, NS, publish)
-        time.sleep(0.1)
+        time.sleep(0.1)  # the stream's pace: time passing is the point (at least 0.1 s a call)
+        # 50 calls take 5 s at least: far past the 0.8 s of max_wait.
         assert n < 50, "max_wait did not publish while calls kept coming"
     assert publish.sent[0][0] == "c0"
     # The calls after it make the next pending call.
@@ -80,10 +85,10 @@ def test_max_wait_publishes_during_a_steady_stream(client: redis.Redis) -> None:
 
 
 def test_a_failed_publish_is_published_again_never_dropped(client: redis.Redis) -> None:
-    defer(client, NS, "k", "c0", "p0", quiet=0.05, max_wait=None)
+    wait_redis_time(client, defer(client, NS, "k", "c0", "p0", quiet=0.05, max_wait=None).due_ms)
     publish = Publisher(failures=1)
-    time.sleep(0.1)
     assert sweep_pending(client, NS, publish, window=0.3) == 0  # the broker failed
+    assert publish.failures == 0  # (it was tried)
     # A call meanwhile makes a new pending call: the one being published keeps its arguments.
     defer(client, NS, "k", "c1", "p1", quiet=0.05, max_wait=None)
     sweep_until(client, publish, 2, window=0.3)
@@ -93,13 +98,15 @@ def test_a_failed_publish_is_published_again_never_dropped(client: redis.Redis) 
 def test_a_publisher_that_died_is_replaced_by_another_sweeper(client: redis.Redis) -> None:
     """A worker took the call and died before publishing it: after the publish window, any
     other sweeper publishes it, under the same id."""
-    defer(client, NS, "k", "c0", "p0", quiet=0.05, max_wait=None)
-    time.sleep(0.1)
+    wait_redis_time(client, defer(client, NS, "k", "c0", "p0", quiet=0.05, max_wait=None).due_ms)
     keys = [LockKeys.of(NS, "k").pending]
-    taken = run("pending_take", client, keys, ["300", "dead"])  # the dead worker's take
+    took_at = redis_time_ms(client)
+    taken = run("pending_take", client, keys, ["2000", "dead"])  # the dead worker's take
     assert [t.decode() for t in taken] == ["p", "c0", "p0"]
     publish = Publisher()
-    assert sweep_pending(client, NS, publish, window=0.3) == 0  # still in its window
+    swept = sweep_pending(client, NS, publish, window=0.3)
+    if redis_time_ms(client) < took_at + 2000:  # (a machine that slow: nothing to tell here)
+        assert swept == 0  # still in its window
     sweep_until(client, publish, 1, window=0.3)
     assert publish.sent == [("c0", "p0")]
 
@@ -142,8 +149,9 @@ def test_lost_replies_are_safe_to_retry(proxy: FaultProxy, client: redis.Redis) 
         proxy.reset_after(1, command="EVALSHA")
         assert defer(through, NS, "k", "c0", "p0", quiet=0.05, max_wait=None).made
         proxy.reset_after(1, command="EVALSHA")
-        assert defer(through, NS, "k", "c1", "p1", quiet=0.05, max_wait=None).id == "c0"
-        time.sleep(0.1)
+        kept = defer(through, NS, "k", "c1", "p1", quiet=0.05, max_wait=None)
+        assert kept.id == "c0"
+        wait_redis_time(client, kept.due_ms)
         publish = Publisher()
         proxy.reset_after(1, command="EVALSHA")  # the take's reply
         wait_for(
@@ -159,7 +167,7 @@ def test_lost_replies_are_safe_to_retry(proxy: FaultProxy, client: redis.Redis) 
         proxy.reset_after(1, command="EVALSHA")
         assert run("pending_sent", through, keys, ["c2"]) == b"0"
         assert proxy.faults == 4 and not client.exists(keys[0])
-        time.sleep(0.1)
+        # Nothing left to publish (c2 was due at once): a sweep finds nothing.
         assert sweep_pending(through, NS, publish) == 0 and len(publish.sent) == 1
     finally:
         through.close()

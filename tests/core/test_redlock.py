@@ -223,11 +223,12 @@ def test_one_master_down_still_works_and_two_down_fail_closed(masters: Masters) 
         with pytest.raises(
             LockBackendError, match=r"2 of 3 RedLock masters failed; a majority \(2\)"
         ):
-            lock.acquire(blocking=blocking, timeout=5 if blocking else None)
-        assert time.monotonic() - began < 3  # at once, not after the timeout
+            lock.acquire(blocking=blocking, timeout=120 if blocking else None)
+        # At once, not after the 120 s timeout (the 60 s: liveness only).
+        assert time.monotonic() - began < 60
     # The one master that granted gives it back, as soon as its answer is in (the acquire
     # raised before: a majority was out of reach once two had failed).
-    wait_for(lambda: masters.holding(lock) == [], "the grant to be given back", timeout=5)
+    wait_for(lambda: masters.holding(lock) == [], "the grant to be given back", timeout=30)
     with pytest.raises(LockBackendError, match="a majority"):
         lock.holders()
 
@@ -248,7 +249,7 @@ def test_five_masters_work_with_two_down_and_fail_closed_with_three(five: Master
         lock.acquire(timeout=5)
     # What the failed try took is given back; on a master whose answer came after the outcome
     # was decided (three refused at once), when that answer comes.
-    wait_for(lambda: five.holding(lock) == [], "the failed try's leases given back", 5)
+    wait_for(lambda: five.holding(lock) == [], "the failed try's leases given back", 30)
 
 
 def test_owner_job_and_release_where(masters: Masters) -> None:
@@ -286,16 +287,20 @@ def test_readers_share_and_writers_exclude_over_majorities(masters: Masters) -> 
 
 
 def test_a_blocking_acquire_takes_the_lock_soon_after_its_release(masters: Masters) -> None:
-    lock = masters.lock(ttl=5)
+    # The lease lasts 240 s: the waiter, patient for 60 s, can only get in by trying again
+    # after the release (no wake-up crosses masters), however slow the machine.
+    lock = masters.lock(ttl=240)
     lease = lock.acquire()
     got: list[float] = []
+    tries = _script_calls(masters.direct[0])
     waiter = threading.Thread(target=lambda: got.append(_acquired_at(lock)))
     waiter.start()
-    time.sleep(0.3)
+    # It tries again and again while the lock is held (each try: one script call per master).
+    wait_until(lambda: _script_calls(masters.direct[0]) >= tries + 3, "the waiter tried 3 times")
     released = time.monotonic()
     lease.release()
-    waiter.join(10)
-    assert got and 0 <= got[0] - released < 2  # retries every 0.2 s at most
+    waiter.join(90)
+    assert got and 0 <= got[0] - released < 30, "the waiter did not try again after the release"
     with pytest.raises(LockNotAcquired, match=r"gave up after 0\.3s"):
         held = lock.acquire()
         try:
@@ -304,8 +309,13 @@ def test_a_blocking_acquire_takes_the_lock_soon_after_its_release(masters: Maste
             held.release()
 
 
+def _script_calls(client: redis.Redis) -> int:
+    """The script calls (EVALSHA) a master ran so far."""
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
 def _acquired_at(lock: Lock) -> float:
-    lease = lock.acquire(timeout=10)
+    lease = lock.acquire(timeout=60)
     at = time.monotonic()
     lease.release()
     return at
@@ -359,43 +369,57 @@ def test_a_slow_master_shrinks_the_validity_and_past_it_the_acquire_fails(
         assert returned - began >= 0.3
         assert lease.valid_until - returned <= 1 - 0.012 - 0.3  # the delay taken off
         lease.release()
-        mark = int(masters.direct[1].hget(lock.keys.meta, "fence") or 0)
-        proxy.delay(requests=1.2)  # more than the validity (0.988 s)
-        began = time.monotonic()
+        late = masters.direct[1]
+        mark = int(late.hget(lock.keys.meta, "fence") or 0)
+        # What happens to the lease on the slow master, seen as Redis's own events: a grant
+        # given back shows as a removal, a grant left to lapse as "expired".
+        late.config_set("notify-keyspace-events", "KA")
+        events = late.pubsub()
+        events.subscribe(f"__keyspace@0__:{lock.keys.leases}")
+        proxy.delay(requests=4)  # far more than the validity (0.988 s)
         with pytest.raises(LockBackendError, match="1 no answer within the validity"):
             lock.acquire(blocking=False)
-        assert time.monotonic() - began < 1.1  # it gave up at the end of the validity
+        # It gave up at the end of the validity, before the slow master even had the request.
+        assert int(late.hget(lock.keys.meta, "fence") or 0) == mark
         proxy.heal()  # (the request held back still arrives late; what follows does not)
-        # The slow master grants it after all (1.2 s in, for a ttl): given back as soon as its
-        # answer comes, not left to lapse.
-        late = masters.direct[1]
-        wait_until(lambda: int(late.hget(lock.keys.meta, "fence") or 0) > mark, "granted late", 5)
-        wait_until(lambda: late.zcard(lock.keys.leases) == 0, "given back", 5)
-        assert time.monotonic() - began < 1.2 + 0.8
+        # The slow master grants it after all (4 s in, for a ttl): given back as soon as its
+        # answer comes, not left to lapse (the 30 s: liveness only).
+        wait_until(lambda: int(late.hget(lock.keys.meta, "fence") or 0) > mark, "granted late", 30)
+        wait_until(lambda: late.zcard(lock.keys.leases) == 0, "given back", 30)
+        seen: list[str] = []
+        while (message := events.get_message(timeout=1.0)) is not None:  # (all arrived)
+            if message["type"] == "message":
+                seen.append(message["data"].decode())
+        events.close()
+        assert "zadd" in seen and "expired" not in seen, seen
+        assert seen.index("zadd") < max(seen.index(e) for e in ("zrem", "del") if e in seen)
         slow.close()
 
 
 def test_renewal_keeps_a_lease_past_its_ttl_and_reports_it_lost_without_a_majority(
     masters: Masters,
 ) -> None:
-    lock = masters.lock(ttl=0.6)
+    ttl = 1.5
+    lock = masters.lock(ttl=ttl)
     lost: list[tuple[Lease, float, BaseException | None]] = []
     heartbeat = Heartbeat.current()
     lease = lock.acquire()
+    first = lease.valid_until
     heartbeat.register(lease, on_lost=lambda gone, e: lost.append((gone, time.monotonic(), e)))
     try:
-        time.sleep(1.5)  # past two ttls: renewed on every master meanwhile
+        # Renewed past two ttls on every master meanwhile: seen by its validity, not slept for.
+        wait_until(lambda: lease.valid_until > first + 2 * ttl, "renewed past two ttls", 30)
         lease.check()
         assert masters.holding(lock) == [0, 1, 2]
         masters.servers[0].stop()
         masters.servers[1].stop()
         promised = lease.valid_until  # no renewal can succeed from now on
-        wait_until(lambda: lost, "the heartbeat reported the lease lost", 5)
+        wait_until(lambda: lost, "the heartbeat reported the lease lost", 30)  # (liveness)
     finally:
         heartbeat.unregister(lease)
-    [(reported, at, error)] = lost
+    [(reported, _, error)] = lost
     assert reported is lease and lease.lost
-    assert at <= promised + 0.5  # by the end of its validity (plus a loaded machine's delay)
+    assert lease.valid_until == promised  # no renewal counted after the majority was gone
     assert isinstance(error, LockBackendError) and "a majority (2) is needed" in str(error)
     with pytest.raises(LockLost):
         lease.check()
@@ -440,7 +464,7 @@ def _contend(lock: RedLock, rounds: int, log: list[tuple[float, float]]) -> None
     for _ in range(rounds):
         with lock.acquire(timeout=30) as lease:
             began = time.monotonic()
-            time.sleep(0.002)
+            time.sleep(0.002)  # (held a while: an overlap needs time to show)
             lease.check()  # still within its validity as it ends
             log.append((began, time.monotonic()))
 
@@ -549,13 +573,13 @@ def test_restarting_a_master_at_once_can_grant_the_lock_twice_and_a_delayed_rest
     heartbeat.register(holder, on_lost=lambda lease, error: lost.append(time.monotonic()))
     try:
         masters.servers[0].stop()  # crashed; back only after a ttl
-        time.sleep(ttl)
+        time.sleep(ttl)  # (a ttl passing is the point: the documented stance)
         masters.servers[0].start()
         masters.servers[2].start()
-        other = masters.lock(ttl=ttl).acquire(timeout=5)
+        other = masters.lock(ttl=ttl).acquire(timeout=60)  # (liveness only)
         taken = time.monotonic()
     finally:
         heartbeat.unregister(holder)
     assert holder.valid_until <= taken  # the first holder had stopped counting on it
-    wait_until(lambda: lost, "the first holder was told")
+    wait_until(lambda: lost, "the first holder was told", 30)
     other.release()
