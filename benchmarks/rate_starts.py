@@ -26,6 +26,10 @@ units start at once, so a 1-second window may hold up to ``burst + limit / 1.1``
 Run from the repository root::
 
     python benchmarks/rate_starts.py [--calls N] [--quick] [--json PATH] [--url redis://...]
+        [--limit N] [--case plain|burst|cost] [--pool solo|prefork] [--load N]
+
+(``--limit``: units a second instead of 20; ``--pool prefork``: two processes per worker;
+``--load N``: N CPU burners during each case.)
 
 A full run takes about 70 s on 2 cores (``--quick``: about 40 s). Against ``--url`` the keys it
 created (each contains the run id) are deleted at the end.
