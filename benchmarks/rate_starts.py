@@ -26,6 +26,10 @@ units start at once, so a 1-second window may hold up to ``burst + limit / 1.1``
 Run from the repository root::
 
     python benchmarks/rate_starts.py [--calls N] [--quick] [--json PATH] [--url redis://...]
+        [--limit N] [--case plain|burst|cost] [--pool solo|prefork] [--load N]
+
+(``--limit``: units a second instead of 20; ``--pool prefork``: two processes per worker;
+``--load N``: N CPU burners during each case.)
 
 A full run takes about 70 s on 2 cores (``--quick``: about 40 s). Against ``--url`` the keys it
 created (each contains the run id) are deleted at the end.
@@ -51,14 +55,14 @@ from celery import Celery
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import base_parser, delete_keys, redis_target, section  # noqa: E402
+from common import Load, add_load_option, base_parser, delete_keys, redis_target, section  # noqa: E402
 
 from celery_redislock import current_rate, install, lock_conflict  # noqa: E402
 
 URL = os.environ.get("RATE_STARTS_URL", "redis://127.0.0.1:6379/0")
 RUN = os.environ.get("RATE_STARTS_RUN", "none")
 WORKERS = 2
-LIMIT = 20  # units a second, every case
+LIMIT = int(os.environ.get("RATE_STARTS_LIMIT", "20"))  # units a second, every case (--limit)
 RATE_HEADER = "redislock_rate"  # a copy published again for its slot carries it
 
 
@@ -138,7 +142,7 @@ def _count_republished(sender: Any = None, lock: str = "", action: str = "", **_
 class Workers:
     """``WORKERS`` Celery workers (``-P solo``), each in its own process group."""
 
-    def __init__(self, url: str, run: str, logdir: Path) -> None:
+    def __init__(self, url: str, run: str, logdir: Path, pool: str = "solo") -> None:
         env = {**os.environ, "RATE_STARTS_URL": url, "RATE_STARTS_RUN": run}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
         self.logs = [logdir / f"worker{n}.log" for n in range(WORKERS)]
@@ -155,7 +159,8 @@ class Workers:
                             "rate_starts",
                             "worker",
                             "-P",
-                            "solo",
+                            pool,
+                            *(["-c", "2"] if pool == "prefork" else []),
                             "-n",
                             f"ratestarts{n}-{run}@%h",
                             "--without-heartbeat",
@@ -249,6 +254,7 @@ def measure(url: str, producer: Celery, run: str, case: Case, calls: int) -> dic
         "started_from_copy": sum(1 for n in notes if n[2]),
         "late_ms_median": statistics.median(late_ms) if late_ms else float("nan"),
         "late_ms_max": late_ms[-1] if late_ms else float("nan"),
+        "load_average_after": os.getloadavg()[0],
     }
 
 
@@ -281,9 +287,28 @@ def report(results: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    global LIMIT, CASES  # (the workers read the limit from the environment)
     parser = base_parser(__doc__ or "", "100 calls per case instead of 200")
     parser.add_argument("--calls", type=int, default=200, help="calls per case (200)")
+    add_load_option(parser)
+    parser.add_argument(
+        "--pool",
+        choices=("solo", "prefork"),
+        default="solo",
+        help="the workers' pool (solo; prefork: 2 processes each)",
+    )
+    parser.add_argument("--limit", type=int, default=LIMIT, help="units a second (20)")
+    parser.add_argument(
+        "--case", choices=[c.task.split(".")[-1] for c in CASES], help="this case alone"
+    )
     args = parser.parse_args()
+    LIMIT = args.limit
+    os.environ["RATE_STARTS_LIMIT"] = str(LIMIT)
+    CASES = tuple(
+        Case(c.task, c.label.replace("20/s", f"{LIMIT}/s"), c.burst, c.cost)
+        for c in CASES
+        if args.case in (None, c.task.split(".")[-1])
+    )
     calls = 100 if args.quick and args.calls == 200 else args.calls
     run = os.urandom(4).hex()
     began = time.perf_counter()
@@ -294,18 +319,20 @@ def main() -> None:
         client = redis.Redis.from_url(url)
         print(
             f"Rate starts: Redis {client.info('server')['redis_version']} at {url} ({origin}); "
-            f"{WORKERS} workers (-P solo); {calls} calls per case; {os.cpu_count()} CPU(s), "
-            f"load average {os.getloadavg()[0]:.2f}; run {run}",
+            f"{WORKERS} workers (-P {args.pool}); {calls} calls per case; {os.cpu_count()} CPU(s), "
+            f"load average {os.getloadavg()[0]:.2f}; run {run}"
+            + (f"; {args.load} CPU-burning process(es) during each case" if args.load else ""),
             flush=True,
         )
         producer = make_app(url, run)
-        workers = Workers(url, run, Path(logdir))
+        workers = Workers(url, run, Path(logdir), args.pool)
         results: dict[str, Any] = {}
         load = os.getloadavg()[0]
         try:
             workers.wait_up(producer)
             for case in CASES:
-                results[case.label] = measure(url, producer, run, case, calls)
+                with Load(args.load):
+                    results[case.label] = measure(url, producer, run, case, calls)
                 r = results[case.label]
                 print(
                     f"  {case.label}: {r['starts']} starts in {r['run_s']:.1f} s, at most "

@@ -71,10 +71,11 @@ class _Answer:
     tat_ms: int
     now_ms: int
     by: int
+    started: bool
 
     @classmethod
     def read(cls, reply: object) -> _Answer:
-        granted, slot, delay, limit, per, burst, paused, tat, now, by = text(reply).split()
+        granted, slot, delay, limit, per, burst, paused, tat, now, by, started = text(reply).split()
         return cls(
             granted == "1",
             int(slot),
@@ -85,6 +86,7 @@ class _Answer:
             int(tat),
             int(now),
             int(by) - 1,
+            started == "1",
         )
 
 
@@ -97,7 +99,9 @@ class Reservation:
     it would have had: the retry-after. ``slot_ms``: the slot in Redis server time (ms since the
     epoch). ``rate`` and ``burst``: the limits in effect (set at runtime, or the caller's) of
     ``name``, the limit that set the slot (of several, :func:`reserve_all`: the fullest).
-    ``cost``: the units this request reserved (in that limit).
+    ``cost``: the units this request reserved (in that limit). ``started``: with ``max_late``,
+    the start is counted at ``slot_ms``: start then (``delay`` is at most ``near`` plus
+    ``max_late`` or 1 s, the longer); otherwise come back after ``delay`` and ask again.
     """
 
     granted: bool
@@ -107,6 +111,7 @@ class Reservation:
     burst: int = 1
     cost: float = 1.0
     name: str = ""
+    started: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,9 +276,15 @@ class RateLimit(RateLimitBase):
         more as it starts (then with a delay of 0, or what is left). Use one id per start (a
         task's retry is a new start: ``f"{task_id}:{retries}"``). An id is remembered for
         30 seconds after its slot; one asked again later gets a new slot, a spare one, never
-        one too many. ``max_late`` (seconds): if this request's slot passed more than that long
-        ago, it gets a new slot at the back, since a start that lags its slot crowds the slots
-        after it (see the docs on lateness); so does a request whose slot a pause overtook.
+        one too many. A request whose slot a pause overtook gets a new slot after it.
+
+        ``max_late`` (seconds): starts are counted too, and held within the rate as the slots
+        are. A request whose slot is due, however late it comes, keeps it and starts when the
+        starts counted before it leave room: ``started`` says its start is counted, at
+        ``slot_ms`` (within ``max_late`` or 1 s, the longer); else the start is kept for it to
+        come back to after ``delay``, within ``max_late``. Asked again more than ``max_late``
+        after its start, it is a second start, with a new slot (see the docs on slots and
+        starts).
 
         Raises :class:`~celery_redislock.LockConfigError` for bad arguments and
         :class:`~celery_redislock.LockBackendError` if Redis fails; the call may then have
@@ -411,5 +422,12 @@ def reservation_of(limits: RateLimits, costs: list[float], raw: object) -> Reser
     got = _Answer.read(raw)
     by = limits[got.by][0]
     return Reservation(
-        got.granted, got.delay, got.slot_ms, got.rate, got.burst, costs[got.by], by.name
+        got.granted,
+        got.delay,
+        got.slot_ms,
+        got.rate,
+        got.burst,
+        costs[got.by],
+        by.name,
+        got.started,
     )

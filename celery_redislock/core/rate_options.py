@@ -218,9 +218,10 @@ class RateOptions:
 
     @property
     def slack(self) -> float:
-        """Seconds a start may lag its slot (a delayed message delivered a little late): the
-        limit is kept over ``per + slack`` windows so that the starts, not only the slots,
-        keep the rate. 5% of ``per``, from 0.1 s to 1 s (never more than ``per``)."""
+        """The room between slots and starts: slots are spaced over ``per + slack``, the
+        starts counted over ``per + slack / 2`` (so that starts catch up after a late one,
+        and a body may start a little after its counted start), and a start asked again within
+        it counts once. 5% of ``per``, from 0.1 s to 1 s (never more than ``per``)."""
         return min(self.rate.per, max(0.1, min(1.0, 0.05 * self.rate.per)))
 
 

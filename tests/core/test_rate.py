@@ -30,7 +30,7 @@ from celery_redislock import LockBackendError, LockConfigError
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.admin import clear_limits, set_limits
 from celery_redislock.core.keys import LockKeys
-from celery_redislock.core.rate import Rate, RateLimit, parse_rate
+from celery_redislock.core.rate import Rate, RateLimit, parse_rate, reserve_all
 from celery_redislock.core.rate_options import check_burst, check_cost
 from celery_redislock.core.scripts import script
 
@@ -61,8 +61,22 @@ def record(client: redis.Redis, limit: RateLimit, request: str) -> tuple[int, fl
     raw = client.get(LockKeys.of(limit.namespace, limit.name).rate_request(request))
     if raw is None:
         return None
-    slot, cost = raw.decode().split()  # type: ignore[union-attr]
+    slot, cost, *_ = raw.decode().split()  # type: ignore[union-attr]
     return int(slot), float(cost)
+
+
+def started_us(client: redis.Redis, limit: RateLimit, request: str) -> int | None:
+    """The start a request's record notes (``slot_us cost start_us``), if it started."""
+    raw = client.get(LockKeys.of(limit.namespace, limit.name).rate_request(request))
+    assert raw is not None, f"request {request!r} has no record"
+    fields = raw.decode().split()  # type: ignore[union-attr]
+    return int(fields[2]) if len(fields) > 2 else None
+
+
+def waits(client: redis.Redis, limit: RateLimit, request: str) -> bool:
+    """Whether a request's start is kept for it to come back to (``slot_us cost start_us w``)."""
+    raw = client.get(LockKeys.of(limit.namespace, limit.name).rate_request(request))
+    return raw is not None and raw.decode().endswith(" w")  # type: ignore[union-attr]
 
 
 def slot_us(client: redis.Redis, limit: RateLimit, request: str) -> int:
@@ -479,28 +493,112 @@ def test_max_delay_refuses_and_reserves_nothing(client: redis.Redis) -> None:
     assert again.granted and again.slot_ms == taken.slot_ms
 
 
-def test_a_late_start_goes_to_the_back(client: redis.Redis) -> None:
+def test_a_late_start_keeps_its_slot_when_the_starts_allow_it(client: redis.Redis) -> None:
+    rate = Rate(1, 2)
+    limit = RateLimit(client, "api", rate)
+    interval = interval_us(rate)
+    a = limit.reserve("a")
+    limit.reserve("x")
+    a_us, x_us = slot_us(client, limit, "a"), slot_us(client, limit, "x")
+    assert x_us == a_us + interval
+    booked = bucket(client, limit)
+    # On time (within max_late): the same slot, nothing booked; the start is noted (now).
+    on_time = limit.reserve("a", max_late=60)
+    assert on_time.started and on_time.delay == 0 and on_time.slot_ms >= a.slot_ms
+    assert slot_us(client, limit, "a") == a_us and bucket(client, limit)["tat"] == booked["tat"]
+    assert started_us(client, limit, "a") is not None
+    wait_for(lambda: server_us(client) > x_us + 1_200_000, "x's slot is 1.2 s past")
+    # x starts late, far past max_late: no start since a's, so it keeps its slot and starts
+    # now (nothing new is booked), rather than giving its slot up for one at the back.
+    before = server_us(client)
+    late = limit.reserve("x", max_late=0.05)
+    x_start = started_us(client, limit, "x")
+    assert late.granted and late.started and late.delay == 0 and x_start is not None
+    assert before <= x_start <= server_us(client) and late.slot_ms == x_start // 1000
+    assert slot_us(client, limit, "x") == x_us
+    assert {k: booked[k] for k in ("tat", "last")} == {"tat": x_us + interval, "last": x_us}
+    assert bucket(client, limit)["started"] == x_start + interval
+    # Asked again (a lost reply): the same start, nothing more counted.
+    state = bucket(client, limit)
+    assert limit.reserve("x", max_late=0.05).slot_ms == late.slot_ms
+    assert bucket(client, limit) == state
+    # The next request, due at its slot, starts an interval after x's start, 1.2 s from now:
+    # further than it waits in place (1 s), so that start is kept for it (' w') and it comes
+    # back for it.
+    y = limit.reserve("y", max_late=0.05)
+    y_us = slot_us(client, limit, "y")
+    assert y.granted and y_us == x_us + interval  # booked behind x
+    assert started_us(client, limit, "y") is None  # not due: it comes back
+    wait_for(lambda: server_us(client) > y_us, "y's slot is past")
+    pushed = limit.reserve("y", max_late=0.05)
+    assert pushed.slot_ms == (x_start + interval) // 1000 and pushed.delay > 1.05
+    assert not pushed.started and waits(client, limit, "y")
+    assert started_us(client, limit, "y") == x_start + interval
+    assert slot_us(client, limit, "y") == y_us  # its one booking
+    assert bucket(client, limit)["started"] == x_start + 2 * interval
+    state = bucket(client, limit)
+    again = limit.reserve("y", max_late=0.05)  # asked again: the same
+    assert (again.slot_ms, again.started) == (pushed.slot_ms, False)
+    wait_for(lambda: server_us(client) > x_start + interval, "y's start")
+    came = limit.reserve("y", max_late=0.05)
+    assert came.started and came.slot_ms == pushed.slot_ms and not waits(client, limit, "y")
+    assert bucket(client, limit) == state  # nothing more noted
+    # Due at its slot, z's start is 0.7 s ahead: within 1 s, it waits for it in place.
+    limit.reserve("z", max_late=0.05)
+    z_us = slot_us(client, limit, "z")
+    assert z_us == y_us + interval
+    wait_for(lambda: server_us(client) > z_us + 500_000, "z's slot is 0.5 s past")
+    z = limit.reserve("z", max_late=0.05)
+    assert z.started and z.slot_ms == (x_start + 2 * interval) // 1000 and 0.5 < z.delay < 1
+    # A request refused by max_delay books nothing and drops nothing.
+    state = bucket(client, limit)
+    refused = limit.reserve("r", max_late=0.05, max_delay=0.1)
+    assert not refused.granted and record(client, limit, "r") is None
+    assert bucket(client, limit) == state
+
+
+def test_a_start_asked_again_after_max_late_is_a_new_start(client: redis.Redis) -> None:
     rate = Rate(1, 1)
     limit = RateLimit(client, "api", rate)
     interval = interval_us(rate)
-    a, x = limit.reserve("a"), limit.reserve("x")
-    a_us, x_us = slot_us(client, limit, "a"), slot_us(client, limit, "x")
-    assert x_us == a_us + interval
-    # On time (within max_late): the same slot, nothing taken.
-    assert limit.reserve("a", max_late=60).slot_ms == a.slot_ms
-    wait_for(lambda: server_us(client) > x_us + 50_000, "a's and x's slots are 50 ms past")
-    late = limit.reserve("a", max_late=0.05)
-    # Behind x: a new slot at the back; the stale one is not given back to the bucket.
-    late_us = slot_us(client, limit, "a")
-    assert late.granted and late_us == x_us + interval
-    assert bucket(client, limit) == {"tat": late_us + interval, "last": late_us}
-    assert limit.reserve("a", max_late=0.05).slot_ms == late.slot_ms  # asked again: the same
-    # A late request whose new slot would be too far is refused, and its stale record dropped.
-    state = bucket(client, limit)
-    refused = limit.reserve("x", max_late=0.05, max_delay=0.1)
-    assert not refused.granted and refused.slot_ms == (late_us + interval) // 1000
-    assert record(client, limit, "x") is None and bucket(client, limit) == state
-    assert x.granted
+    first = limit.reserve("a", max_late=0.05)
+    start = started_us(client, limit, "a")
+    assert first.delay == 0 and start is not None
+    wait_for(lambda: server_us(client) > start + 60_000, "a's start is past max_late")
+    # A second run of the same request (a redelivered message): booked again, at the back.
+    again = limit.reserve("a", max_late=0.05)
+    assert slot_us(client, limit, "a") == start + interval and again.delay > 0.8
+
+
+def test_late_starts_keep_the_rate_at_the_starts_and_book_once(client: redis.Redis) -> None:
+    """Twelve requests booked at once start late, each by its own random lag (most beyond
+    max_late): each keeps its one booking, and the starts keep the rate."""
+    rate, late = Rate(5, 0.5), 0.05
+    limit = RateLimit(client, "api", rate, slack=late)
+    names = [f"r{i}" for i in range(12)]
+    for name in names:
+        limit.reserve(name)
+    booked = {name: slot_us(client, limit, name) for name in names}
+    last = bucket(client, limit)["last"]
+    lags = random.Random(7).choices([0.0, 0.02, 0.08, 0.15, 0.3], k=len(names))
+    starts: list[int] = []
+    for name, lag in zip(names, lags, strict=True):
+        due = booked[name] + int(lag * 1_000_000)
+        while True:
+            wait_for(lambda due=due: server_us(client) >= due, "the request's start", 30)
+            got = reserve_all([(limit, 1.0)], name, max_late=late, near=0.02)
+            if got.started:  # its start is counted: it starts at got.slot_ms
+                break
+            assert got.delay > 0.02
+            due = got.slot_ms * 1000
+        assert slot_us(client, limit, name) == booked[name]  # its one booking
+        starts.append(got.slot_ms)
+    assert bucket(client, limit).get("last", last) == last  # nothing booked beyond the twelve
+    assert sum(lag > late for lag in lags) >= 4
+    assert starts == sorted(starts)
+    # At most 5 starts in any 0.5 s (half-open windows), however late they came.
+    for i, first in enumerate(starts):
+        assert sum(first <= s < first + 500 for s in starts[i:]) <= 5, starts
 
 
 def test_usage_reads_the_bucket_and_writes_nothing(client: redis.Redis) -> None:

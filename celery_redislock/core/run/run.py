@@ -242,7 +242,7 @@ class LockedRun:
                 name,
                 retry_after=slot.delay,
             )
-        if slot.delay <= in_place:
+        if slot.started or slot.delay <= in_place:  # (started: its start is counted, at slot)
             if slot.delay:
                 time.sleep(slot.delay)
             waited = time.monotonic() - asked
