@@ -314,12 +314,12 @@ def test_replace_revokes_a_waiting_copy(
 
 @pytest.mark.slow
 def test_publish_failure_leaves_no_claim(lockapp: ModuleType, free_port: int) -> None:
-    lockapp.app.conf.broker_url = f"redis://127.0.0.1:{free_port}/0"
-    try:
-        with lockapp.app.connection_for_write() as conn, pytest.raises(OperationalError):
-            lockapp.unique_finished.apply_async(("nobroker",), connection=conn, retry=False)
-    finally:
-        lockapp.app.conf.broker_url = lockapp.URL
+    # A connection of its own to no broker: the app's broker URL stays as it is (changed and
+    # put back, Celery 5.3 kept a producer pool made for the dead port, and every later test of
+    # this process that published failed).
+    nobroker = lockapp.app.connection_for_write(f"redis://127.0.0.1:{free_port}/0")
+    with nobroker as conn, pytest.raises(OperationalError):
+        lockapp.unique_finished.apply_async(("nobroker",), connection=conn, retry=False)
     assert not lockapp.r.exists(claim_key("fin:nobroker"))
 
 
