@@ -6,14 +6,25 @@ A worker's main process forks (a Celery pool child, an RQ work horse) while thos
 locks on: redis-py (8) takes its pool's lock as it resets the pool in the child, and Celery's
 and kombu's pools take theirs as they close what the parent left; a lock taken at the fork stays
 taken there for ever, and the child hangs at its first call (Celery kills a child that does not
-report ready within 4 s). A fork waits at most for the call in progress: each is bounded by its
-socket timeout (5 s for our lock clients; the broker's own for a publish)."""
+report ready within 4 s). A fork waits for what such a thread is doing: one dead child's
+release and hand-over, one lock's sweep, one debounced call's publish; each call to Redis is
+bounded by its socket timeout (5 s for our lock clients), a publish by the broker's connection
+timeout and the framework's publish retries. The fork (and so the thread that forks, a Celery
+worker's event loop or an RQ worker's main loop) waits that long at most, while Redis or the
+broker does not answer.
+
+Not guarded: the heartbeat and RedLock's helper threads. They run where locked tasks run (pool
+children, work horses, a solo or threads pool), and those processes fork no children; a call
+they make for the child watch (a RedLock release) is waited for by the child watch, under the
+guard. A thread must never wait, while holding the guard, for a thread that forks."""
 
 from __future__ import annotations
 
-# Imported first: the hooks registered last run first before a fork, so this guard is taken
-# before logging's own lock (held by the forking thread until the fork is done), and a thread
-# that holds the guard may still log while the fork waits for it.
+# Imported first, for their fork hooks: the hooks registered last run first before a fork, so
+# the guard is taken before the locks these take for the fork (logging's, and the one a thread
+# pool's submit takes), and a thread holding the guard may still log or submit while the fork
+# waits for it.
+import concurrent.futures.thread  # noqa: F401
 import logging  # noqa: F401
 import os
 import threading
