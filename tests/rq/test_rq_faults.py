@@ -194,7 +194,6 @@ def test_an_unreachable_lock_redis_follows_the_backend_policy(rq_conn, rq_worker
         assert len(spans(rq_conn, "exclusive")) == 1
 
 
-@pytest.mark.slow
 def test_a_horse_forked_while_the_sweeper_is_inside_the_connection_pool_runs_its_job(
     rq_conn, rq_workers
 ):
