@@ -13,10 +13,11 @@ timeout and the framework's publish retries. The fork (and so the thread that fo
 worker's event loop or an RQ worker's main loop) waits that long at most, while Redis or the
 broker does not answer.
 
-Not guarded: the heartbeat and RedLock's helper threads. They run where locked tasks run (pool
-children, work horses, a solo or threads pool), and those processes fork no children; a call
-they make for the child watch (a RedLock release) is waited for by the child watch, under the
-guard. A thread must never wait, while holding the guard, for a thread that forks."""
+Not guarded: the heartbeat and RedLock's call threads. They run where locked tasks run (pool
+children, work horses, a solo or threads pool), and those processes fork no children. (A
+RedLock release made by the child watch runs on call threads: the watch waits for them under the
+guard until a quorum answered; a call to a slower master may still be under way at a fork.)
+A thread must never wait, while holding the guard, for a thread that forks."""
 
 from __future__ import annotations
 
