@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -16,7 +17,15 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject
-from celery.signals import task_failure, task_postrun, task_prerun, task_success, worker_init
+from celery.signals import (
+    before_task_publish,
+    task_failure,
+    task_postrun,
+    task_prerun,
+    task_success,
+    worker_init,
+    worker_process_init,
+)
 from celery.worker.control import inspect_command
 
 from celery_redislock import LockedTask, LockLost, install, lock_conflict, lock_for, lock_lost
@@ -44,6 +53,8 @@ if os.environ.get("LOCKAPP_BACKEND_POLICY"):
     app.conf.redislock_on_backend_error = os.environ["LOCKAPP_BACKEND_POLICY"]
 if os.environ.get("LOCKAPP_LOCK_URL"):
     app.conf.redislock_url = os.environ["LOCKAPP_LOCK_URL"]
+if os.environ.get("LOCKAPP_SWEEP_INTERVAL"):
+    app.conf.redislock_line_sweep_interval = float(os.environ["LOCKAPP_SWEEP_INTERVAL"])
 if os.environ.get("LOCKAPP_LOG_FORMAT"):  # e.g. with each line's level and logger
     app.conf.worker_log_format = os.environ["LOCKAPP_LOG_FORMAT"]
 r = redis.Redis.from_url(URL)
@@ -108,6 +119,13 @@ def echo(value: Any = None, *more: Any) -> Any:
     """A plain task (no lock): a workflow's other step; notes each run under ``echo``."""
     r.rpush("echo", repr(value))
     return value
+
+
+@app.task(bind=True)
+def plain_wait(self: Any, name: str, seconds: float) -> None:
+    """A plain task (no lock) that waits ``seconds`` or until ``stop:<name>``."""
+    started(name, self.request.id)
+    _sleep(seconds, name)
 
 
 @app.task
@@ -620,9 +638,10 @@ _KEPT: list[Any] = []
 
 def _hold_lock_pool(sender: Any = None, **_: Any) -> None:
     """With ``LOCKAPP_POOL_HOLDER`` set: a thread of the worker's main process that, while the
-    key ``pool:hold`` exists, holds the connection pool of the app's lock client as a thread of
-    that process does for an instant in each call it makes (the child watch, the line sweeper);
-    ``pool:held`` says that it does. A pool child forked meanwhile inherits the pool taken."""
+    key ``pool:hold`` exists, holds the connection pool of the app's lock client as any thread
+    of that process using the client does for an instant in each call it makes; ``pool:held``
+    says that it does. A pool child forked meanwhile inherits the pool taken. (Not one of the
+    integration's threads: those hold the fork guard in their calls, so no fork happens then.)"""
     if not os.environ.get("LOCKAPP_POOL_HOLDER"):
         return
     pool = client_for(app).connection_pool
@@ -643,3 +662,63 @@ def _hold_lock_pool(sender: Any = None, **_: Any) -> None:
 
 
 worker_init.connect(_hold_lock_pool, weak=False)
+
+
+# -- a hand-over published by the child watch while the worker forks ----------------------------
+
+
+def _note_forks(sender: Any = None, **_: Any) -> None:
+    """With ``LOCKAPP_FORK_NOTES`` set, while the key ``fork:note`` exists: the worker's main
+    process notes each fork it is about to make (``fork`` in the list ``fork:events``, before
+    the fork guard's hook: registered after it, this one runs first), and each pool child notes
+    that it started (``up:<pid>``)."""
+    if not os.environ.get("LOCKAPP_FORK_NOTES"):
+        return
+    notes = redis.Redis.from_url(URL)  # the forking thread's own
+    _KEPT.append(notes)
+
+    def before() -> None:
+        if notes.exists("fork:note"):
+            notes.rpush("fork:events", "fork")
+
+    os.register_at_fork(before=before)
+
+
+def _note_up(sender: Any = None, **_: Any) -> None:
+    if os.environ.get("LOCKAPP_FORK_NOTES"):
+        notes = redis.Redis.from_url(URL)
+        if notes.exists("fork:note"):
+            notes.rpush("fork:events", f"up:{os.getpid()}")
+
+
+def _publish_across_a_fork(sender: Any = None, **_: Any) -> None:
+    """With ``LOCKAPP_FORK_NOTES`` set and the key ``fork:note``: the first task the child watch
+    publishes (a hand-over) holds the broker connection pool it publishes through (as redis-py
+    does for an instant in each call) until the worker is about to fork, then goes on. A pool
+    child forked while it holds that pool inherits it taken, and hangs as it closes the broker
+    connections it inherited (kombu does so in each new pool child)."""
+    if not os.environ.get("LOCKAPP_FORK_NOTES"):
+        return
+    if threading.current_thread().name != "redislock-childwatch":
+        return
+    own = redis.Redis.from_url(URL)
+    _KEPT.append(own)
+    if not own.exists("fork:note") or not own.set("fork:publishing", 1, nx=True):
+        return
+    frame = sys._getframe(1)
+    while "producer" not in frame.f_locals:  # Celery's send_task_message(producer, ...)
+        assert frame.f_back is not None
+        frame = frame.f_back
+    pool = frame.f_locals["producer"].channel.pool  # redis-py's, under kombu's Redis channel
+    _KEPT.append(pool)
+    with pool._lock:
+        own.rpush("fork:events", "publishing")
+        deadline = time.monotonic() + 30
+        while b"fork" not in own.lrange("fork:events", 0, -1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        own.rpush("fork:events", "published")
+
+
+worker_init.connect(_note_forks, weak=False)
+worker_process_init.connect(_note_up, weak=False)
+before_task_publish.connect(_publish_across_a_fork, weak=False)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 import time
+from typing import Any
 
+import redis
 import rqsignals  # noqa: F401  (connects the test receivers in every worker and horse)
 from rq import get_current_job
 
-from celery_redislock.integrations.rq import locked
+from celery_redislock.integrations.rq import LockWorker, locked
 
 # A job that holds its lock until the test says stop (``stop:<key>``), at most this long.
 HOLD_LIMIT_S = 60.0
@@ -151,3 +155,96 @@ def rated(n: int) -> str:
 @locked(rate={"rate": "1/4s", "max_delay": 1})
 def rated_impatient() -> str:
     return _run("rated_impatient", "rate", 0.0)
+
+
+def pid() -> int:
+    """A plain job (no lock): the pid of the horse that ran it."""
+    return os.getpid()
+
+
+# -- a worker whose sweeper is inside RQ's connection pool as the worker forks a horse ----------
+
+
+class _Held:
+    """Coordinates, in a worker's main process, the sweeper thread and the fork of a horse."""
+
+    def __init__(self, conn: redis.Redis) -> None:
+        self.notes = conn  # a client of its own: the sweeper's pool is held meanwhile
+        self.fork_wanted = threading.Event()
+        self.holding = threading.Event()
+        self.forked = threading.Event()
+        self.done = False
+
+    def before_fork(self) -> None:
+        # Registered after the fork guard's hook: runs first, before the fork waits, if it does.
+        if not self.done and self.notes.exists("fork:note"):
+            self.fork_wanted.set()
+            self.holding.wait(30)
+
+    def after_fork_in_parent(self) -> None:
+        if self.fork_wanted.is_set() and not self.forked.is_set():
+            self.forked.set()
+            self.notes.rpush("fork:events", "forked")
+
+    def fork_waits(self) -> bool:
+        """Whether the main thread waits in the fork guard (a fork under way)."""
+        frame = sys._current_frames().get(threading.main_thread().ident or 0)
+        while frame is not None:
+            if frame.f_code.co_name == "_before_fork" and "forkguard" in frame.f_code.co_filename:
+                return True
+            frame = frame.f_back
+        return False
+
+    def hold_across_the_fork(self, pool: redis.ConnectionPool) -> None:
+        """In the sweeper's call (under the fork guard): waits for a horse's fork, and holds
+        the pool (as redis-py does for an instant in each call) until that fork either waits
+        for the sweeper or happened."""
+        if self.done or not self.notes.exists("fork:note"):
+            return
+        if not self.fork_wanted.wait(30):
+            return
+        self.done = True
+        with pool._lock:  # type: ignore[attr-defined]
+            self.holding.set()
+            deadline = time.monotonic() + 30
+            # Until the fork waits for this thread (the guard), or was made (no guard).
+            while not (self.forked.is_set() or self.fork_waits()):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.001)
+            waits = self.fork_waits()
+        self.notes.rpush("fork:events", *(["fork waits"] if waits else []), "released")
+
+
+class _SweeperClient:
+    """The sweeper's client, each of its task line sweeps first held across a horse's fork."""
+
+    def __init__(self, client: redis.Redis, held: _Held) -> None:
+        self._client, self._held = client, held
+
+    def hgetall(self, key: Any) -> Any:
+        self._held.hold_across_the_fork(self._client.connection_pool)
+        return self._client.hgetall(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+class ForkNotingWorker(LockWorker):
+    """A ``LockWorker`` whose sweeper, once the key ``fork:note`` exists, holds RQ's connection
+    pool in its sweep (under the fork guard) when the worker forks a horse: a horse forked
+    meanwhile would inherit the pool taken. ``fork:events`` says in what order things went."""
+
+    def _redislock_sweeper(self, settings: Any) -> Any:
+        sweeper = super()._redislock_sweeper(settings)
+        if sweeper is not None:
+            held = _Held(
+                redis.Redis(
+                    connection_pool=redis.ConnectionPool(
+                        **self.connection.connection_pool.connection_kwargs
+                    )
+                )
+            )
+            os.register_at_fork(before=held.before_fork, after_in_parent=held.after_fork_in_parent)
+            sweeper.client = _SweeperClient(sweeper.client, held)
+        return sweeper

@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Protocol
 
+from .forkguard import FORK_GUARD
+
 __all__ = ["ChildWatch", "Watched", "alive"]
 
 # How often the watch picks up newly started jobs (and, without pidfds, looks at /proc).
@@ -94,7 +96,10 @@ class ChildWatch:
             for job_id, (pid, job) in watched:
                 if pid in dead:
                     if self._forget(job_id):
-                        job.child_died(pid)
+                        # Releases and hands on through Redis and the broker: the replacement
+                        # child the worker forks meanwhile must not cut a call in two.
+                        with FORK_GUARD.held():
+                            job.child_died(pid)
                 elif job.done():
                     self._forget(job_id)  # the child released the lease itself
 

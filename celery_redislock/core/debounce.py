@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from .forkguard import FORK_GUARD
 from .keys import LockKeys
 from .protocol import text
 from .scripts import run
@@ -95,7 +96,7 @@ def sweep_pending(
     1
     """
     key = pending_key(namespace)
-    with backend_errors(None):
+    with FORK_GUARD.held(), backend_errors(None):
         listed = client.hgetall(key)
     now = time.time()
     published = 0
@@ -103,36 +104,55 @@ def sweep_pending(
         name, record = text(raw_name), json.loads(raw)
         if record["look"] > now:
             continue
-        keys = [LockKeys.of(namespace, name).pending]
-        with backend_errors(name):
-            taken = run("pending_take", client, keys, [str(_ms(window)), os.urandom(8).hex()])
-        what = text(taken[0])
-        if what == "n":
-            if now - record["at"] > _FORGET_AFTER_S:
-                with backend_errors(name):
-                    run("line_forget", client, [key], [name, text(raw)])
-            continue
-        if what == "w":
-            _list(client, namespace, name, int(taken[1]) / 1000)
-            continue
-        call_id, payload = text(taken[1]), text(taken[2])
-        try:
-            publish(call_id, payload)
-        except Exception:
-            log.exception(
-                "debounced key %r: could not publish call %s (tried again in %.0fs)",
-                name,
-                call_id,
-                window,
+        # Under the fork guard, one key at a time: a worker forking meanwhile (a pool child, a
+        # work horse) waits for this key's calls to Redis and the broker, not for the sweep's.
+        with FORK_GUARD.held():
+            published += _publish_due(
+                client, namespace, name, text(raw), record, now, publish, window
             )
-            _list(client, namespace, name, time.time() + window)
-            continue
-        published += 1
-        with backend_errors(name):
-            next_due = int(run("pending_sent", client, keys, [call_id]))
-        if next_due:
-            _list(client, namespace, name, next_due / 1000)
     return published
+
+
+def _publish_due(
+    client: RedisClient,
+    namespace: str,
+    name: str,
+    raw: str,
+    record: dict[str, float],
+    now: float,
+    publish: Callable[[str, str], None],
+    window: float,
+) -> int:
+    """Publishes the call of key ``name`` if it is due; returns how many it published (0, 1)."""
+    keys = [LockKeys.of(namespace, name).pending]
+    with backend_errors(name):
+        taken = run("pending_take", client, keys, [str(_ms(window)), os.urandom(8).hex()])
+    what = text(taken[0])
+    if what == "n":
+        if now - record["at"] > _FORGET_AFTER_S:
+            with backend_errors(name):
+                run("line_forget", client, [pending_key(namespace)], [name, raw])
+        return 0
+    if what == "w":
+        _list(client, namespace, name, int(taken[1]) / 1000)
+        return 0
+    call_id, payload = text(taken[1]), text(taken[2])
+    try:
+        publish(call_id, payload)
+    except Exception:
+        log.exception(
+            "debounced key %r: could not publish call %s (tried again in %.0fs)",
+            name,
+            call_id,
+            window,
+        )
+        _list(client, namespace, name, time.time() + window)
+        return 0
+    with backend_errors(name):
+        next_due = int(run("pending_sent", client, keys, [call_id]))
+    if next_due:
+        _list(client, namespace, name, next_due / 1000)
+    return 1
 
 
 def _list(client: RedisClient, namespace: str, name: str, look: float) -> None:

@@ -30,6 +30,7 @@ import redis
 from ..errors import JobFinished, LineFull, LockConfigError, LockNotAcquired
 from ._validate import int_at_least
 from .durations import MAX_WAIT, seconds
+from .forkguard import FORK_GUARD
 from .handover import (
     DEFAULT_HANDOVER_WINDOW,
     PUBLISH_WINDOW_S,
@@ -264,7 +265,8 @@ def sweep_lines(
     0
     """
     key = lines_key(namespace)
-    with backend_errors(None):
+    # Under the fork guard, one lock at a time: a worker forking meanwhile waits for that one.
+    with FORK_GUARD.held(), backend_errors(None):
         listed = client.hgetall(key)
     parked = lines = 0
     for raw_name, raw in listed.items():
@@ -282,13 +284,14 @@ def sweep_lines(
             handover=handover,
             handover_window=handover_window,
         )
-        reply = sweep(lock)
+        with FORK_GUARD.held():
+            reply = sweep(lock)
+            if reply.parked == 0 and reply.leases == 0 and not reply.expired:
+                with backend_errors(name):
+                    run("line_forget", client, [key], [name, text(raw)])
         parked += reply.parked
         if reply.parked:
             lines += 1
-        if reply.parked == 0 and reply.leases == 0 and not reply.expired:
-            with backend_errors(name):
-                run("line_forget", client, [key], [name, text(raw)])
     if lines_swept.receivers:
         lines_swept.send(sender=None, namespace=namespace, parked=parked, lines=lines)
     return parked

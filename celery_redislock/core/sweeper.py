@@ -3,7 +3,9 @@
 publishes hand-overs whose publisher died, and ends tasks past their ``max_wait``; and it
 publishes the debounced calls that are due (core/debounce.py). A thread:
 an RQ worker's main thread blocks in ``wait4`` on its horse, a Celery worker's runs its event
-loop; nothing in it is needed by a forked child (Redis clients reset their pools after a fork)."""
+loop; nothing in it is needed by a forked child (Redis clients reset their pools after a fork),
+and no child is forked while it is inside a call (core/forkguard.py: sweep_lines and
+sweep_pending hold the guard one lock, one debounced key, at a time)."""
 
 from __future__ import annotations
 

@@ -192,3 +192,26 @@ def test_an_unreachable_lock_redis_follows_the_backend_policy(rq_conn, rq_worker
         assert "LockBackendError" in (job.latest_result().exc_string or "")
     else:
         assert len(spans(rq_conn, "exclusive")) == 1
+
+
+def test_a_horse_forked_while_the_sweeper_is_inside_the_connection_pool_runs_its_job(
+    rq_conn, rq_workers
+):
+    """The sweeper thread of a ``LockWorker``'s main process uses RQ's connection (the lock
+    client too, without REDISLOCK_URL); a horse forked in the instant that thread is inside its
+    connection pool would inherit the pool taken (redis-py 8 takes the pool's lock as it resets
+    it for the horse) and hang at its first call. Here the sweeper holds the pool as the worker
+    forks, for certain: the fork must wait for the sweeper's call (the fork guard)."""
+    # (No scheduler: a fork of its own. The job has no lock: the parent makes no call before
+    # the fork while the sweeper holds the pool.)
+    worker = rq_workers(name="w1", worker_class="rqjobs.ForkNotingWorker", scheduler=False)
+    rq_conn.set("fork:note", 1)
+    job = Queue("default", connection=rq_conn).enqueue(rqjobs.pid)
+    assert wait_ended([job]) == ["finished"]
+    assert [e.decode() for e in rq_conn.lrange("fork:events", 0, -1)] == [
+        "fork waits",
+        "released",
+        "forked",
+    ]
+    horse = Job.fetch(job.id, connection=rq_conn).return_value()
+    assert isinstance(horse, int) and horse != worker.pid  # ran in a horse
