@@ -78,9 +78,7 @@ _VERSIONS_IN: dict[str, str] = {
     "test_rq_signals.py": "sent from the horse (perform_job's signature differs in RQ 3)",
     "test_rq_unique.py": "every way into a queue (enqueue_at/in, Retry, scheduler), cancel",
     "test_worker_logs.py": "Celery's tracer lines (celery.app.trace) filtered, RQ's log lines",
-    "test_async_lock.py::test_a_celery_task_and_an_asyncio_handler_exclude_each_other": (
-        "redis.asyncio, the only asyncio client of redis-py 5.0 in that run"
-    ),
+    "test_async_lock.py": "redis.asyncio: a cancelled call, its errors (5.0.0 has no aclose)",
     "test_rq_options.py::test_sentinel_and_replica_settings_build_the_lock_client": (
         "redis-py's Sentinel and Retry arguments"
     ),
@@ -132,6 +130,7 @@ _VERSIONS_OUT: dict[str, str] = {
     "test_rq_options.py": "parsing of declarations and settings",
     "test_rq_signals.py::test_a_receiver_that_raises_is_logged_and_skipped": "our dispatch, no RQ",
     "test_worker_logs.py::test_the_lock_redis_is_named_without_its_password": "naming",
+    "test_async_lock.py::test_bad_arguments_are_refused_before_anything_is_sent": "parsing",
     "test_conformance.py": "its rows that depend on versions carry the marker (scenarios.py)",
 }
 
