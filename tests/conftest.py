@@ -47,14 +47,133 @@ BINARIES = _binaries()
 _FAULT_FILE_WORDS = ("fault", "lost_replies", "backend_down")
 
 
+# The lowest-versions run (`make test-lowest`, `-m versions`): the tests of what may behave
+# otherwise on the lowest supported Celery, kombu, billiard, RQ and redis-py
+# (constraints-lowest.txt) than on the newest: every use of their internals
+# (integrations/*/_compat.py), their signals, pools, brokers, CLI, logs and redis-py's errors.
+# Test module, or "module::test" (every parametrization of it), -> why it runs there. A test
+# named at both levels follows its own entry. A Celery or RQ test (markers `celery`, `rq`) named
+# nowhere runs there too, so that a new module cannot miss that run before it is sorted here.
+# The conformance rows that run there say so in tests/conformance/scenarios.py (VERSIONS).
+_VERSIONS_IN: dict[str, str] = {
+    "test_celery_backend.py": "redis-py's errors and retries under a worker (5.0 retries none)",
+    "test_celery_cli.py": "the `celery redislock` command: Celery's click plugin, its context",
+    "test_celery_conflicts.py": "Task.retry's countdown and max_retries, eager calls, time limits",
+    "test_celery_install_guard.py": "what Celery does with unknown task options, worker start",
+    "test_celery_line.py": "a parked task's Ignore and re-publish, the parent, revoke, redelivery",
+    "test_celery_options.py": "tasks built lazily from task_cls, app.conf reads, worker start",
+    "test_celery_pools.py": "the pools, Task.retry, canvas answers (groups, chords, chains), eager",
+    "test_celery_rabbitmq.py": "kombu's AMQP transport (py-amqp): acks, redelivery to a new worker",
+    "test_celery_rate.py": "a start over the rate published again with an ETA (the worker's timer)",
+    "test_celery_redelivery.py": "kombu's Redis transport: visibility timeout, acks_late, restore",
+    "test_celery_release.py": "the parent's signals for a killed child (hard time limit: 5.7 only)",
+    "test_celery_signals.py": "Celery's task events (the dispatcher's groups) in prefork workers",
+    "test_celery_unique.py": "before_task_publish, send_task, canvas, beat, revoke internals",
+    "test_celery_unique_options.py": "the publish path: headers, expires, countdown, send_task",
+    "test_settings_namespace.py": "Celery's Settings internals: namespace prefix and old names",
+    "test_rq_exclusion.py": "each worker class's path (fork, in-process), worker-pool, Retry",
+    "test_rq_faults.py": "a killed horse's handling, the job timeout, RQ's abandoned-job requeue",
+    "test_rq_line.py": "RQ's Retry and scheduler, putting a job back (_enqueue_job), cancel",
+    "test_rq_rate.py": "a Retry through RQ's scheduler (whole seconds on RQ 2.x)",
+    "test_rq_signals.py": "sent from the horse (perform_job's signature differs in RQ 3)",
+    "test_rq_unique.py": "every way into a queue (enqueue_at/in, Retry, scheduler), cancel",
+    "test_worker_logs.py": "Celery's tracer lines (celery.app.trace) filtered, RQ's log lines",
+    "test_async_lock.py": "redis.asyncio: a cancelled call, its errors (5.0.0 has no aclose)",
+    "test_rq_options.py::test_sentinel_and_replica_settings_build_the_lock_client": (
+        "redis-py's Sentinel and Retry arguments"
+    ),
+}
+# Left out: Celery or RQ tests of our own parsing, naming, or of the core's decisions, whose
+# framework path another test above runs.
+_VERSIONS_OUT: dict[str, str] = {
+    "test_celery_exclusion.py": "the core's exclusion under load; its task path runs in pools",
+    "test_celery_line.py::test_a_cap_with_a_line_runs_three_at_a_time_and_all": "the core's cap",
+    "test_celery_line.py::test_a_forced_release_hands_the_lock_to_the_next_in_line_at_once": (
+        "the admin API; the sweeper's hand-over runs in the whole-dead-worker test"
+    ),
+    "test_celery_line.py::test_a_task_past_max_wait_fails_without_running": "the core's decision",
+    "test_celery_line.py::test_a_full_line_fails_the_newcomer_with_line_full": "the core's",
+    "test_celery_options.py::test_bad_option_is_refused_when_the_task_is_declared": "parsing",
+    "test_celery_options.py::test_bound_task_key_drops_self_and_checks_the_rest": "naming",
+    "test_celery_options.py::test_positional_keyword_and_default_forms_are_one_key": "naming",
+    "test_celery_options.py::test_canonical_hash_ignores_mapping_order_and_knows_common_types": (
+        "naming"
+    ),
+    "test_celery_options.py::test_template_uses_bound_defaults_and_kwargs": "naming",
+    "test_celery_options.py::test_callable_key_gets_the_call_arguments": "naming",
+    "test_celery_options.py::test_host_scope_puts_the_host_in_the_name": "naming",
+    "test_celery_options.py::test_max_wait_with_another_action_is_refused": "parsing",
+    "test_celery_rate.py::test_a_bad_rate_is_refused_when_the_task_is_declared": "parsing",
+    "test_celery_signals.py::test_a_bad_kill_switch_value_is_a_config_error": "parsing",
+    "test_celery_unique.py::test_until_finished_one_run_while_running_for_four_producers": (
+        "the core's claim under racing producers; the publish path runs in the rest"
+    ),
+    "test_celery_unique.py::test_one_queued_copy_for_four_producers": "the core's claim, raced",
+    "test_celery_unique_options.py::test_bad_unique_option_is_refused_when_declared": "parsing",
+    "test_celery_unique_options.py::test_lifecycles_imply_the_run_lock_on_the_same_key": "parsing",
+    "test_celery_unique_options.py::test_equal_dict_arguments_in_another_order_are_one_call": (
+        "naming"
+    ),
+    "test_celery_unique_options.py::"
+    "test_a_string_argument_starting_with_a_brace_can_be_published": "naming (escaping)",
+    "test_rq_exclusion.py::test_cap_is_reached_and_never_exceeded": "the core's cap",
+    "test_rq_exclusion.py::test_readers_overlap_and_no_writer_beside_them": "the core's modes",
+    "test_rq_exclusion.py::test_a_direct_call_takes_the_lock_too": "no RQ in it: a plain call",
+    "test_rq_line.py::test_a_cap_of_three_with_a_line_runs_three_at_a_time_and_every_job": (
+        "the core's cap"
+    ),
+    "test_rq_line.py::test_a_job_past_max_wait_fails_without_running": "the core's decision",
+    "test_rq_line.py::test_a_full_line_fails_the_newcomer_with_line_full": "the core's decision",
+    "test_rq_line.py::test_a_claimed_hand_over_lasts_a_ttl_and_names_its_claimant": (
+        "the core's claim (its own words)"
+    ),
+    "test_rq_options.py": "parsing of declarations and settings",
+    "test_rq_signals.py::test_a_receiver_that_raises_is_logged_and_skipped": "our dispatch, no RQ",
+    "test_worker_logs.py::test_the_lock_redis_is_named_without_its_password": "naming",
+    "test_async_lock.py::test_bad_arguments_are_refused_before_anything_is_sent": "parsing",
+    "test_conformance.py": "its rows that depend on versions carry the marker (scenarios.py)",
+    "test_settings_namespace.py::test_a_namespaced_setting_changed_after_first_use_is_seen": (
+        "asserts Celery 5.7's order: app.conf's unprefixed name first (5.3 reads the prefixed)"
+    ),
+}
+
+
+def _runs_on_the_lowest_versions(item: pytest.Item) -> bool:
+    module = item.path.name
+    test = f"{module}::{getattr(item, 'originalname', item.name)}"
+    if item.get_closest_marker("versions"):
+        return True
+    for key in (test, module):
+        if key in _VERSIONS_IN:
+            return True
+        if key in _VERSIONS_OUT:
+            return False
+    return bool(item.get_closest_marker("celery") or item.get_closest_marker("rq"))
+
+
+def _check_version_tables(items: list[pytest.Item]) -> None:
+    """Every entry names a test module, and every "module::test" a test of it (a renamed test
+    would leave its entry behind, and go back to the default unnoticed)."""
+    modules = {item.path.name: item.module for item in items if isinstance(item, pytest.Function)}
+    files = {path.name for path in Path(__file__).parent.rglob("test_*.py")}
+    for key in (*_VERSIONS_IN, *_VERSIONS_OUT):
+        module, _, test = key.partition("::")
+        if module not in modules:
+            if module not in files:
+                raise pytest.UsageError(f"tests/conftest.py names {module}: no such test module")
+        elif test and not hasattr(modules[module], test):
+            raise pytest.UsageError(f"tests/conftest.py names {key}: no such test")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Every test_celery_* module runs again on the lowest supported versions (`-m celery`):
-    # a new file cannot miss that run.
+    _check_version_tables(items)
     for item in items:
         if item.path.name.startswith("test_celery_"):
             item.add_marker(pytest.mark.celery)
         if item.path.name.startswith("test_rq_"):
             item.add_marker(pytest.mark.rq)
+        if _runs_on_the_lowest_versions(item):
+            item.add_marker(pytest.mark.versions)
         # `faults` by rule where one holds (the other fault tests carry the marker in their
         # module); `slow` for what is slow by kind (the rest is marked as measured).
         if any(word in item.path.name for word in _FAULT_FILE_WORDS) or (

@@ -175,10 +175,49 @@ class Scenario:
         out = []
         for adapter in ADAPTERS:
             marks: list[Any] = [getattr(pytest.mark, m) for m in (adapter, *self.marks)]
+            if self.name in VERSIONS:
+                marks.append(pytest.mark.versions)
             if adapter in self.drift:
                 marks.append(pytest.mark.xfail(strict=True, reason=f"drift: {self.drift[adapter]}"))
             out.append(pytest.param(adapter, self, id=f"{adapter}-{self.name}", marks=marks))
         return out
+
+
+# The rows that run again on the lowest supported Celery, kombu, RQ and redis-py (marker
+# `versions`, `make test-lowest`: see tests/conftest.py), and why: those that go through the
+# frameworks' internals or redis-py's errors. The others are the core's decisions, taken the same
+# whatever the versions (caps, modes, waits, the line's limits, rates, pauses, claims at publish).
+VERSIONS: dict[str, str] = {
+    "skip": "how a run that does not run ends (Celery's tracer and states, RQ's job status)",
+    "raise": "an error raised before the body, as each framework reports it",
+    "retry_runs_after_the_release": "Task.retry's publish; RQ's Retry through its scheduler",
+    "retry_gives_up_after_max_retries": "the retry count each framework keeps",
+    "queue_runs_when_the_holder_releases": "a parked run put back (re-publish, _enqueue_job)",
+    "a_killed_holder_hands_the_lock_to_the_line_at_once": "the parent after a killed child/horse",
+    "two_locks_a_killed_runner_s_leases_are_both_released_by_the_parent": "the same, two leases",
+    "killed_runner_is_released_by_the_parent_at_once": "the parent's signals, RQ's own",
+    "a_lease_lost_by_its_end_logs_one_line": "Celery's tracer lines filtered (tracelog.py)",
+    "on_duplicate_raise": "raised from the publish (apply_async, Queue.enqueue)",
+    "on_duplicate_replace": "a queued copy revoked (Celery) or canceled (RQ)",
+    "on_duplicate_cancel_stops_the_running_copy": "revoke(terminate=True); RQ's stop-job command",
+    "keep_last_runs_the_latest_call_as_the_running_one_ends": "replace, revoke and the line",
+    "keep_last_replaced_copies_leave_the_line_as_they_are_replaced": "the same, many copies",
+    "until_started_running_copy_lets_a_second_run": "the claim ended as the run starts",
+    "until_finished_frees_its_key_as_it_ends": "the claim ended as the run ends",
+    "until_and_while_running_frees_its_key_as_it_ends": "the same, its run lock too",
+    "until_finished_frees_its_key_when_it_fails": "the claim ended by a failure",
+    "once_per_period_hands_back_a_failed_run_too": "a failed run's state handed back",
+    "debounce_runs_once_with_the_latest_arguments": "a publish with a countdown; RQ's enqueue_in",
+    "debounce_max_wait_runs_during_a_steady_stream": "the same, under a stream of calls",
+    "rate_full_comes_back_for_its_slot": "published again with an ETA; RQ's Retry and scheduler",
+    "copy_of_a_finished_run_is_dropped": "a second delivery of one id",
+    "copy_beside_its_running_first_awaits_then_is_dropped": "the same, while the first runs",
+    "backend_down_fail": "redis-py's errors as the run starts (5.0 retries none)",
+    "backend_down_retry": "the same, and the framework's retry",
+    "backend_down_run": "the same, and the run without its lock",
+    "lock_redis_down_at_the_release": "redis-py's errors at the release",
+    "lock_redis_down_at_the_release_logs_one_line": "the same, and the worker's log",
+}
 
 
 def actions(*names: str) -> frozenset[str]:
@@ -813,3 +852,4 @@ SCENARIOS: list[Scenario] = [
 
 assert len({s.name for s in SCENARIOS}) == len(SCENARIOS)
 assert all(s.job in JOBS for s in SCENARIOS)
+assert set(VERSIONS) <= {s.name for s in SCENARIOS}, set(VERSIONS) - {s.name for s in SCENARIOS}

@@ -114,7 +114,10 @@ def setting_lookups(conf: Any, names: Iterable[str]) -> SettingLookups | None:
     ``copy()`` keeps the prefix rules and whose ``maps`` can be swapped.
     (tests/celery/test_settings_namespace.py)"""
     try:
-        view = conf.copy()  # the same prefix and old-name rules, over a probe instead of maps
+        # A view with the same prefix and old-name rules, over a probe instead of maps, made as
+        # Celery 5.7's ConfigurationView.copy() makes it: 5.3's copy() is ChainMap's, which
+        # loses the prefix (tests/celery/test_settings_namespace.py on the lowest versions).
+        view = type(conf)(conf.changes.copy(), conf.defaults, conf._keys, conf.prefix)
         probe = _Probe()
         view.maps[:] = [probe]
         found: SettingLookups = {}
