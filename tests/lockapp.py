@@ -679,6 +679,14 @@ def _note_forks(sender: Any = None, **_: Any) -> None:
 
     def before() -> None:
         if notes.exists("fork:note"):
+            # The fork waits until the child watch publishes the hand-over (on a loaded machine
+            # Celery forked the replacement before the watch had seen the death), so that the
+            # publish is in progress at the fork, for certain.
+            deadline = time.monotonic() + 30
+            while b"publishing" not in notes.lrange("fork:events", 0, -1):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
             notes.rpush("fork:events", "fork")
 
     os.register_at_fork(before=before)

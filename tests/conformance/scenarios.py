@@ -716,7 +716,8 @@ SCENARIOS: list[Scenario] = [
         "rated_fast",
         "rate_paused",
         Expect("ran", 2, actions("rate"), log=RATE_FULL),
-        params={"gap": 3.0},
+        params={"gap": 10.0},
+        marks=("slow",),
     ),
     Scenario(
         "rate_several_limits_a_tenant_backlog_does_not_hold_the_shared_one",
