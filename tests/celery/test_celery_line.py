@@ -101,7 +101,7 @@ def test_a_cap_with_a_line_runs_three_at_a_time_and_all(
     seen = [int(x) for x in lockapp.r.lrange("seen:linecap", 0, -1)]
     assert len(seen) == 15 and max(seen) <= 3
     assert max(seen) == 3  # the cap was used, not one at a time
-    assert all(a in ("queue",) for _, a in _conflicts(lockapp))
+    assert all(a in ("queue",) for _, a in _conflicts(lockapp)), _conflicts(lockapp)
 
 
 def test_a_dead_childs_lock_goes_to_the_next_in_line_at_once(

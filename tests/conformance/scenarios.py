@@ -731,7 +731,8 @@ SCENARIOS: list[Scenario] = [
         "rated_fast",
         "rate_set_live",
         Expect("ran", 2, actions("rate"), log=RATE_FULL),
-        params={"gap": 3.0},
+        params={"gap": 10.0},
+        marks=("slow",),
     ),
     # -- another delivery of the same run --------------------------------------------------------
     Scenario(

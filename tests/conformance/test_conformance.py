@@ -691,10 +691,11 @@ def kill_runner_of_several(adapter: Adapter, row: Scenario, key: str) -> Expect:
 
 
 def rate_set_live(adapter: Adapter, row: Scenario, key: str) -> Expect:
-    """A rate set in Redis at runtime (1 per 3 s) takes the place of the code's (100 a second)
-    at the next start, on a worker that started with the code's."""
+    """A rate set in Redis at runtime (1 per the row's gap: 10 s, which outlasts the first run's
+    end and the second's delivery on a loaded machine) takes the place of the code's (100 a
+    second) at the next start, on a worker that started with the code's."""
     name = lock_name(row, key)
-    set_limits(adapter.lock_client, name, rate="1/3s")
+    set_limits(adapter.lock_client, name, rate=f"1/{row.params['gap']:g}s")
     try:
         _, second = _two_in_a_row(adapter, row, key)
     finally:
