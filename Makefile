@@ -99,7 +99,7 @@ endef
 
 # Lint, the docs build (warnings as errors, doctests), every test against each Redis found
 # (redis-server on PATH and the embedded 6.2), the Redis topologies, then the tests marked
-# `versions` once more on the lowest supported versions: 16 to 25 minutes on 2 cores, with the load.
+# `versions` once more on the lowest supported versions: about 15 minutes on 2 quiet cores.
 test:
 	$(call phases,lint docs test-main test-topologies test-lowest)
 
