@@ -377,14 +377,15 @@ def test_a_pause_alone_expires_with_its_end_and_a_longer_one_is_kept(client: red
     lock = Lock(client, "ttl", ttl=30)
     began = _server_ms(client)
     pause_lock(client, "ttl", 60)
-    assert 60_000 - (_server_ms(client) - began) <= client.pttl(lock.keys.limits) <= 60_000
+    # (Less the time passed since, and 1 ms more: the clock is read in whole milliseconds.)
+    assert 60_000 - (_server_ms(client) - began) - 1 <= client.pttl(lock.keys.limits) <= 60_000
     end = _pause_end(client, lock)
     # A shorter pause: the longer stays (its end, and its TTL: far more than the shorter's).
     assert pause_lock(client, "ttl", 10).paused_for > 30
     assert _pause_end(client, lock) == end and client.pttl(lock.keys.limits) > 30_000
     began = _server_ms(client)
     pause_lock(client, "ttl", 120)  # a longer one: its end and its TTL
-    assert 120_000 - (_server_ms(client) - began) <= client.pttl(lock.keys.limits) <= 120_000
+    assert 120_000 - (_server_ms(client) - began) - 1 <= client.pttl(lock.keys.limits) <= 120_000
     resume_lock(client, "ttl")
     assert not client.exists(lock.keys.limits)
     pause_lock(client, "ttl", 0.05)
@@ -403,7 +404,7 @@ def test_runtime_limits_keep_their_hash_from_expiring(client: redis.Redis) -> No
     assert 0 < client.pttl(lock.keys.limits) <= 30_000
     state = set_limits(client, "kept", cap=2)  # a cap again: the expiry goes
     assert client.pttl(lock.keys.limits) == -1 and state.cap == 2
-    assert (end - _server_ms(client)) / 1000 <= state.lock_paused_for <= 30
+    assert (end - _server_ms(client) - 1) / 1000 <= state.lock_paused_for <= 30  # (1 ms: rounding)
     resume_lock(client, "kept")  # the cap stays, with no expiry
     assert client.hgetall(lock.keys.limits) == {b"cap": b"2"}
     assert client.pttl(lock.keys.limits) == -1
@@ -419,7 +420,7 @@ def test_describe_rate_shows_the_lock_s_pause(client: redis.Redis) -> None:
     began = _server_ms(client)
     pause_lock(client, "shown", 30)
     state = describe_rate(client, "shown")
-    paused_for = 30 - (_server_ms(client) - began) / 1000
+    paused_for = 30 - (_server_ms(client) - began + 1) / 1000  # (1 ms: whole milliseconds)
     assert paused_for <= state.lock_paused_for <= 30
     assert state.paused_for == 0.0  # the rate's: not paused
 
