@@ -1,0 +1,135 @@
+"""The lean layout's fast path (lua/lean_*.lua, core/layout.py): a plain mutex's lease in its meta
+hash alone, the general path seeing it (promote), and the namespace's switch."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+
+from celery_redislock import Lock, LockNotAcquired
+from celery_redislock.core import layout
+from celery_redislock.core.admin import pause_lock, resume_lock
+
+NS = "lean"
+
+
+@pytest.fixture
+def lean(client: redis.Redis) -> redis.Redis:
+    layout.set_layout(client, NS, "lean")
+    return client
+
+
+def _commands(client: redis.Redis) -> dict[str, int]:
+    return {
+        key.removeprefix("cmdstat_"): int(value["calls"])
+        for key, value in client.info("commandstats").items()
+        if not key.startswith(("cmdstat_info", "cmdstat_config"))
+    }
+
+
+def _lock(client: redis.Redis, name: str = "job", **options: object) -> Lock:
+    return Lock(client, name, ttl=30, namespace=NS, **options)  # type: ignore[arg-type]
+
+
+def test_an_uncontended_pair_runs_eight_commands_on_two_keys(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    lock.acquire().release()  # (scripts loaded, the layout read, the key's life set)
+    lean.config_resetstat()
+    lock.acquire(info={"task_id": "t-1"}).release()
+    assert _commands(lean) == {"evalsha": 2, "time": 2, "hmget": 2, "hset": 2}
+    assert lean.exists(lock.keys.leases) == 0  # nothing but the meta hash
+    assert lean.hget(lock.keys.meta, "L") == b""
+
+
+def test_fences_grow_and_survive_the_loss_of_the_mark(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    fences = []
+    for _ in range(3):
+        lease = lock.acquire()
+        fences.append(lease.fence)
+        lease.release()
+    lean.delete(lock.keys.meta)  # a restart without persistence: the mark is gone
+    fences.append(lock.acquire().fence)
+    assert fences == sorted(set(fences))
+
+
+def test_the_general_path_sees_a_lean_lease_and_takes_it_over(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    lease = lock.acquire(info={"task_id": "t-1"})
+    assert lean.hget(lock.keys.meta, "L")
+    # A fair caller of the same name runs the general path: the lean lease is moved, not missed.
+    with pytest.raises(LockNotAcquired):
+        _lock(lean, fair=True).acquire(blocking=False)
+    assert lean.hget(lock.keys.meta, "L") == b""
+    assert lean.zscore(lock.keys.leases, lease.token) is not None
+    (holder,) = lock.holders()
+    assert holder.token == lease.token and holder.info["task_id"] == "t-1"
+    lease.renew()  # renewed and released on the general path now
+    lease.release()
+    assert lock.holders() == []
+    # Free again: the fast path takes it once the general path has tidied up.
+    lean.config_resetstat()
+    lock.acquire().release()
+    assert "zadd" not in _commands(lean)
+
+
+def test_reentry_counts_once_per_call_and_once_refuses(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    outer = lock.acquire(owner="task-1")
+    inner = lock.acquire(owner="task-1")
+    assert inner.token == outer.token and inner.fence == outer.fence
+    with pytest.raises(LockNotAcquired):
+        lock.acquire(owner="task-1", reentrant=False, blocking=False)
+    with pytest.raises(LockNotAcquired):
+        lock.acquire(owner="task-2", blocking=False)
+    inner.release()
+    with pytest.raises(LockNotAcquired):  # still held once
+        lock.acquire(owner="task-2", blocking=False)
+    outer.release()
+    lock.acquire(owner="task-2", blocking=False).release()
+
+
+def test_holders_renewal_and_a_waiter_woken_by_the_release(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    lease = lock.acquire(info={"task_id": "t-1"})
+    (holder,) = lock.holders()
+    assert holder.token == lease.token and holder.fence == lease.fence
+    before = lean.pttl(lock.keys.meta)
+    lease.renew(ttl=60)
+    assert lean.hget(lock.keys.meta, "L").split(b"|")[0] == lease.token.encode()
+    assert lean.pttl(lock.keys.meta) >= min(before, 60_000)
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(lock.acquire(timeout=60).fence))
+    waiter.start()
+    # The waiter is refused once (its deadline 'Q' set), then blocks on the wake list.
+    for _ in range(500):
+        if lean.hget(lock.keys.meta, "Q"):
+            break
+        threading.Event().wait(0.01)
+    lease.release()
+    waiter.join(60)
+    assert got and got[0] > lease.fence
+
+
+def test_a_pause_holds_back_the_fast_path(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    lease = lock.acquire()
+    pause_lock(lean, "job", 60, namespace=NS)
+    lease.release()  # a holder may release during a pause
+    with pytest.raises(LockNotAcquired):
+        lock.acquire(blocking=False)
+    resume_lock(lean, "job", namespace=NS)
+    lock.acquire(blocking=False).release()
+
+
+def test_switching_back_to_shared_keeps_lean_leases_seen(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    lease = lock.acquire()
+    layout.set_layout(lean, NS, "shared")
+    lean.config_resetstat()
+    with pytest.raises(LockNotAcquired):
+        _lock(lean).acquire(blocking=False)  # the general path, which moved the lease
+    lease.release()
+    _lock(lean).acquire(blocking=False).release()
