@@ -81,14 +81,14 @@ class ServerStore:
     def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
         lean = self._lean(lock, args, 6)
         if self.replicas is None:  # (the common case, without a frame more)
-            if lean is not None:
-                raw = run("lean_acquire", self.client, lean, args)
+            if lean is not None:  # (the meta key alone: a refusal pushes no wake-up)
+                raw = run("lean_acquire", self.client, lean[:1], args)
                 if raw != b"9" and raw != "9":
                     return AcquireReply.decode(raw)
             return AcquireReply.decode(run("acquire", self.client, lock.encoded_keys, args))
         raw = None
         if lean is not None:
-            raw, acks = self._run(lock, "lean_acquire", lean, args)
+            raw, acks = self._run(lock, "lean_acquire", lean[:1], args)
             if raw == b"9" or raw == "9":
                 raw = None
         if raw is None:

@@ -61,7 +61,7 @@ class AsyncServerStore:
     async def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
         lean = await self._lean(lock, args, 6)
         if lean is not None:
-            raw = await run_async("lean_acquire", self.client, lean, args)
+            raw = await run_async("lean_acquire", self.client, lean[:1], args)
             if raw != b"9" and raw != "9":
                 return AcquireReply.decode(raw)
         return AcquireReply.decode(await run_async("acquire", self.client, lock.encoded_keys, args))

@@ -1,7 +1,7 @@
 -- _lock.lua (a part, not a script; see scripts.py): a lock's keys, its spec, the shape of the
 -- hot path's replies, and the writes of a new lease (all acquire.lua's fast path needs).
--- Defines: K, use_lock_keys, promote, parse_spec, reply, append, LINE_PREFIX, is_parked_token,
--- record_done, put_lease.
+-- Defines: K, fence_mark, use_lock_keys, promote, parse_spec, reply, append, LINE_PREFIX,
+-- is_parked_token, record_done, put_lease.
 --
 -- Every lock script takes the same eight keys, all sharing the lock's hash tag:
 --   KEYS[1] leases  sorted set: lease token -> expiry (server ms)
@@ -60,10 +60,15 @@ local K = {
 
 -- Turns K to the lock whose eight keys follow KEYS[base] (a script that works on several
 -- locks, acquire_all.lua, passes their keys lock after lock).
+-- The fence mark as this call last read or wrote it (nil: not known, ask): promote reads it
+-- with the fast path's lease, so that a new lease's put_lease need not.
+local fence_mark = nil
+
 local function use_lock_keys(base)
   K.leases, K.meta, K.queue, K.qdl = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
   K.wake, K.done, K.tenants, K.limits = KEYS[base + 5], KEYS[base + 6], KEYS[base + 7],
     KEYS[base + 8]
+  fence_mark = nil
 end
 
 -- Moves the fast path's lease (meta 'L', see _lean.lua), if live, into the general path's keys
@@ -72,7 +77,9 @@ end
 -- one is dropped. The meta field 'm' now says the general path decides, until the lock is
 -- free again (tidy).
 local function promote(now)
-  local raw = redis.call('HGET', K.meta, 'L')
+  local s = redis.call('HMGET', K.meta, 'L', 'fence')
+  local raw = s[1]
+  fence_mark = tonumber(s[2] or '0')
   if not raw or raw == '' then
     return
   end
@@ -144,8 +151,9 @@ end
 -- in one HSET. Returns its fence and expiry. How long the keys live is the caller's concern.
 -- The fence follows the fence mark, and the server's clock in us when that is ahead.
 local function put_lease(tok, mode, ttl, owner, info, now, now_us)
-  local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
+  local last = fence_mark or tonumber(redis.call('HGET', K.meta, 'fence') or '0')
   local fence = int(math.max(last + 1, now_us))
+  fence_mark = tonumber(fence)
   local expiry = now + ttl
   redis.call('ZADD', K.leases, int(expiry), tok)
   local rec = mode .. '|1|' .. fence .. '||' .. owner

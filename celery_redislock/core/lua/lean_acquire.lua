@@ -1,7 +1,7 @@
 -- lean_acquire.lua: take a plain mutex (mode w, limit 1, not fair) that is free, re-enter it, or
 -- be refused, in its meta hash alone (see _lean.lua); anything else answers '9', and the caller
 -- sends the same call to acquire.lua, which decides it on the general path.
--- KEYS: 1 meta, 2 wake (see _lock.lua)
+-- KEYS: 1 meta (see _lock.lua)
 -- ARGV: as acquire.lua's 1-6 (token, spec, flags, owner, info, job); a job, a park, a claim or a
 --   spec other than a plain mutex's answers '9'
 -- Returns acquire.lua's reply ('status token fence expiry count next mode': 1 held, 0 not held,

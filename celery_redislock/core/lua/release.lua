@@ -15,7 +15,6 @@
 local tok, whole, request = ARGV[1], ARGV[3] == '1', ARGV[4]
 local _, _, _, fair, _, keep_ms = parse_spec(ARGV[2])
 local now, now_us = server_now()
-promote(now)
 if (ARGV[5] or '') ~= '' then
   record_done(ARGV[5], tonumber(ARGV[6]), now)
 end
@@ -62,6 +61,11 @@ if present == 0 then
 end
 
 -- #include _grant.lua
+
+-- A lease the fast path took (see _lean.lua) is moved into the leases key first: this token's
+-- (a release that records a job, or one sent after the layout was switched back), or another's
+-- that the hand-over must see. (Not before the fast path above: a lease there means none here.)
+promote(now)
 
 -- (The fast path's EXISTS said whether the line and the limits exist: not asked again.)
 limits_present(present >= 2)
