@@ -30,8 +30,8 @@ from typing import Any
 import redis
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import base_parser, delete_keys, redis_target, section  # noqa: E402
-from lock_core import LOCKS, OURS, OURS_LEAN  # noqa: E402
+from common import base_parser, delete_keys, redis_target, section
+from lock_core import LOCKS, OURS, OURS_LEAN
 
 VARIANTS = (OURS, OURS_LEAN, "redis_py", "python_redis_lock", "fenced_floor")
 CONTENDED = (OURS, OURS_LEAN, "celery_redislock_fair", "python_redis_lock", "waiting_floor")

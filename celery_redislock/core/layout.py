@@ -18,7 +18,17 @@ from typing import Any
 
 import redis
 
-__all__ = ["CHECK_S", "SHARED", "layout_key", "lean_allowed", "lean_allowed_async", "set_layout"]
+from ..errors import LockConfigError
+
+__all__ = [
+    "CHECK_S",
+    "SHARED",
+    "layout_key",
+    "lean_allowed",
+    "lean_allowed_async",
+    "read_layout",
+    "set_layout",
+]
 
 CHECK_S = 30.0
 """How long a process trusts what it read of a namespace's layout."""
@@ -72,10 +82,16 @@ async def lean_allowed_async(client: Any, namespace: str) -> bool:
     return _note(client, namespace, value)
 
 
+def read_layout(client: Any, namespace: str) -> str:
+    """``namespace``'s layout as its key says: ``"lean"`` or ``"shared"`` (the default)."""
+    allowed = _note(client, namespace, client.get(layout_key(namespace)))
+    return "lean" if allowed else "shared"
+
+
 def set_layout(client: Any, namespace: str, layout: str) -> None:
     """Writes ``namespace``'s layout, ``"shared"`` or ``"lean"``: every process follows within
     :data:`CHECK_S` seconds (and this one at once)."""
     if layout not in ("shared", "lean"):
-        raise ValueError(f"layout must be 'shared' or 'lean', got {layout!r}")
+        raise LockConfigError(f"layout must be 'shared' or 'lean', got {layout!r}", name=None)
     client.set(layout_key(namespace), layout)
     _seen.get(client, {}).pop(namespace, None)

@@ -133,3 +133,39 @@ def test_switching_back_to_shared_keeps_lean_leases_seen(lean: redis.Redis) -> N
         _lock(lean).acquire(blocking=False)  # the general path, which moved the lease
     lease.release()
     _lock(lean).acquire(blocking=False).release()
+
+
+def test_a_lean_lease_is_listed_and_described(lean: redis.Redis) -> None:
+    from celery_redislock.core import admin
+
+    lease = _lock(lean, "sync:1").acquire(info={"task_id": "t-1"})
+    _lock(lean, "idle").acquire().release()  # (its meta key stays: listed, then not held)
+    assert sorted(admin.iter_locks(lean, NS)) == ["idle", "sync:1"]
+    (state,) = admin.list_locks(lean, namespace=NS)
+    assert state.name == "sync:1" and [h.token for h in state.holders] == [lease.token]
+    lease.release()
+
+
+def test_the_cli_shows_and_sets_the_layout(client: redis.Redis) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "redislock"
+    url = client.connection_pool.connection_kwargs
+    target = f"redis://{url['host']}:{url['port']}"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(script), "--url", target, "--namespace", NS, "layout", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert cli().stdout == f"{NS}: shared\n"
+    assert cli("lean").stdout == f"{NS}: lean\n"
+    assert layout.read_layout(client, NS) == "lean"
+    assert cli("shared").stdout == f"{NS}: shared\n"
+    refused = cli("fast")
+    assert refused.returncode == 2 and "'lean', 'shared'" in refused.stderr
