@@ -169,3 +169,26 @@ def test_the_cli_shows_and_sets_the_layout(client: redis.Redis) -> None:
     assert cli("shared").stdout == f"{NS}: shared\n"
     refused = cli("fast")
     assert refused.returncode == 2 and "'lean', 'shared'" in refused.stderr
+
+
+def test_the_asyncio_lock_sees_a_lean_lease(lean: redis.Redis) -> None:
+    import asyncio
+
+    import redis.asyncio
+
+    from celery_redislock.asyncio import AsyncLock
+
+    lease = _lock(lean).acquire()
+    url = lean.connection_pool.connection_kwargs
+
+    async def main() -> None:
+        client = redis.asyncio.Redis(host=url["host"], port=url["port"])
+        alock = AsyncLock(client, "job", ttl=30, namespace=NS)
+        with pytest.raises(LockNotAcquired):
+            await alock.acquire(blocking=False)
+        lease.release()
+        got = await alock.acquire(blocking=False)
+        await got.release()
+        await client.aclose()
+
+    asyncio.run(main())

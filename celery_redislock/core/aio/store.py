@@ -11,7 +11,6 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
 from ..holders import LiveHolders, holders_of
-from ..layout import lean_allowed_async
 from ..protocol import (
     AcquireReply,
     HoldersReply,
@@ -51,19 +50,9 @@ class AsyncServerStore:
                 return float(socket_timeout) / 2
         return float("inf")
 
-    async def _lean(self, lock: LockView, args: list[str], size: int) -> list[bytes] | None:
-        # (As ServerStore._lean.)
-        keys = lock.lean_keys
-        if keys is None or len(args) != size or (size == 6 and args[5]):
-            return None
-        return keys if await lean_allowed_async(self.client, lock.namespace) else None
-
     async def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
-        lean = await self._lean(lock, args, 6)
-        if lean is not None:
-            raw = await run_async("lean_acquire", self.client, lean[:1], args)
-            if raw != b"9" and raw != "9":
-                return AcquireReply.decode(raw)
+        # The general path only (it sees the fast path's leases, see lua/_lean.lua): a cancelled
+        # acquire's give-back is checked against it under lost replies.
         return AcquireReply.decode(await run_async("acquire", self.client, lock.encoded_keys, args))
 
     async def abandon(self, lock: LockView, token: str) -> None:
@@ -86,11 +75,6 @@ class AsyncServerStore:
         return RenewReply.decode(raw).expiries[0]
 
     async def release(self, lock: LockView, args: list[str]) -> ReleaseReply:
-        lean = await self._lean(lock, args, 4)
-        if lean is not None:
-            raw = await run_async("lean_release", self.client, lean, args)
-            if raw != b"9" and raw != "9":
-                return ReleaseReply.decode(raw)
         return ReleaseReply.decode(await run_async("release", self.client, lock.encoded_keys, args))
 
     async def release_where(self, lock: LockView, args: list[str]) -> ReleaseWhereReply:

@@ -41,8 +41,10 @@ if count > 1 and ARGV[3] ~= '1' then
   return '1 ' .. (count - 1)
 end
 local released = recent(request, s[2] or nil, REQUESTS_KEPT)
--- The fence mark outlives the last use by `keep_ms`: renewed when less than 99% of it is left.
-if s[4] and tonumber(s[4]) - now >= keep_ms - math.floor(keep_ms / 100) then
+-- The fence mark outlives the last use by `keep_ms`: set again when less than 99% of it is
+-- left, or more than all of it (the key lived as long as the lease and a ttl more).
+local left = s[4] and tonumber(s[4]) - now
+if left and left >= keep_ms - math.floor(keep_ms / 100) and left <= keep_ms then
   redis.call('HSET', KEYS[1], 'L', '', 'I', '', 'g', released)
 else
   redis.call('HSET', KEYS[1], 'L', '', 'I', '', 'g', released, 'E', int(now + keep_ms))
