@@ -280,6 +280,7 @@ LOCKS: dict[str, Factory] = {
 }
 PAIRS_LOCKS = (
     OURS,
+    OURS_LEAN,
     "redis_py",
     "python_redis_lock",
     "pottery",
@@ -297,6 +298,7 @@ HANDOFF_LOCKS = (
 )
 CONTENTION_LOCKS = (
     OURS,
+    OURS_LEAN,
     "celery_redislock_fair",
     "redis_py",
     "python_redis_lock",
