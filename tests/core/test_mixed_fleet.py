@@ -39,7 +39,7 @@ HOLDER = textwrap.dedent(
     from celery_redislock import Lock
     assert bool(old) == bool(old and celery_redislock.__file__.startswith(old))
     client = redis.Redis.from_url(url)
-    lock = Lock(client, name, ttl=10)
+    lock = Lock(client, name, ttl=10, namespace="mixed")
     for _ in range(rounds):
         while True:  # tries without waiting in line: a line would send every call one way
             try:
@@ -98,9 +98,9 @@ def test_old_and_new_workers_never_overlap_in_the_default_layout(
     _holders(url, "mixed", fleet)
     fences = _one_at_a_time(client, len(fleet) * ROUNDS)
     # The old release gone, the fleet switches to the lean layout and goes on.
-    layout.set_layout(client, "redislock", "lean")
+    layout.set_layout(client, "mixed", "lean")  # (a namespace of its own: no other test sees it)
     client.delete("events")
     _holders(url, "mixed", [("new-1", ""), ("new-2", "")])
     after = _one_at_a_time(client, 2 * ROUNDS)
     assert after[0] > fences[-1]
-    assert client.hget("redislock:{mixed}:meta", "L") == b""  # taken on the fast path
+    assert client.hget("mixed:{mixed}:meta", "L") == b""  # taken on the fast path

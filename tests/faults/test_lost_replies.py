@@ -181,6 +181,8 @@ def test_orphan_lease_lapses_within_ttl_when_the_cleanup_cannot_reach_redis(
     ttl = 1.5
     lock = Lock(through(0), "lost-unreachable", ttl=ttl)
     inspect = Lock(client, "lost-unreachable", ttl=ttl)
+    # (The client reads the namespace's layout once in 30 s, core/layout.py: before the fault.)
+    lock.acquire(blocking=False).release()
     sent = _evalsha_sent(proxy)
     proxy.reset_after(None)  # any command, until healed
     started = time.monotonic()
