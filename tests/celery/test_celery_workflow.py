@@ -16,7 +16,7 @@ from celery import chain
 from helpers import wait_for
 from workers import Worker
 
-from celery_redislock import TaskSkipped, lock_workflow
+from celery_redislock import LockLost, TaskSkipped, lock_workflow
 from celery_redislock.core.lock import Lock
 
 
@@ -179,3 +179,65 @@ def test_a_worker_killed_mid_workflow_frees_the_lease_within_the_ttl(
         f"expires_in at the kill {holder.expires_in:.2f}s; first link in the killed worker: "
         f"{link0_pid in (victim.pid, *victim_children)}"
     )
+
+
+@pytest.mark.usefixtures("two_workers")
+def test_a_link_that_retries_goes_on_with_the_lease(lockapp: ModuleType) -> None:
+    lock = {"key": "flow:{key}", "ttl": 60}
+    result = _flow(lockapp, "r", 1, lock, [{}, {"ending": "retry"}, {}]).apply_async()
+    assert result.get(timeout=60) == "1.2"
+    started = [v.decode().split()[:2] for v in lockapp.r.lrange("flow-started:r", 0, -1)]
+    assert started == [["1", "0"], ["1", "1"], ["1", "1"], ["1", "2"]]  # the retry ran once
+    wait_for(lambda: not _lock(lockapp, "flow:r").locked(), "the lock is free", timeout=20)
+
+
+@pytest.mark.usefixtures("two_workers")
+def test_a_second_workflow_parks_in_the_line_and_runs_after_the_first(
+    lockapp: ModuleType,
+) -> None:
+    lock = {"key": "flow:{key}", "on_conflict": "queue"}
+    first = _flow(lockapp, "p", 1, lock, [{"seconds": 30}, {}]).apply_async()
+    wait_for(lambda: lockapp.r.llen("flow-started:p") == 1, "the first workflow started", 30)
+    second = _flow(lockapp, "p", 2, lock, [{}, {}]).apply_async()
+    wait_for(lambda: lockapp.r.exists(_lock(lockapp, "flow:p").keys.all[2]), "parked", 30)
+    lockapp.r.set("stop:p", 1)
+    assert first.get(timeout=60) == "1.1"
+    assert second.get(timeout=60) == "2.1"
+    runs = _records(lockapp, "p")
+    assert [(c, li) for c, li, *_ in runs] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert runs[1][3] <= runs[2][2]  # the second began after the first's last link ended
+
+
+@pytest.mark.usefixtures("two_workers")
+def test_a_revoked_link_waiting_in_the_queue_releases_at_once(lockapp: ModuleType) -> None:
+    lock = {"key": "flow:{key}", "ttl": 60}
+    steps = [lockapp.flow_step.si("v", 1, 0), lockapp.flow_step.si("v", 1, 1).set(countdown=60)]
+    result = lock_workflow(chain(*steps), lock=lock).apply_async()
+    wait_for(lambda: lockapp.r.llen("flow:v") == 1, "the first link ended", 30)
+    assert _lock(lockapp, "flow:v").locked()  # kept while the next link waits
+    result.revoke()
+    wait_for(lambda: not _lock(lockapp, "flow:v").locked(), "the lock is free", timeout=20)
+    assert lockapp.r.llen("flow-started:v") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_the_keeper_killed_between_links_ends_the_workflow_with_lock_lost(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    keeper = workers(name="w1")  # consumes "celery" only: the next link waits in "later"
+    ttl = 2.0
+    lock = {"key": "flow:{key}", "ttl": ttl}
+    steps = [lockapp.flow_step.si("g", 1, 0), lockapp.flow_step.si("g", 1, 1).set(queue="later")]
+    result = lock_workflow(chain(*steps), lock=lock).apply_async()
+    wait_for(lambda: lockapp.r.llen("later") == 1, "the next link is queued", 30)
+    assert _lock(lockapp, "flow:g").locked()
+    keeper.kill()
+    killed_us = lockapp._redis_us()
+    wait_for(lambda: not _lock(lockapp, "flow:g").locked(), "the lease lapsed", timeout=30)
+    freed_us = lockapp._redis_us()
+    workers(name="w2", queues="later,celery")
+    with pytest.raises(LockLost, match="lapsed while it waited in the queue"):
+        result.get(timeout=60)
+    assert lockapp.r.llen("flow-started:g") == 1  # the next link did not run
+    assert freed_us - killed_us <= ttl * 1e6 + 500_000  # (a liveness bound: ttl + polling)

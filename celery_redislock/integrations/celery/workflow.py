@@ -143,7 +143,8 @@ def pass_lease(sender: Any = None, headers: Any = None, **_: Any) -> None:
 def release_revoked_link(sender: Any = None, request: Any = None, **_: Any) -> None:
     """``task_revoked``: a link revoked (or expired) before it ran gives its workflow's lease
     back at once; a running link revoked with ``terminate=True``, as its process is killed."""
-    headers = getattr(request, "headers", None) or {}
+    # (The worker's Request keeps the message's headers, ours among them, in request_dict.)
+    headers = getattr(request, "request_dict", None) or getattr(request, "headers", None) or {}
     passed = PassedLease.decode(headers.get(WORKFLOW_LEASE_HEADER))
     if passed is None or not is_locked_task(sender):
         return
