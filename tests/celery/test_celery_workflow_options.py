@@ -7,9 +7,10 @@ import re
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery, chain, chord, group
 
-from celery_redislock import LockConfigError, install, lock_workflow
+from celery_redislock import Lock, LockConfigError, TaskSkipped, install, lock_workflow
 from celery_redislock.core.workflow_options import options_from_message
 from celery_redislock.integrations.celery.kind import WORKFLOW_HEADER
 
@@ -119,3 +120,25 @@ def test_every_link_is_stamped_with_its_place_and_the_lock(app: Any) -> None:
     assert all(WORKFLOW_HEADER not in (s.options.get("headers") or {}) for s in nested.tasks)
     single = lock_workflow(t["etl.fetch"].s(tenant=1), lock="etl:{tenant}")
     assert single.options["headers"][WORKFLOW_HEADER]["link"] == 0
+
+
+def test_an_eager_workflow_takes_the_lock_at_its_first_link_only(celery_server: Any) -> None:
+    eager = install(Celery("wfeager", broker="memory://", set_as_current=False))
+    eager.conf.update(task_always_eager=True, redislock_url=celery_server.url)
+
+    @eager.task(name="eager.first", shared=False)
+    def first(tenant: int) -> int:
+        return tenant
+
+    @eager.task(name="eager.then", shared=False)
+    def then(value: int) -> int:
+        return value + 1
+
+    flow = lock_workflow(first.s(tenant=7) | then.s() | then.s(), lock="eager:{tenant}")
+    assert flow.apply_async().get() == 9
+    held = Lock(redis.Redis.from_url(celery_server.url), "eager:7", ttl=5).acquire()
+    try:
+        with pytest.raises(TaskSkipped, match="lock 'eager:7' is held"):
+            flow.apply_async()  # (eager: the chain raises what its first link raised)
+    finally:
+        held.release()

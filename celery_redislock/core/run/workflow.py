@@ -1,16 +1,16 @@
 """A lock held across a workflow (a chain of tasks): taken as the first link starts, passed with
 each next link's message, released as the last link ends, as a link fails, or within ``ttl``
-after the process keeping it died.
+after the process holding it died.
 
-Between two links no link runs: the link that published the next one keeps renewing the lease
-(its process's heartbeat) until the next link starts, at most ``max_gap`` seconds. The next link
-tells it so through a second lease, the *gap* lease (lock ``<name>:gap:<token>``), taken as the
-next link is published and renewed beside the workflow's lease; the next link releases it as it
-starts, the keeper's heartbeat finds it gone and stops renewing the workflow's lease, now the
-next link's. If the keeper dies first, both lapse within ``ttl`` and the next link fails with
-:class:`~celery_redislock.errors.LockLost` as it starts: another workflow may have run in the
-gap. Nothing here changes the lock's scripts or keys: a lease is adopted by its token and
-renewed (token-checked) by whichever process holds it now."""
+Between two links no link runs: the process that published the next link keeps renewing the
+lease (:mod:`.keeper`) until that link starts, at most ``max_gap`` seconds. The next link tells
+it so through a second lease, the *gap* lease (lock ``<name>:gap:<token>``), taken as the next
+link is published: the link releases it as it starts, and the keeper, which renews the
+workflow's lease only while the gap lease is there, stops. If the keeper dies first, both lapse
+within ``ttl`` and the next link fails with :class:`~celery_redislock.errors.LockLost` as it
+starts: another workflow may have run in the gap. Nothing here changes the lock's scripts or
+keys: a lease is adopted by its token, and renewed (token-checked) by whichever process holds
+it now."""
 
 from __future__ import annotations
 
@@ -117,6 +117,11 @@ class WorkflowRun(LockedRun):
         if self.passed is None and self.link == 0:
             return super().take()
         passed = self.passed
+        if passed is None and not self.delivery.queued:
+            # Eager (chain.apply(), task_always_eager): the links run one after another in the
+            # caller, each on its own, and no message carries a lease: only the first link
+            # takes the lock.
+            return Held(None)
         if passed is None:  # published by hand, or by an older release: no lease to go on with
             error = LockLost(
                 f"{self.who}: link {self.link + 1} of a locked workflow came without its "

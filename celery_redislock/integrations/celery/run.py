@@ -270,10 +270,12 @@ def _link_run(
     declared, link = stamp.get("lock"), stamp.get("link")
     if not isinstance(link, int) or isinstance(link, bool) or link < 0:
         raise LockConfigError(f"task {task.name!r}: its message's workflow stamp is not ours")
-    made = (task.name, str(declared))
+    made = (task.name if link == 0 else "", str(declared))
     options = _WORKFLOW_OPTIONS.get(made)
     if options is None:
-        options = options_from_message(task.name, task.call_signature, declared)
+        # The name is made from the first link's arguments: only its signature is checked.
+        signature = task.call_signature if link == 0 else None
+        options = options_from_message(task.name, signature, declared)
         if len(_WORKFLOW_OPTIONS) >= _WORKFLOW_OPTIONS_KEPT:
             _WORKFLOW_OPTIONS.clear()
         _WORKFLOW_OPTIONS[made] = options
