@@ -73,6 +73,19 @@ def test_chains_of_one_key_never_interleave_and_each_runs_once(lockapp: ModuleTy
         for (_, end), (start, _) in itertools.pairwise(ordered):
             assert end <= start, f"{key}: two chains interleaved: {ordered}"
         assert not _lock(lockapp, f"flow:{key}").locked()
+    gaps = []
+    for key in keys:
+        spans: dict[int, tuple[int, int]] = {}
+        for c, _li, start, end, _pid in _records(lockapp, key):
+            first, last = spans.get(c, (start, end))
+            spans[c] = (min(first, start), max(last, end))
+        ordered = sorted(spans.values())
+        gaps += [b[0] - a[1] for a, b in itertools.pairwise(ordered)]
+    links = sum(len(_records(lockapp, key)) for key in keys)
+    print(
+        f"{len(results)} chains, {links} links on {len(keys)} keys: no overlap; the shortest "
+        f"time between two chains of one key {min(gaps) / 1000:.1f} ms"
+    )
     # The lease went from process to process: some chain's links ran in several.
     per_chain: dict[tuple[str, int], set[int]] = {}
     for key in keys:
@@ -112,6 +125,7 @@ def test_a_second_workflow_on_the_key_is_skipped_and_its_chain_answers(
     wait_for(lambda: not _lock(lockapp, "flow:s").locked(), "the lock is free", timeout=20)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("two_workers")
 def test_a_link_queued_longer_than_the_ttl_goes_on_with_the_lease(lockapp: ModuleType) -> None:
     # ttl 1 s: the next link waits 3 s in the queue (a countdown) while the publisher renews.
