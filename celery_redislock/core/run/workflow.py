@@ -108,11 +108,6 @@ class WorkflowRun(LockedRun):
         self.max_gap = max_gap
         self._handed: PassedLease | None = None
 
-    @property
-    def workflow_lock(self) -> str:
-        """The name of the workflow's lock (a later link's comes with its message)."""
-        return self.passed.name if self.passed is not None else self.lock_name
-
     def take(self) -> Outcome:
         if self.passed is None and self.link == 0:
             return super().take()
@@ -146,7 +141,8 @@ class WorkflowRun(LockedRun):
         try:
             lost = bool(renew_leases([lease]).lost)
         except LockBackendError as exc:
-            self._release_gap(passed)
+            # Not known whether the lease lives: the keeper goes on keeping it (the gap lease
+            # stays), and a retry of this link (redislock_on_backend_error="retry") looks again.
             return self._backend_down(passed.name, exc)
         self._release_gap(passed)
         if lost:
@@ -189,11 +185,14 @@ class WorkflowRun(LockedRun):
     def hand_on(self) -> PassedLease | None:
         """The next link (or this link's retry) is being published: the lease goes with it, and
         this process keeps it until that link starts. ``None``: this run holds no lease (a
-        first link sent back before it took the lock). Asked again (a publish retried), the same
-        answer."""
+        first link sent back before it took the lock). A later link sent back before it adopted
+        its lease (Redis failed) passes on the lease it came with. Asked again (a publish
+        retried), the same answer."""
         if self._handed is not None:
             return self._handed
         lease = self.lease
+        if lease is None and self.passed is not None and not self.taken:
+            return self.passed  # sent back before it could adopt the lease: still the keeper's
         if lease is None or lease.released or lease.lost:
             return None
         gap_lock = make_lock(
