@@ -128,11 +128,12 @@ def test_a_second_workflow_on_the_key_is_skipped_and_its_chain_answers(
 @pytest.mark.slow
 @pytest.mark.usefixtures("two_workers")
 def test_a_link_queued_longer_than_the_ttl_goes_on_with_the_lease(lockapp: ModuleType) -> None:
-    # ttl 1 s: the next link waits 3 s in the queue (a countdown) while the publisher renews.
-    lock = {"key": "flow:{key}", "ttl": 1}
+    # The next link waits twice the ttl in the queue (a countdown) while the publisher renews.
+    # (ttl 3 s: renewed each second, a loaded machine's stall of up to 2 s loses nothing.)
+    lock = {"key": "flow:{key}", "ttl": 3}
     steps = [
         lockapp.flow_step.si("q", 1, 0),
-        lockapp.flow_step.si("q", 1, 1).set(countdown=3),
+        lockapp.flow_step.si("q", 1, 1).set(countdown=6),
         lockapp.flow_step.si("q", 1, 2),
     ]
     result = lock_workflow(chain(*steps), lock=lock).apply_async()
@@ -240,7 +241,7 @@ def test_the_keeper_killed_between_links_ends_the_workflow_with_lock_lost(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
     keeper = workers(name="w1")  # consumes "celery" only: the next link waits in "later"
-    ttl = 2.0
+    ttl = 3.0
     lock = {"key": "flow:{key}", "ttl": ttl}
     steps = [lockapp.flow_step.si("g", 1, 0), lockapp.flow_step.si("g", 1, 1).set(queue="later")]
     result = lock_workflow(chain(*steps), lock=lock).apply_async()
