@@ -9,7 +9,6 @@ heartbeat renews every lease it holds, and cannot make one renewal depend on ano
 
 from __future__ import annotations
 
-import _thread
 import logging
 import os
 import threading
@@ -58,7 +57,11 @@ class Keepers:
             self.by_token[lease.token] = keeper
             if not self.running:
                 self.running = True
-                _thread.start_new_thread(self._run_thread, ())
+                # A Thread, not a bare thread: it ends with its last lease, and leaves no
+                # never-ending dummy in threading's list behind.
+                threading.Thread(
+                    target=self._run_thread, name="redislock-keeper", daemon=True
+                ).start()
             self.cond.notify()
         return keeper
 
@@ -77,7 +80,6 @@ class Keepers:
             return list(self.by_token.values())
 
     def _run_thread(self) -> None:
-        threading.current_thread().name = "redislock-keeper"
         try:
             self._run()
         except Exception:
