@@ -730,3 +730,28 @@ def _publish_across_a_fork(sender: Any = None, **_: Any) -> None:
 worker_init.connect(_note_forks, weak=False)
 worker_process_init.connect(_note_up, weak=False)
 before_task_publish.connect(_publish_across_a_fork, weak=False)
+
+
+def _redis_us() -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+@app.task(bind=True)
+def flow_step(
+    self: Any, key: str, chain_no: int, link: int, seconds: float = 0.0, ending: str = "return"
+) -> str:
+    """A link of a locked workflow (tests/celery/test_celery_workflow.py): notes its start and
+    end on Redis's clock under ``flow:<key>`` as ``chain link start_us end_us pid``, and its
+    start under ``flow-started:<key>``; sleeps (until ``stop:<key>``), then ends as ``ending``
+    says."""
+    begun = _redis_us()
+    r.rpush(f"flow-started:{key}", f"{chain_no} {link} {os.getpid()}")
+    _sleep(seconds, key)
+    if ending == "fail":
+        r.rpush(f"flow:{key}", f"{chain_no} {link} {begun} {_redis_us()} {os.getpid()}")
+        raise RuntimeError("failed on purpose")
+    if ending == "retry" and self.request.retries == 0:
+        raise self.retry(countdown=0.2)
+    r.rpush(f"flow:{key}", f"{chain_no} {link} {begun} {_redis_us()} {os.getpid()}")
+    return f"{chain_no}.{link}"

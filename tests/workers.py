@@ -29,8 +29,10 @@ class Worker:
         app: str = "lockapp",
         env: dict[str, str] | None = None,
         heartbeat: bool = False,
+        queues: str | None = None,
     ) -> None:
         self.name, self.pool, self.concurrency, self.app = name, pool, concurrency, app
+        self.queues = queues  # -Q: the queues it consumes (None: Celery's default)
         # Worker heartbeats on: its event dispatcher is enabled without -E, as in production,
         # so that `celery control enable_events` can turn task events on.
         self.heartbeat = heartbeat
@@ -51,6 +53,8 @@ class Worker:
         ]  # fmt: skip
         if self.heartbeat:
             command.remove("--without-heartbeat")
+        if self.queues is not None:
+            command += ["-Q", self.queues]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True

@@ -250,7 +250,7 @@ def test_the_top_level_exports_the_core_and_celerys_entry_points() -> None:
     exported = set(celery_redislock.__all__)
     for name in ("Lock", "Lease", "Heartbeat", "RedLock", "RateLimit", "LockNotAcquired"):
         assert name in exported
-    for name in ("LockedTask", "install", "lock_for", "SKIPPED"):
+    for name in ("LockedTask", "install", "lock_for", "lock_workflow", "SKIPPED"):
         assert name in exported
         assert name in celery_integration.__all__
         assert getattr(celery_redislock, name) is getattr(celery_integration, name)

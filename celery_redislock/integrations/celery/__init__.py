@@ -18,6 +18,7 @@ from .signals import (
     lock_released,
 )
 from .task import LockedTask
+from .workflow import lock_workflow
 
 __all__ = [
     "SKIPPED",
@@ -30,4 +31,5 @@ __all__ = [
     "lock_for",
     "lock_lost",
     "lock_released",
+    "lock_workflow",
 ]

@@ -14,6 +14,7 @@ from celery.worker import state as worker_state
 __all__ = [
     "TRACE_LOGGER",
     "SettingLookups",
+    "chain_links",
     "forget_task_base",
     "held_request",
     "ignored_line_of",
@@ -31,6 +32,14 @@ def names_locked_task(task_cls: object) -> bool:
     lazily: "proj.base:LockedTask" is all we see before the app builds its Task).
     (tests/celery/test_celery_options.py)"""
     return isinstance(task_cls, str) and task_cls.endswith(":LockedTask")
+
+
+def chain_links(canvas: object) -> list[Any] | None:
+    """The members of a chain, in order (``None``: ``canvas`` is no chain). ``chain(...)``
+    makes a private ``_chain``, the class to ask. (tests/celery/test_celery_workflow_options.py)"""
+    from celery.canvas import _chain
+
+    return list(canvas.tasks) if isinstance(canvas, _chain) else None
 
 
 def forget_task_base(app: Any) -> None:

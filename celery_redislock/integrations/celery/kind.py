@@ -20,6 +20,8 @@ __all__ = [
     "LINE_SINCE_HEADER",
     "RATE_HEADER",
     "REDELIVERY_HEADER",
+    "WORKFLOW_HEADER",
+    "WORKFLOW_LEASE_HEADER",
     "LockAware",
     "is_locked_task",
 ]
@@ -39,6 +41,10 @@ LINE_SINCE_HEADER = "redislock_line_since"
 RATE_HEADER = "redislock_rate"
 REDELIVERY_HEADER = "redislock_redelivered"
 DUPLICATE_HEADER = "redislock_duplicate"  # a workflow's step published to fail at once
+# On every link of a locked workflow (lock_workflow): ``{"lock": <its lock, JSON>, "link": i}``;
+# and on each link after the first, the workflow's lease it goes on with (see core.run.workflow).
+WORKFLOW_HEADER = "redislock_workflow"
+WORKFLOW_LEASE_HEADER = "redislock_workflow_lease"
 
 
 class LockAware:

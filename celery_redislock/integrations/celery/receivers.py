@@ -11,6 +11,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import (
     beat_init,
+    before_task_publish,
     celeryd_after_setup,
     task_postrun,
     task_rejected,
@@ -37,6 +38,7 @@ from .registry import publish_specs, spec_of
 from .revoke import release_discarded, release_revoked, wrap_revoke
 from .run import end_run, release_all_held
 from .settings import check_app
+from .workflow import pass_lease, release_revoked_link
 
 __all__ = ["check_request_class", "check_tasks", "check_worker_app", "connect_receivers"]
 
@@ -91,6 +93,8 @@ def connect_receivers() -> None:
             (worker_shutdown, stop_sweeping),
             (beat_init, _beat_publishes_unique),
             (task_revoked, release_revoked),
+            (task_revoked, release_revoked_link),
+            (before_task_publish, pass_lease),
             (task_unknown, release_discarded),
             (task_rejected, release_discarded),
         ):

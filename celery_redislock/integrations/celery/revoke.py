@@ -1,7 +1,8 @@
 """A revoked unique task gives up its key at once: when the worker holding its message hears
 the revoke (prefetched, countdown and ETA messages), or when a worker discards it; and so does
 a message a worker discards unrun because it does not know its task (an older deploy) or
-cannot read it."""
+cannot read it. A revoked link of a locked workflow gives its workflow's lease back the same
+way."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 from typing import Any
 
 from celery import Celery
+from celery.worker import state as worker_state
 
 from ...core.line import drop_hand_over
 from ...core.run.send import give_up_discarded
@@ -17,6 +19,7 @@ from ._compat import held_request, wrap_revoke_command
 from .kind import CLAIM_HEADER, LINE_HEADER, is_locked_task
 from .run import end_claim, lock_for
 from .settings import client_for, settings_for
+from .workflow import release_revoked_link
 
 __all__ = ["release_discarded", "release_revoked", "wrap_revoke"]
 
@@ -85,6 +88,8 @@ def _release_held(state: Any, task_id: str) -> None:
     request = held_request(state, task_id)
     if request is not None and is_locked_task(request.task):
         end_claim(request.task, task_id, request.args, request.kwargs)
+        if request not in worker_state.active_requests:  # (a running link goes on with it)
+            release_revoked_link(sender=request.task, request=request)
 
 
 def wrap_revoke(**_: Any) -> None:

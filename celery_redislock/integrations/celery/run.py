@@ -36,6 +36,8 @@ from ...core.run import (
     TaskSpec,
     locks_of_call,
 )
+from ...core.run.workflow import PassedLease, WorkflowRun, keepers_release_all
+from ...core.workflow_options import WorkflowOptions, options_from_message
 from ...errors import LockConfigError
 from .kind import (
     CONFLICTS_HEADER,
@@ -45,6 +47,8 @@ from .kind import (
     LINE_SINCE_HEADER,
     RATE_HEADER,
     REDELIVERY_HEADER,
+    WORKFLOW_HEADER,
+    WORKFLOW_LEASE_HEADER,
     LockAware,
     is_locked_task,
 )
@@ -54,6 +58,7 @@ from .tracelog import answered_with_ignore
 
 __all__ = [
     "SKIPPED",
+    "current_link",
     "current_run",
     "end_claim",
     "end_run",
@@ -64,6 +69,7 @@ __all__ = [
     "release_at_body_end",
     "release_for_retry",
     "start",
+    "workflow_declared",
 ]
 
 SKIPPED = "SKIPPED"
@@ -217,15 +223,21 @@ def start(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:
     if settings.disabled:
         return  # the kill switch: no lock, no claim (logged as the worker starts)
     request = task.request  # (read once: each read walks Celery's request stack)
-    run = LockedRun(
-        _spec(task),
-        _delivery(task, request, task_id, args, kwargs),
-        settings,
-        client_for(task.app, settings),
-        _signals(task),
-        _CELERY,
-        handover=handover_for(task.app) if task.lock_options is not None else None,
-    )
+    stamp = (request.headers or {}).get(WORKFLOW_HEADER)
+    run: LockedRun
+    if stamp is not None:
+        run = _link_run(task, request, task_id, args, kwargs, stamp)
+        _LINK.run = run
+    else:
+        run = LockedRun(
+            _spec(task),
+            _delivery(task, request, task_id, args, kwargs),
+            settings,
+            client_for(task.app, settings),
+            _signals(task),
+            _CELERY,
+            handover=handover_for(task.app) if task.lock_options is not None else None,
+        )
     setattr(request, _ATTR, run)
     outcome = run.take()
     if isinstance(outcome, Held | RunUnlocked):
@@ -238,6 +250,61 @@ def start(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:
     except Ignore:
         answered_with_ignore(task_id)  # our line said it: Celery's "ignored" would repeat it
         raise
+
+
+def workflow_declared(request: Any) -> bool:
+    """Whether ``request`` is a link of a locked workflow (``lock_workflow``)."""
+    return WORKFLOW_HEADER in (request.headers or {})
+
+
+# A workflow's lock as parsed, by the JSON its messages carry and the link's task.
+_WORKFLOW_OPTIONS: dict[tuple[str, str], WorkflowOptions] = {}
+_WORKFLOW_OPTIONS_KEPT = 256
+
+
+def _link_run(
+    task: LockAware, request: Any, task_id: str, args: Any, kwargs: Any, stamp: Any
+) -> WorkflowRun:
+    """The run of one link of a locked workflow (the message's stamp: its lock and place)."""
+    stamp = stamp if isinstance(stamp, dict) else {}
+    declared, link = stamp.get("lock"), stamp.get("link")
+    if not isinstance(link, int) or isinstance(link, bool) or link < 0:
+        raise LockConfigError(f"task {task.name!r}: its message's workflow stamp is not ours")
+    made = (task.name if link == 0 else "", str(declared))
+    options = _WORKFLOW_OPTIONS.get(made)
+    if options is None:
+        # The name is made from the first link's arguments: only its signature is checked.
+        signature = task.call_signature if link == 0 else None
+        options = options_from_message(task.name, signature, declared)
+        if len(_WORKFLOW_OPTIONS) >= _WORKFLOW_OPTIONS_KEPT:
+            _WORKFLOW_OPTIONS.clear()
+        _WORKFLOW_OPTIONS[made] = options
+    settings = settings_for(task.app)
+    spec = TaskSpec(task.name, options.lock, None, None, task.call_signature)
+    return WorkflowRun(
+        spec,
+        _delivery(task, request, task_id, args, kwargs),
+        settings,
+        client_for(task.app, settings),
+        _signals(task),
+        _CELERY,
+        link=link,
+        passed=PassedLease.decode((request.headers or {}).get(WORKFLOW_LEASE_HEADER)),
+        max_gap=options.max_gap,
+        handover=handover_for(task.app),
+    )
+
+
+class _Link(threading.local):
+    run: WorkflowRun | None = None
+
+
+_LINK = _Link()
+
+
+def current_link() -> WorkflowRun | None:
+    """The link of a locked workflow this thread runs now, if any."""
+    return _LINK.run
 
 
 def _answer(task: LockAware, run: LockedRun, outcome: Outcome) -> None:
@@ -311,6 +378,10 @@ def release_at_body_end(task: LockAware, request: Any = None) -> None:
     its result is stored, together with the record (:func:`end_run`). ``request``: the task's
     current request, when the caller has it."""
     run = current_run(task, request)
+    if isinstance(run, WorkflowRun):
+        request = task.request if request is None else request
+        if not run.releases_at_body_end(bool(request.chain)):
+            return  # the next link's publish hands the lease on
     if run is not None and run.delivery.finish_job is None:
         _release(run, False)
 
@@ -320,6 +391,8 @@ def release_for_retry(task: LockAware) -> None:
     run must not find it held by this very run), a job unique until it finishes claiming its
     key as queued first, so that no copy slips in between."""
     run = current_run(task)
+    if isinstance(run, WorkflowRun):
+        return  # a link's retry goes on with the lease: its publish hands it on
     if run is not None and run.lease is not None:
         run.keep_claim_for_retry()
         _release(run, False)
@@ -332,6 +405,9 @@ def end_run(task: LockAware, task_id: str, args: Any, kwargs: Any, state: str | 
     request = task.request
     run = current_run(task, request)
     setattr(request, _ATTR, None)
+    if isinstance(run, WorkflowRun):
+        _LINK.run = None
+        run.ended(went_on=state in ("SUCCESS", "RETRY"))
     if run is not None:
         _release(run, state in ("SUCCESS", "FAILURE", "IGNORED"))
     if state in ("FAILURE", "REJECTED"):
@@ -349,6 +425,7 @@ def release_all_held(**_: Any) -> None:
         _HELD.runs.clear()
     for run in runs:
         run.release(False)
+    keepers_release_all()
 
 
 def end_claim(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:

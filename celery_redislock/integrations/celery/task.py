@@ -17,7 +17,7 @@ from .kind import LockAware
 from .publish import wrap_send_task
 from .receivers import LOCK_REQUEST, check_request_class, connect_receivers
 from .registry import Spec, spec_of
-from .run import current_run, release_at_body_end, release_for_retry, start
+from .run import current_run, release_at_body_end, release_for_retry, start, workflow_declared
 
 __all__ = ["LockedTask"]
 
@@ -97,7 +97,7 @@ class LockedTask(Task, LockAware):  # type: ignore[misc]
         return run.lease if run is not None else None
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        if self.declares():
+        if self.declares() or workflow_declared(self.request):
             start(self, task_id, args, kwargs)
         super().before_start(task_id, args, kwargs)
 
