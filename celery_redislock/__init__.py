@@ -2,7 +2,7 @@
 kept alive by a per-process heartbeat and released however a task ends.
 
 Here: the lock core (it needs redis-py only), the exceptions, and Celery's entry points
-(``LockedTask``, ``install``, ``lock_for``, ``SKIPPED``), which load
+(``LockedTask``, ``install``, ``lock_for``, ``SKIPPED``, ``LeaderScheduler``), which load
 :mod:`celery_redislock.integrations.celery` on first use, so a core user never imports Celery.
 docs/api.md lists the other public modules; every other module is internal and may change.
 Names that earlier releases exported here (Celery's signals, ``LockRequest``, ``client_for``,
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .core.admin import iter_locks as iter_locks
     from .core.options import LockOptions as LockOptions
     from .core.unique_options import UniqueOptions as UniqueOptions
-    from .integrations.celery import SKIPPED, LockedTask, install, lock_for
+    from .integrations.celery import SKIPPED, LeaderScheduler, LockedTask, install, lock_for
     from .integrations.celery import LockRequest as LockRequest
     from .integrations.celery import client_for as client_for
     from .integrations.celery import lock_acquired as lock_acquired
@@ -93,6 +93,7 @@ __all__ = [  # noqa: RUF022 (in groups: the docs list them in this order)
     "install",
     "lock_for",
     "SKIPPED",
+    "LeaderScheduler",
 ]
 
 _CELERY = ".integrations.celery"
@@ -102,6 +103,7 @@ _ELSEWHERE = {
     "install": _CELERY,
     "lock_for": _CELERY,
     "SKIPPED": _CELERY,
+    "LeaderScheduler": _CELERY,
     "LockRequest": _CELERY,
     "client_for": _CELERY,
     "lock_acquired": _CELERY,

@@ -14,11 +14,13 @@ from celery.worker import state as worker_state
 __all__ = [
     "TRACE_LOGGER",
     "SettingLookups",
+    "forget_beat_heap",
     "forget_task_base",
     "held_request",
     "ignored_line_of",
     "is_test_worker",
     "names_locked_task",
+    "set_last_run",
     "setting_lookups",
     "wrap_revoke_command",
 ]
@@ -128,3 +130,21 @@ def setting_lookups(conf: Any, names: Iterable[str]) -> SettingLookups | None:
     except Exception:
         return None
     return found if all(found.values()) else None
+
+
+def forget_beat_heap(scheduler: Any) -> None:
+    """Makes Celery's base ``Scheduler.tick`` rebuild its heap of due times (``_heap``) at its
+    next call, after entries' last runs changed under it; a scheduler with a ``tick`` of its own
+    (RedBeat) has none, and reads its entries again at each tick. (tests/celery/test_beat.py)"""
+    if hasattr(scheduler, "_heap"):
+        scheduler._heap = None
+
+
+def set_last_run(entry: Any, moment: Any) -> None:
+    """Sets a schedule entry's last run: the entry's ``last_run_at``, and the model's under
+    django-celery-beat's ``ModelEntry`` (its ``next()`` and ``save()`` read the model's).
+    (tests/celery/test_beat.py)"""
+    entry.last_run_at = moment
+    model = getattr(entry, "model", None)
+    if model is not None and hasattr(model, "last_run_at"):
+        model.last_run_at = moment
