@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery
@@ -128,6 +128,19 @@ def _moment(run: int, like: datetime | None) -> datetime:
     if like is None or like.tzinfo is None:
         return moment.replace(tzinfo=None)
     return moment.astimezone(like.tzinfo)
+
+
+def _due(entry: Any, after: int) -> int | None:
+    """When the tick that follows the run ``after`` (µs) fell due, in µs: exact for an interval
+    (``schedule``), else the schedule's own estimate (``None`` if it has none)."""
+    schedule = entry.schedule
+    every = getattr(schedule, "run_every", None)
+    if isinstance(every, timedelta) and not getattr(schedule, "relative", False):
+        return after + every // timedelta(microseconds=1)
+    try:
+        return micros(schedule.now() + schedule.remaining_estimate(entry.last_run_at))
+    except Exception:  # (a schedule without an estimate: the tick is named all the same)
+        return None
 
 
 class LeaderScheduler(Scheduler):  # type: ignore[misc]
@@ -310,11 +323,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         options = {k: v for k, v in (entry.options or {}).items() if k != OPTION}
         headers = dict(options.get("headers") or {})
         tick: dict[str, Any] = {"beat": self._name, "entry": name, "after": after, "run": run}
-        try:
-            remaining = entry.schedule.remaining_estimate(entry.last_run_at)
-            tick["due"] = micros(entry.schedule.now() + remaining)
-        except Exception:  # (a schedule without an estimate: the tick is named all the same)
-            pass
+        tick["due"] = _due(entry, after)
         headers["redislock_beat"] = tick
         options["headers"] = headers
         return options

@@ -1,0 +1,237 @@
+"""One beat for the fleet: ``LeaderScheduler`` over Celery's ``PersistentScheduler``, real
+``celery beat`` processes (``tests/beatapp``'s sibling ``beatleader``) on a Redis of their own,
+killed, stopped and paused for real; the messages they sent counted in the broker's list (no
+worker reads it). Each message names its tick (``redislock_beat`` header): the tests check
+each entry's chain of ticks (``tests/beatcheck.py``): none sent twice, none lost."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from beatcheck import Beat, chains, leader_pid, sent, skips
+from celery import Celery
+from helpers import wait_for
+
+from celery_redislock import LeaderScheduler, LockConfigError
+from celery_redislock.contrib.redis_server import RedisServer
+from celery_redislock.core.beat import leader_of
+
+TTL = 1.0
+
+
+@pytest.fixture
+def beat_redis() -> Iterator[redis.Redis]:
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        yield client
+        client.close()
+
+
+@pytest.fixture
+def beats(beat_redis: redis.Redis, tmp_path: Path) -> Iterator[Callable[..., Beat]]:
+    """Starts beats (``beats("b1", env={...})``); every one is stopped at the end."""
+    started: list[Beat] = []
+    url = f"redis://127.0.0.1:{beat_redis.connection_pool.connection_kwargs['port']}/0"
+
+    def start(name: str, env: dict[str, str] | None = None, *, worker: bool = False) -> Beat:
+        beat = Beat(url, tmp_path, name, {"BEAT_TTL": str(TTL), **(env or {})})
+        started.append(beat)
+        return beat.start(worker=worker)
+
+    yield start
+    for beat in started:
+        beat.stop()
+
+
+def _leader(client: redis.Redis, fleet: list[Beat]) -> Beat:
+    wait_for(lambda: leader_pid(client) is not None, "a beat leads", 60)
+    pid = leader_pid(client)
+    return next(b for b in fleet if pid in b.pids())
+
+
+def _count(client: redis.Redis, entry: str) -> int:
+    return sum(1 for m in sent(client) if m.entry == entry)
+
+
+def _whole(client: redis.Redis) -> None:
+    """Every entry's chain: no tick twice, none lost."""
+    for chain in chains(sent(client), skips(client)).values():
+        assert chain.doubled == [], f"{chain.entry}: ticks sent twice: {chain.doubled}"
+        assert chain.broken == [], f"{chain.entry}: ticks lost: {chain.broken}"
+
+
+# -- declarations, in process ------------------------------------------------------------------
+
+
+def _app(**conf: object) -> Celery:
+    app = Celery("beatconf", broker="memory://", set_as_current=False)
+    app.conf.redislock_url = "redis://127.0.0.1:1/0"  # never reached: nothing ticks
+    app.conf.update(conf)
+    return app
+
+
+def _schedule(**options: object) -> dict[str, object]:
+    return {"report": {"task": "t", "schedule": 60.0, "options": options}}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"redislock": {"missed": "later"}}, r"beat entry 'report': option redislock\.missed"),
+        ({"redislock": {"mised": "skip"}}, r"beat entry 'report': unknown option redislock\.mised"),
+        ({"redislock": "skip"}, r"beat entry 'report': option 'redislock' must be a dict"),
+    ],
+)
+def test_a_bad_entry_option_is_refused_naming_the_entry_and_the_option(
+    options: dict[str, object], message: str, tmp_path: Path
+) -> None:
+    app = _app(beat_schedule=_schedule(**options))
+    with pytest.raises(LockConfigError, match=message):
+        LeaderScheduler(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"redislock_beat_missed": "maybe"}, r"setting redislock_beat_missed must be one of"),
+        ({"redislock_beat_ttl": 0}, r"setting redislock_beat_ttl must be a number of seconds"),
+        ({"redislock_beat_scheduler": "nowhere:Nothing"}, r"redislock_beat_scheduler: cannot"),
+        ({"redislock_beat_scheduler": "builtins:dict"}, r"must name a celery\.beat\.Scheduler"),
+        ({"redislock_beat_scheduler": LeaderScheduler}, r"not LeaderScheduler itself"),
+    ],
+)
+def test_bad_beat_settings_are_refused_naming_the_setting(
+    conf: dict[str, object], message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(LockConfigError, match=message):
+        LeaderScheduler(app=_app(**conf), schedule_filename=str(tmp_path / "s"), lazy=True)
+
+
+def test_the_scheduler_runs_the_inner_class_named(tmp_path: Path) -> None:
+    app = _app(redislock_beat_scheduler="celery.beat:Scheduler", beat_schedule=_schedule())
+    scheduler = LeaderScheduler(app=app, lazy=True)
+    from celery.beat import PersistentScheduler, Scheduler
+
+    assert isinstance(scheduler, LeaderScheduler) and type(scheduler).__mro__[2] is Scheduler
+    assert not isinstance(scheduler, PersistentScheduler)
+    assert "leader lease -> beat:beatconf" in scheduler.info
+
+
+# -- real beats --------------------------------------------------------------------------------
+
+
+def test_two_beats_one_leader_each_tick_sent_once(
+    beats: Callable[..., Beat], beat_redis: redis.Redis
+) -> None:
+    fleet = [beats("b1"), beats("b2")]
+    leader = _leader(beat_redis, fleet)
+    wait_for(lambda: _count(beat_redis, "1s") >= 2, "2 ticks of the 1 s entry", 60)
+    _whole(beat_redis)
+    standby = next(b for b in fleet if b is not leader)
+    assert "this beat leads now" in leader.log()
+    assert "this beat leads now" not in standby.log()
+    assert "Sending due task" not in standby.log()
+    info = leader_of(beat_redis, "beatleader")
+    assert info is not None and info.since is not None and info.host
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_a_sigkilled_leader_is_replaced_and_its_missed_tick_sent_once(
+    beats: Callable[..., Beat], beat_redis: redis.Redis
+) -> None:
+    # A ttl of 3 s: renewed each second, the lease outlives the leader by 2 s at least, so the
+    # 1 s entry surely falls due while no beat leads.
+    env = {"BEAT_TTL": "3"}
+    fleet = [beats("b1", env), beats("b2", env)]
+    leader = _leader(beat_redis, fleet)
+    wait_for(lambda: _count(beat_redis, "1s") >= 3, "3 ticks of the 1 s entry", 60)
+    leader.kill()
+    before = len(sent(beat_redis))
+    standby = next(b for b in fleet if b is not leader)
+    wait_for(lambda: len(sent(beat_redis)) >= before + 3, "the new leader sent 3 ticks", 60)
+    _whole(beat_redis)
+    assert "entry '1s' fell due while no beat led: sending it once" in standby.log()
+    ones = [m for m in sent(beat_redis) if m.entry == "1s"]
+    # The longest gap between two ticks: the ttl and a tick's wait (a liveness bound only: the
+    # machine is busy).
+    takeover = max(ones[i + 1].run - ones[i].run for i in range(len(ones) - 1)) / 1e6
+    assert takeover < 3 + 1 + 10
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_missed_ticks_skipped_when_the_entry_says_so(
+    beats: Callable[..., Beat], beat_redis: redis.Redis
+) -> None:
+    env = {"BEAT_ENTRIES": "1s=1", "BEAT_SKIP": "1s", "BEAT_TTL": "3"}  # (ttl: as above)
+    fleet = [beats("b1", env), beats("b2", env)]
+    leader = _leader(beat_redis, fleet)
+    wait_for(lambda: _count(beat_redis, "1s") >= 3, "3 ticks", 60)
+    leader.kill()
+    standby = next(b for b in fleet if b is not leader)
+    wait_for(lambda: "skipped (missed='skip')" in standby.log(), "the missed tick skipped", 60)
+    before = _count(beat_redis, "1s")
+    wait_for(lambda: _count(beat_redis, "1s") >= before + 2, "2 ticks after the skip", 60)
+    found = chains(sent(beat_redis), skips(beat_redis))["1s"]
+    assert found.doubled == [] and found.broken == []
+    assert len(found.skipped) == 1  # the chain went through the one skipped tick
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_a_paused_leader_sends_nothing_once_its_lease_may_have_lapsed(
+    beats: Callable[..., Beat], beat_redis: redis.Redis
+) -> None:
+    """SIGSTOP the leader past its ttl: the standby takes over; SIGCONT: the old leader finds
+    its lease lost before its next send, and sends nothing more."""
+    fleet = [beats("b1"), beats("b2")]
+    leader = _leader(beat_redis, fleet)
+    wait_for(lambda: _count(beat_redis, "1s") >= 2, "2 ticks", 60)
+    leader.signal(signal.SIGSTOP)
+    standby = next(b for b in fleet if b is not leader)
+    wait_for(lambda: "this beat leads now" in standby.log(), "the standby took over", 60)
+    before = _count(beat_redis, "1s")
+    wait_for(lambda: _count(beat_redis, "1s") >= before + 2, "the new leader sends", 60)
+    sends_before = leader.log().count("Sending due task")
+    leader.signal(signal.SIGCONT)
+    wait_for(lambda: "lost the leader lease" in leader.log(), "the old leader saw its loss", 60)
+    now = _count(beat_redis, "1s")
+    wait_for(lambda: _count(beat_redis, "1s") >= now + 3, "3 more ticks", 60)
+    assert leader.log().count("Sending due task") == sends_before
+    _whole(beat_redis)
+
+
+@pytest.mark.slow
+def test_a_beat_stopped_gives_the_lead_back_at_once(
+    beats: Callable[..., Beat], beat_redis: redis.Redis
+) -> None:
+    fleet = [beats("b1"), beats("b2")]
+    leader = _leader(beat_redis, fleet)
+    wait_for(lambda: _count(beat_redis, "1s") >= 2, "2 ticks", 60)
+    leader.stop()
+    assert "this beat stepped down" in leader.log()
+    standby = next(b for b in fleet if b is not leader)
+    wait_for(lambda: "this beat leads now" in standby.log(), "the standby took over", 60)
+    before = _count(beat_redis, "1s")
+    wait_for(lambda: _count(beat_redis, "1s") >= before + 2, "the new leader sends", 60)
+    _whole(beat_redis)
+
+
+@pytest.mark.slow
+def test_worker_beat_on_two_workers_sends_each_tick_once(
+    beats: Callable[..., Beat], beat_redis: redis.Redis
+) -> None:
+    fleet = [beats("w1", worker=True), beats("w2", worker=True)]
+    leader = _leader(beat_redis, fleet)
+    wait_for(lambda: _count(beat_redis, "1s") >= 3, "3 ticks", 60)
+    leader.kill()  # the worker and its beat process: the whole group
+    standby = next(b for b in fleet if b is not leader)
+    wait_for(lambda: "this beat leads now" in standby.log(), "the other worker's beat leads", 60)
+    before = _count(beat_redis, "1s")
+    wait_for(lambda: _count(beat_redis, "1s") >= before + 2, "the new leader sends", 60)
+    _whole(beat_redis)
