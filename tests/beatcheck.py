@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 
-from celery_redislock.core.beat import leader_of
+from celery_redislock.core.beat_leader import leader_of
 
 TESTS = Path(__file__).parent
 

@@ -17,73 +17,38 @@ of the leader's lock name (``beat:<name>``), so that they live on one Redis Clus
 
 The lease is a plain :class:`~celery_redislock.core.lock.Lock` lease (its holder record says
 ``role: beat`` and since when it leads), so ``redislock list`` and the web view show the leader
-as they show any lock's holder; :func:`leader_of` reads it for ``redislock beat``.
+as they show any lock's holder; :mod:`.beat_leader` reads it for ``redislock beat``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from ..errors import LockBackendError, LockConfigError, LockNotAcquired, LockNotOwned
+import redis
+
+from ..errors import LockBackendError, LockNotAcquired, LockNotOwned
 from ._validate import non_empty_string
+from .beat_leader import leader_lock_name
 from .heartbeat import Heartbeat
-from .keys import DEFAULT_NAMESPACE, check_name, check_namespace
+from .keys import DEFAULT_NAMESPACE, check_namespace
 from .lease import Lease, RedisClient, backend_errors
 from .lock import Lock
+from .replicas import policy_of
 
-__all__ = [
-    "MARK_KEEP",
-    "MISSED_POLICIES",
-    "RUNS_KEEP",
-    "BeatLeader",
-    "Claim",
-    "LeaderInfo",
-    "check_missed",
-    "leader_lock_name",
-    "leader_of",
-    "micros",
-]
+__all__ = ["MARK_KEEP", "RUNS_KEEP", "BeatLeader", "Claim", "now_micros"]
 
 log = logging.getLogger(__name__)
 
-MISSED_POLICIES = ("send", "skip")
 # A mark outlives every race it settles: two beats that both believe they lead overlap by at
 # most a ttl and a tick's wait. Ten minutes is far more, and keeps a 1 s entry's marks to 600.
 MARK_KEEP = 600.0
 # The fleet's last runs survive a week of no beat at all; then each beat's own state is used.
 RUNS_KEEP = 7 * 86400.0
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def micros(moment: datetime) -> int:
-    """``moment`` (naive: UTC) as whole microseconds since the epoch, exactly (no float)."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    delta = moment - _EPOCH
-    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def from_micros(value: int) -> datetime:
-    """The UTC moment ``value`` microseconds after the epoch (the inverse of :func:`micros`)."""
-    seconds, rest = divmod(value, 1_000_000)
-    return datetime.fromtimestamp(seconds, UTC).replace(microsecond=rest)
-
-
-def check_missed(value: object, what: str) -> str:
-    """A missed-tick policy, ``"send"`` or ``"skip"``; else :class:`LockConfigError` saying
-    ``what``."""
-    if value not in MISSED_POLICIES:
-        raise LockConfigError(f"{what}: must be one of 'send', 'skip', got {value!r}")
-    return str(value)
-
-
-def leader_lock_name(name: str) -> str:
-    """The leader lock's name for a fleet of beats called ``name``."""
-    return f"beat:{check_name(name, what='beat name')}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +85,11 @@ class BeatLeader:
         namespace = check_namespace(namespace)
         self.lock = Lock(client, leader_lock_name(name), ttl=ttl, namespace=namespace)
         self.client = client
+        # The lease waits for replicas as the client's policy says (min_replicas); the marks and
+        # last runs do too, on one server (WAIT on the pipeline's connection; on a Cluster the
+        # WAIT would go to another node: there they are not waited for).
+        policy = policy_of(client) if isinstance(client, redis.Redis) else None
+        self._replicas = policy if policy is not None and policy.count else None
         tag = f"{namespace}:{{{self.lock.name}}}"
         self._runs_key = f"{tag}:runs"
         self._tick_prefix = f"{tag}:tick:"
@@ -215,12 +185,18 @@ class BeatLeader:
             pipe = self.client.pipeline(transaction=False)
             pipe.set(key, value, nx=True, px=int(MARK_KEEP * 1000))
             pipe.get(key)
-            taken, found = pipe.execute()
-        if taken:
-            return Claim(mine=True)
+            self._wait(pipe)
+            taken, found, *acks = pipe.execute()
         text = _text(found) if found is not None else ""
-        # A redis-py retry of a SET whose reply was lost finds the caller's own value.
-        if text == value:
+        # (A redis-py retry of a SET whose reply was lost finds the caller's own value.)
+        if taken or text == value:
+            if acks and self._replicas is not None and acks[0] < self._replicas.count:
+                # A failover now could lose the mark: give it up, send nothing (the tick is
+                # tried again), as a lease not acknowledged fails closed.
+                with backend_errors(self.lock.name, "beat"):
+                    if self.client.get(key) in (value, value.encode()):
+                        self.client.delete(key)
+                self._replicas.check(acks[0], self.lock.name, "tick's mark")
             return Claim(mine=True)
         skipped = text.startswith("skip:")
         digits = text.removeprefix("skip:")
@@ -232,48 +208,18 @@ class BeatLeader:
             pipe = self.client.pipeline(transaction=False)
             pipe.hset(self._runs_key, entry, str(run))
             pipe.pexpire(self._runs_key, int(RUNS_KEEP * 1000))
-            pipe.execute()
+            self._wait(pipe)
+            acks = pipe.execute()[2:]
+        if acks and self._replicas is not None:
+            self._replicas.check(acks[0], self.lock.name, "entry's last run")
+
+    def _wait(self, pipe: Any) -> None:
+        if self._replicas is not None:
+            pipe.execute_command("WAIT", self._replicas.count, self._replicas.timeout_ms)
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-@dataclass(frozen=True, slots=True)
-class LeaderInfo:
-    """The leader of a fleet of beats, as its lease's holder record says."""
-
-    name: str
-    host: str | None
-    pid: str | None
-    since: str | None
-    expires_in: float
-
-
-def leader_of(
-    client: RedisClient, name: str, namespace: str = DEFAULT_NAMESPACE
-) -> LeaderInfo | None:
-    """The fleet ``name``'s leader now, or ``None`` while no beat leads."""
-    lock = Lock(client, leader_lock_name(name), ttl=1, namespace=namespace)
-    for holder in lock.holders():
-        info = holder.info
-        return LeaderInfo(
-            name,
-            _str_or_none(info.get("host")),
-            _str_or_none(info.get("pid")),
-            _str_or_none(info.get("since")),
-            holder.expires_in,
-        )
-    return None
-
-
-def _str_or_none(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def beat_names(names: Iterable[str]) -> list[str]:
-    """The fleets among lock names (``beat:<name>``)."""
-    return sorted(n.removeprefix("beat:") for n in names if n.startswith("beat:"))
 
 
 def now_micros() -> int:

@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 
 from ..errors import LockConfigError
 from ._validate import int_at_least, non_empty_string, one_of, true_or_false
-from .beat import MISSED_POLICIES
+from .beat_leader import MISSED_POLICIES
 from .claims import DEFAULT_PUBLISH_WINDOW
 from .clients import parse_sentinels
 from .durations import ALLOWANCE, OTHER, TTL, Duration, seconds

@@ -18,7 +18,7 @@ from helpers import wait_for
 
 from celery_redislock import LeaderScheduler, LockConfigError
 from celery_redislock.contrib.redis_server import RedisServer
-from celery_redislock.core.beat import leader_of
+from celery_redislock.core.beat_leader import leader_of
 
 TTL = 1.0
 

@@ -28,13 +28,8 @@ from celery import Celery
 from celery.beat import ScheduleEntry, Scheduler
 from celery.utils.imports import symbol_by_name
 
-from ...core.beat import (
-    BeatLeader,
-    check_missed,
-    from_micros,
-    micros,
-    now_micros,
-)
+from ...core.beat import BeatLeader, now_micros
+from ...core.beat_leader import check_missed, from_micros, micros
 from ...core.settings import Settings
 from ...errors import LockBackendError, LockConfigError
 from ._compat import forget_beat_heap, set_last_run
