@@ -30,7 +30,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from beatcheck import Beat, chains, sent, skips
-from topologies import SentinelGroup
+from topologies import SentinelGroup, wait_until
 
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.beat_leader import leader_of
@@ -96,7 +96,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         group = None
         if args.sentinel:
             group = stack.enter_context(SentinelGroup())
-            sentinels = ",".join(f"{h}:{p}" for h, p in group.addresses())
+            sentinels = ",".join(f"{h}:{p}" for h, p in group.addresses)
             env |= {"BEAT_SENTINELS": sentinels, "BEAT_MIN_REPLICAS": "1"}
             locks = group.sentinel().master_for(group.service)
         else:
@@ -122,16 +122,31 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 while watch.took_over(at, old) is None and time.monotonic() - at < 60:
                     time.sleep(0.02)
                 takeovers.append(watch.took_over(at, old))
-                fleet[name] = Beat(broker.url, tmp, f"{name}r", env).start()  # the supervisor
+                again = Beat(broker.url, tmp, f"{name}-{len(takeovers)}", env).start()
+                fleet[name] = again  # (started again, as a supervisor would)
             if failover_at is not None and group is not None and now >= failover_at:
                 failover_at = None
                 at = time.monotonic()
-                old_master = group.failover_after_kill()
+                old = group.master()
+                new = group.failover_after_kill()
                 events.append((now, f"lock Redis failed over in {time.monotonic() - at:.1f} s"))
-                old_master.start()  # comes back as the new master's replica
+                # The old master comes back as the new one's replica (min_replicas=1 holds again).
+                old.start()
+                wait_until(old.ready, "the old master answers", 30)
+                old.client().replicaof("127.0.0.1", new.port)
+                wait_until(
+                    lambda master=new: master.client().info("replication")["connected_slaves"],
+                    "the old master replicates the new one",
+                    30,
+                )
+                group.servers.append(old)
+                events.append((time.monotonic() - began, "the old master is a replica again"))
             time.sleep(0.05)
         for beat in fleet.values():
             beat.stop()
+        if args.logs:
+            for log in tmp.glob("beat-*.log"):
+                (args.logs / log.name).write_text(log.read_text(errors="replace"))
         watch.done.set()
         watch.join(5)
         client = redis.Redis.from_url(broker.url)
@@ -165,10 +180,16 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=3.0)
     parser.add_argument("--sentinel", action="store_true")
     parser.add_argument("--baseline", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="30 s instead of --seconds")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--logs", type=Path, help="keep the beats' logs in this directory")
     args = parser.parse_args()
+    if args.quick:
+        args.seconds = 30.0
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=args.logs) as tmp:
         if args.baseline:
             results["baseline"] = baseline(10.0, Path(tmp))
             print(f"three plain beats, 10 s: {results['baseline']}", flush=True)

@@ -284,13 +284,20 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
                 )
                 return None
             claim = leader.claim(name, after, run)
-        except LockBackendError:
+        except LockBackendError as exc:
             # Not sent: the entry stays due, and is tried again at the next look.
             if reserved is not None:
                 set_last_run(reserved, entry.last_run_at)
             forget_beat_heap(self)
             self._retry_at = time.monotonic() + _BACKOFF
-            raise
+            log.error(
+                "beat %r: entry %r not sent: the lock Redis failed (tried again in %g s): %s",
+                self._name,
+                name,
+                _BACKOFF,
+                exc,
+            )
+            return None
         if not claim.mine:
             if reserved is not None and claim.run is not None:
                 set_last_run(reserved, _moment(claim.run, reserved.last_run_at))
