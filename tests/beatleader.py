@@ -28,12 +28,13 @@ if "BEAT_INNER" in os.environ:
     app.conf.redislock_beat_scheduler = os.environ["BEAT_INNER"]
 
 _SKIP = set(filter(None, os.environ.get("BEAT_SKIP", "").split(",")))
+_MISSED = os.environ.get("BEAT_MISSED", "skip")  # (another value: a bad declaration)
 app.conf.beat_schedule = {
     name: {
         "task": "beatleader.tick",
         "schedule": float(seconds),
         "args": (name,),
-        **({"options": {"redislock": {"missed": "skip"}}} if name in _SKIP else {}),
+        **({"options": {"redislock": {"missed": _MISSED}}} if name in _SKIP else {}),
     }
     for name, seconds in (
         entry.split("=") for entry in os.environ.get("BEAT_ENTRIES", "1s=1,5s=5").split(",")

@@ -124,6 +124,18 @@ def test_the_scheduler_runs_the_inner_class_named(tmp_path: Path) -> None:
 # -- real beats --------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("worker", [False, True], ids=["beat", "worker --beat"])
+def test_a_bad_entry_option_stops_beat_and_worker_beat_before_they_start(
+    beats: Callable[..., Beat], worker: bool
+) -> None:
+    beat = beats("bad", {"BEAT_SKIP": "1s", "BEAT_MISSED": "later"}, worker=worker)
+    assert beat.proc is not None and beat.proc.wait(60) == 1
+    message = "beat entry '1s': option redislock.missed: must be one of 'send', 'skip'"
+    assert message in beat.log()
+    if worker:  # (the worker itself, not only its beat process)
+        assert f"the worker refuses to start: {message}" in beat.log()
+
+
 def test_two_beats_one_leader_each_tick_sent_once(
     beats: Callable[..., Beat], beat_redis: redis.Redis
 ) -> None:
@@ -228,8 +240,16 @@ def test_worker_beat_on_two_workers_sends_each_tick_once(
 ) -> None:
     fleet = [beats("w1", worker=True), beats("w2", worker=True)]
     leader = _leader(beat_redis, fleet)
+    beat_pid = leader_pid(beat_redis)
+    assert beat_pid is not None and beat_pid != leader.pid  # (beat runs in a child process)
     wait_for(lambda: _count(beat_redis, "1s") >= 3, "3 ticks", 60)
-    leader.kill()  # the worker and its beat process: the whole group
+    # SIGKILL to the worker's own pid only (as the OOM killer does): its beat process must not
+    # lead on as an orphan.
+    assert leader.proc is not None
+    leader.proc.send_signal(signal.SIGKILL)
+    leader.proc.wait(10)
+    wait_for(lambda: "the worker of this beat is gone" in leader.log(), "the orphan stops", 60)
+    wait_for(lambda: not Path(f"/proc/{beat_pid}").exists(), "the orphan beat exited", 60)
     standby = next(b for b in fleet if b is not leader)
     wait_for(lambda: "this beat leads now" in standby.log(), "the other worker's beat leads", 60)
     before = _count(beat_redis, "1s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -14,6 +15,7 @@ from celery.worker import state as worker_state
 __all__ = [
     "TRACE_LOGGER",
     "SettingLookups",
+    "embedded_beat_parent",
     "forget_beat_heap",
     "forget_task_base",
     "held_request",
@@ -148,3 +150,12 @@ def set_last_run(entry: Any, moment: Any) -> None:
     model = getattr(entry, "model", None)
     if model is not None and hasattr(model, "last_run_at"):
         model.last_run_at = moment
+
+
+def embedded_beat_parent() -> int | None:
+    """In the beat process that ``celery worker --beat`` forks (a billiard process named
+    ``Beat``, celery.beat._Process), the pid of its worker; else ``None``.
+    (tests/celery/test_celery_beat.py)"""
+    from billiard.process import current_process
+
+    return os.getppid() if current_process().name == "Beat" else None

@@ -19,6 +19,7 @@ What it adds to the scheduler it runs, all through :class:`~celery_redislock.cor
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -32,10 +33,19 @@ from ...core.beat import BeatLeader, now_micros
 from ...core.beat_leader import check_missed, from_micros, micros
 from ...core.settings import Settings
 from ...errors import LockBackendError, LockConfigError
-from ._compat import forget_beat_heap, set_last_run
+from ._compat import embedded_beat_parent, forget_beat_heap, set_last_run
+from .guard import refuse_to_start
 from .settings import client_for, settings_for
 
-__all__ = ["OPTION", "LeaderScheduler", "beat_name_of", "check_beat_schedule", "entry_missed"]
+__all__ = [
+    "OPTION",
+    "LeaderScheduler",
+    "beat_name_of",
+    "check_beat",
+    "check_beat_schedule",
+    "entry_missed",
+    "refuse_bad_beat",
+]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +115,32 @@ def _inner_class(settings: Settings) -> type[Scheduler]:
     return inner
 
 
+def check_beat(app: Celery) -> None:
+    """If ``app``'s ``beat_scheduler`` is :class:`LeaderScheduler`: its settings and the
+    options of its ``beat_schedule``'s entries (a bad one raises :class:`LockConfigError`)."""
+    named = app.conf.beat_scheduler
+    ours = (isinstance(named, str) and named.endswith(":LeaderScheduler")) or (
+        isinstance(named, type) and issubclass(named, LeaderScheduler)
+    )
+    if ours:
+        settings = settings_for(app)
+        _inner_class(settings)
+        check_beat_schedule(app.conf.beat_schedule or {}, settings.beat_missed)
+
+
+def refuse_bad_beat(sender: Any = None, **_: Any) -> None:
+    """``worker_init`` receiver: a worker whose app's beat would refuse to start (``worker
+    --beat`` runs it in a child process, whose error alone would leave the worker running with
+    no beat) refuses to start itself."""
+    app = getattr(sender, "app", None)
+    if not isinstance(app, Celery):
+        return
+    try:
+        check_beat(app)
+    except LockConfigError as exc:
+        refuse_to_start(exc)
+
+
 def _leader_class(inner: type[Scheduler]) -> type[LeaderScheduler]:
     made = _CLASSES.get(inner)
     if made is None:
@@ -163,6 +199,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         self._leader: BeatLeader | None = None
         self._reserved: dict[str, Any] = {}
         self._retry_at = 0.0
+        self._worker: int | None = None  # (worker --beat: the worker's pid, at the first tick)
         check_beat_schedule(app.conf.beat_schedule or {}, self._missed_default)
         super().__init__(app, *args, **kwargs)
 
@@ -172,6 +209,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
     def leader(self) -> BeatLeader:
         """This beat's claim to lead (made on first use: in the process that ticks)."""
         if self._leader is None:
+            self._worker = embedded_beat_parent()
             inner = next(c for c in type(self).__mro__ if not issubclass(c, LeaderScheduler))
             self._leader = BeatLeader(
                 client_for(self.app, self._settings),
@@ -187,6 +225,11 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         if wait > 0:
             return wait
         leader = self.leader
+        if self._worker is not None and os.getppid() != self._worker:
+            # The worker that ran this embedded beat was killed (SIGKILL reaches only its own
+            # pid; the OOM killer): an orphan beat would lead on, unseen. Stop; another leads.
+            log.error("beat %r: the worker of this beat is gone: this beat stops", self._name)
+            raise SystemExit(1)
         try:
             if not leader.leading():
                 if not leader.lead(min(self._settings.beat_ttl, _STANDBY_WAIT)):
