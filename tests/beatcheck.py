@@ -99,9 +99,14 @@ class Beat:
     as a subprocess in its own process group, its log in a file, its schedule file its own."""
 
     def __init__(
-        self, url: str, log_dir: Path, name: str, env: dict[str, str] | None = None
+        self,
+        url: str,
+        log_dir: Path,
+        name: str,
+        env: dict[str, str] | None = None,
+        app: str = "beatleader",
     ) -> None:
-        self.name = name
+        self.name, self.app = name, app
         self.log_path = log_dir / f"beat-{name}.log"
         self.schedule = log_dir / f"schedule-{name}"
         self.env = {
@@ -113,7 +118,7 @@ class Beat:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, *, worker: bool = False) -> Beat:
-        command = [sys.executable, "-m", "celery", "-A", "beatleader"]
+        command = [sys.executable, "-m", "celery", "-A", self.app]
         if worker:
             # A queue nobody sends to: the messages stay in "celery" to be counted.
             command += ["worker", "--beat", "-P", "solo", "-Q", "unused", "-n", f"{self.name}@%h",

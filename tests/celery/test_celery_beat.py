@@ -6,13 +6,16 @@ each entry's chain of ticks (``tests/beatcheck.py``): none sent twice, none lost
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from beatcheck import Beat, chains, leader_pid, sent, skips
+from beatcheck import TESTS, Beat, chains, leader_pid, sent, skips
 from celery import Celery
 from helpers import wait_for
 
@@ -37,8 +40,14 @@ def beats(beat_redis: redis.Redis, tmp_path: Path) -> Iterator[Callable[..., Bea
     started: list[Beat] = []
     url = f"redis://127.0.0.1:{beat_redis.connection_pool.connection_kwargs['port']}/0"
 
-    def start(name: str, env: dict[str, str] | None = None, *, worker: bool = False) -> Beat:
-        beat = Beat(url, tmp_path, name, {"BEAT_TTL": str(TTL), **(env or {})})
+    def start(
+        name: str,
+        env: dict[str, str] | None = None,
+        *,
+        worker: bool = False,
+        app: str = "beatleader",
+    ) -> Beat:
+        beat = Beat(url, tmp_path, name, {"BEAT_TTL": str(TTL), **(env or {})}, app)
         started.append(beat)
         return beat.start(worker=worker)
 
@@ -255,3 +264,33 @@ def test_worker_beat_on_two_workers_sends_each_tick_once(
     before = _count(beat_redis, "1s")
     wait_for(lambda: _count(beat_redis, "1s") >= before + 2, "the new leader sends", 60)
     _whole(beat_redis)
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_database_scheduler_leader_sigkilled_each_tick_once(
+    beats: Callable[..., Beat], beat_redis: redis.Redis, tmp_path: Path
+) -> None:
+    """django-celery-beat's DatabaseScheduler (its table in SQLite, shared) under the leader:
+    its entries read again from the table carry the last run the table holds (written every
+    3 minutes): such a tick is not sent twice, and the chain goes on."""
+    pytest.importorskip("django_celery_beat")
+    env = {"BEAT_TTL": "3", "BEAT_DB": str(tmp_path / "beat.sqlite3")}
+    migrate = "import beatdjango; from django.core.management import call_command; "
+    migrate += "call_command('migrate', verbosity=0)"
+    subprocess.run(
+        [sys.executable, "-c", migrate],
+        check=True,
+        timeout=120,
+        env={**os.environ, "BEAT_REDIS_URL": "redis://unused", **env, "PYTHONPATH": str(TESTS)},
+    )
+    fleet = [beats(f"d{i}", env, app="beatdjango") for i in (1, 2)]
+    leader = _leader(beat_redis, fleet)
+    wait_for(lambda: _count(beat_redis, "1s") >= 3, "3 ticks", 60)
+    leader.kill()
+    standby = next(b for b in fleet if b is not leader)
+    wait_for(lambda: "this beat leads now" in standby.log(), "the standby took over", 60)
+    before = _count(beat_redis, "1s")
+    wait_for(lambda: _count(beat_redis, "1s") >= before + 3, "the new leader sends", 60)
+    _whole(beat_redis)
+    assert "DatabaseScheduler" in standby.log()
