@@ -6,17 +6,21 @@ started again, as a supervisor would), and with ``--sentinel`` the lock Redis fa
 are counted there at the end, each naming its tick (``redislock_beat`` header), and each entry's
 chain of ticks is checked (``tests/beatcheck.py``): no tick sent twice, none lost. Takeover: from
 the kill to the moment a new beat holds the leader lease (the lease read every 20 ms).
+``--django``: django-celery-beat's ``DatabaseScheduler`` instead (its table in SQLite).
 ``--baseline`` first runs three plain beats (Celery's scheduler, no leader) for 10 s: what a
 fleet sends without this package.
 
-    python benchmarks/beat_failover.py [--seconds 60] [--ttl 3] [--sentinel] [--baseline]
+    python benchmarks/beat_failover.py [--seconds 60] [--ttl 3] [--sentinel] [--django]
+                                       [--baseline] [--quick] [--logs DIR] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -101,7 +105,16 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             locks = group.sentinel().master_for(group.service)
         else:
             locks = redis.Redis.from_url(broker.url)
-        fleet = {f"b{i}": Beat(broker.url, tmp, f"b{i}", env).start() for i in (1, 2, 3)}
+        app = "beatleader"
+        if args.django:  # django-celery-beat's DatabaseScheduler, its table in SQLite
+            app, env["BEAT_DB"] = "beatdjango", str(tmp / "beat.sqlite3")
+            migrate = "import beatdjango; from django.core.management import call_command; "
+            subprocess.run(
+                [sys.executable, "-c", migrate + "call_command('migrate', verbosity=0)"],
+                check=True,
+                env={**os.environ, "BEAT_REDIS_URL": broker.url, **env, "PYTHONPATH": sys.path[0]},
+            )
+        fleet = {f"b{i}": Beat(broker.url, tmp, f"b{i}", env, app).start() for i in (1, 2, 3)}
         watch = Watch(locks)
         watch.start()
         began = time.monotonic()
@@ -122,7 +135,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 while watch.took_over(at, old) is None and time.monotonic() - at < 60:
                     time.sleep(0.02)
                 takeovers.append(watch.took_over(at, old))
-                again = Beat(broker.url, tmp, f"{name}-{len(takeovers)}", env).start()
+                again = Beat(broker.url, tmp, f"{name}-{len(takeovers)}", env, app).start()
                 fleet[name] = again  # (started again, as a supervisor would)
             if failover_at is not None and group is not None and now >= failover_at:
                 failover_at = None
@@ -179,6 +192,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--ttl", type=float, default=3.0)
     parser.add_argument("--sentinel", action="store_true")
+    parser.add_argument("--django", action="store_true", help="django-celery-beat's scheduler")
     parser.add_argument("--baseline", action="store_true")
     parser.add_argument("--quick", action="store_true", help="30 s instead of --seconds")
     parser.add_argument("--json", type=Path)
@@ -195,7 +209,8 @@ def main() -> None:
             print(f"three plain beats, 10 s: {results['baseline']}", flush=True)
         results["leader"] = measure(args, Path(tmp))
     run = results["leader"]
-    print(f"\nthree leader beats, {run['seconds']:g} s, ttl {run['ttl']:g} s")
+    inner = "DatabaseScheduler" if args.django else "PersistentScheduler"
+    print(f"\nthree leader beats ({inner}), {run['seconds']:g} s, ttl {run['ttl']:g} s")
     for line in run["events"]:
         print(f"  {line}")
     bound = run["ttl"] + MAX_INTERVAL

@@ -54,8 +54,9 @@ OPTION = "redislock"
 _ENTRY_OPTIONS = ("missed",)
 # After Redis failed: how long a beat waits before it asks again (no spin on a dead server).
 _BACKOFF = 1.0
-# A standby's longest wait on the lease in one tick (it is woken earlier by a release or lapse).
-_STANDBY_WAIT = 5.0
+# A standby's longest wait on the lease in one tick (it is woken earlier by a release or lapse):
+# short, so that the "since" its lease records is the second it took the lead.
+_STANDBY_WAIT = 1.0
 _CLASSES: dict[type, type] = {}
 
 
@@ -153,6 +154,12 @@ def _leader_class(inner: type[Scheduler]) -> type[LeaderScheduler]:
     return made
 
 
+def _run_of(entry: Any) -> int:
+    """An entry's last run in µs; 0 for an entry that never ran and has none (RedBeat's may
+    not): every beat names its first tick alike."""
+    return 0 if entry.last_run_at is None else micros(entry.last_run_at)
+
+
 def _moment(run: int, like: datetime | None) -> datetime:
     """``run`` (µs) as a datetime of the same kind as ``like``: in its zone, or naive UTC."""
     moment = from_micros(run)
@@ -165,6 +172,8 @@ def _due(entry: Any, after: int) -> int | None:
     """When the tick that follows the run ``after`` (µs) fell due, in µs: exact for an interval
     (``schedule``), else the schedule's own estimate (``None`` if it has none)."""
     schedule = entry.schedule
+    if entry.last_run_at is None:
+        return None
     every = getattr(schedule, "run_every", None)
     if isinstance(every, timedelta) and not getattr(schedule, "relative", False):
         return after + every // timedelta(microseconds=1)
@@ -200,6 +209,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         self._reserved: dict[str, Any] = {}
         self._retry_at = 0.0
         self._worker: int | None = None  # (worker --beat: the worker's pid, at the first tick)
+        self._taking_over = False  # (until _take_over went through: Redis may fail in it)
         check_beat_schedule(app.conf.beat_schedule or {}, self._missed_default)
         super().__init__(app, *args, **kwargs)
 
@@ -234,7 +244,10 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
             if not leader.leading():
                 if not leader.lead(min(self._settings.beat_ttl, _STANDBY_WAIT)):
                     return 0.0  # (the wait was in lead(): look again at once)
+                self._taking_over = True
+            if self._taking_over:
                 self._take_over(leader)
+                self._taking_over = False
         except LockBackendError as exc:
             log.error("beat %r: the lock Redis failed; sending nothing: %s", self._name, exc)
             self._retry_at = time.monotonic() + _BACKOFF
@@ -308,11 +321,11 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
                 name,
             )
             return None
-        after = micros(entry.last_run_at)
+        after = _run_of(entry)
         if advance:
             reserved = self.reserve(entry)
             self._reserved.pop(name, None)
-        run = micros(reserved.last_run_at) if reserved is not None else now_micros()
+        run = _run_of(reserved) if reserved is not None else now_micros()
         try:
             fleet = leader.last_run(name)
             if fleet is not None and fleet > after:
