@@ -244,6 +244,7 @@ def test_a_beat_stopped_gives_the_lead_back_at_once(
 
 
 @pytest.mark.slow
+@pytest.mark.faults
 def test_worker_beat_on_two_workers_sends_each_tick_once(
     beats: Callable[..., Beat], beat_redis: redis.Redis
 ) -> None:
