@@ -66,11 +66,24 @@ def _count(client: redis.Redis, entry: str) -> int:
     return sum(1 for m in sent(client) if m.entry == entry)
 
 
-def _whole(client: redis.Redis) -> None:
-    """Every entry's chain: no tick twice, none lost."""
+def _claimed_unsent(client: redis.Redis) -> set[tuple[int, int]]:
+    """Read just after a leader was killed: the ticks it claimed and never sent (it died between
+    the mark and the publish, a window of a few ms: lost, at most once as documented), as the
+    links of the chain they break: (the last run sent, the run the mark names)."""
+    found = set()
+    for entry, chain in chains(sent(client), {}).items():
+        last = chain.messages[-1].run
+        mark = client.get(f"redislock:{{beat:beatleader}}:tick:{entry}:{last}")
+        if mark is not None:
+            found.add((last, int(mark.removeprefix(b"skip:"))))
+    return found
+
+
+def _whole(client: redis.Redis, lost: set[tuple[int, int]] | None = None) -> None:
+    """Every entry's chain: no tick twice, none lost (but for ``lost``: see above)."""
     for chain in chains(sent(client), skips(client)).values():
         assert chain.doubled == [], f"{chain.entry}: ticks sent twice: {chain.doubled}"
-        assert chain.broken == [], f"{chain.entry}: ticks lost: {chain.broken}"
+        assert set(chain.broken) <= (lost or set()), f"{chain.entry}: ticks lost: {chain.broken}"
 
 
 # -- declarations, in process ------------------------------------------------------------------
@@ -172,10 +185,11 @@ def test_a_sigkilled_leader_is_replaced_and_its_missed_tick_sent_once(
     leader = _leader(beat_redis, fleet)
     wait_for(lambda: _count(beat_redis, "1s") >= 3, "3 ticks of the 1 s entry", 60)
     leader.kill()
+    lost = _claimed_unsent(beat_redis)
     before = len(sent(beat_redis))
     standby = next(b for b in fleet if b is not leader)
     wait_for(lambda: len(sent(beat_redis)) >= before + 3, "the new leader sent 3 ticks", 60)
-    _whole(beat_redis)
+    _whole(beat_redis, lost)
     assert "entry '1s' fell due while no beat led: sending it once" in standby.log()
     ones = [m for m in sent(beat_redis) if m.entry == "1s"]
     # The longest gap between two ticks: the ttl and a tick's wait (a liveness bound only: the
@@ -194,13 +208,20 @@ def test_missed_ticks_skipped_when_the_entry_says_so(
     leader = _leader(beat_redis, fleet)
     wait_for(lambda: _count(beat_redis, "1s") >= 3, "3 ticks", 60)
     leader.kill()
+    # The leader may have died between claiming its next tick and sending it: that tick is
+    # then lost (at most once), not the new leader's to skip.
+    lost = _claimed_unsent(beat_redis)
     standby = next(b for b in fleet if b is not leader)
-    wait_for(lambda: "skipped (missed='skip')" in standby.log(), "the missed tick skipped", 60)
+    wait_for(lambda: "this beat leads now" in standby.log(), "the standby took over", 60)
     before = _count(beat_redis, "1s")
-    wait_for(lambda: _count(beat_redis, "1s") >= before + 2, "2 ticks after the skip", 60)
+    wait_for(lambda: _count(beat_redis, "1s") >= before + 2, "2 ticks after the takeover", 60)
+    _whole(beat_redis, lost)
     found = chains(sent(beat_redis), skips(beat_redis))["1s"]
-    assert found.doubled == [] and found.broken == []
-    assert len(found.skipped) == 1  # the chain went through the one skipped tick
+    if lost:
+        assert "another beat sent that tick" in standby.log()
+    else:
+        assert "entry '1s' fell due while no beat led: skipped (missed='skip')" in standby.log()
+        assert len(found.skipped) == 1  # the chain went through the one skipped tick
 
 
 @pytest.mark.slow
@@ -259,6 +280,7 @@ def test_worker_beat_on_two_workers_sends_each_tick_once(
     leader.proc.send_signal(signal.SIGKILL)
     leader.proc.wait(10)
     wait_for(lambda: "the worker of this beat is gone" in leader.log(), "the orphan stops", 60)
+    # (The orphan gives the lease back as it stops: it claims nothing more.)
     wait_for(lambda: not Path(f"/proc/{beat_pid}").exists(), "the orphan beat exited", 60)
     standby = next(b for b in fleet if b is not leader)
     wait_for(lambda: "this beat leads now" in standby.log(), "the other worker's beat leads", 60)
@@ -289,9 +311,10 @@ def test_database_scheduler_leader_sigkilled_each_tick_once(
     leader = _leader(beat_redis, fleet)
     wait_for(lambda: _count(beat_redis, "1s") >= 3, "3 ticks", 60)
     leader.kill()
+    lost = _claimed_unsent(beat_redis)
     standby = next(b for b in fleet if b is not leader)
     wait_for(lambda: "this beat leads now" in standby.log(), "the standby took over", 60)
     before = _count(beat_redis, "1s")
     wait_for(lambda: _count(beat_redis, "1s") >= before + 3, "the new leader sends", 60)
-    _whole(beat_redis)
+    _whole(beat_redis, lost)
     assert "DatabaseScheduler" in standby.log()

@@ -266,25 +266,31 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
                 set_last_run(entry, _moment(run, entry.last_run_at))
         forget_beat_heap(self)
         for name, entry in entries.items():
+            self._missed_tick(leader, name, entry)
+
+    def _missed_tick(self, leader: BeatLeader, name: str, entry: Any) -> None:
+        """An entry due as this beat takes the lead fell due while no beat led: sent once (by
+        the scheduler's next tick) or skipped, as its policy says. A mark found on it means a
+        beat that led took it after the fleet's last run was written (it died between the two):
+        the entry moves on to that run, and is looked at again."""
+        for _ in range(3):
             try:
                 due = bool(entry.is_due()[0])
             except Exception:  # (the scheduler's own tick logs it)
-                continue
+                return
             if not due or entry.last_run_at is None:
-                continue
+                return
             if self._missed(name, entry) == "send":
                 log.info(
                     "beat %r: entry %r fell due while no beat led: sending it once (missed='send')",
                     self._name,
                     name,
                 )
-                continue
+                return
             now = now_micros()
             claim = leader.claim(name, micros(entry.last_run_at), now, skip=True)
-            run = now if claim.mine else claim.run
-            if run is not None:
-                set_last_run(entry, _moment(run, entry.last_run_at))
             if claim.mine:
+                set_last_run(entry, _moment(now, entry.last_run_at))
                 leader.ran(name, now)
                 log.info(
                     "beat %r: entry %r fell due while no beat led: skipped (missed='skip'); "
@@ -292,6 +298,16 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
                     self._name,
                     name,
                 )
+                return
+            log.info(
+                "beat %r: entry %r not sent: another beat %s that tick",
+                self._name,
+                name,
+                "skipped" if claim.skipped else "sent",
+            )
+            if claim.run is None:
+                return
+            set_last_run(entry, _moment(claim.run, entry.last_run_at))
 
     def _missed(self, name: str, entry: Any) -> str:
         try:
