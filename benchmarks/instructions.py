@@ -20,7 +20,8 @@ kernel do is not counted.
    * ``celery_redislock``: ``lock=`` on a key made from the arguments (a lock per call), the
      settings read once as in a worker.
 2. **One uncontended acquire+release pair** on one name (``lock_core.py``'s locks): ours,
-   redis-py's ``Lock``, python-redis-lock, the fenced floor (``SET NX PX`` and an ``INCR`` in
+   ours in a namespace whose layout is ``lean`` (``core/layout.py``), redis-py's ``Lock``,
+   python-redis-lock, the fenced floor (``SET NX PX`` and an ``INCR`` in
    one script, then a compare-and-delete script) and two ``PING`` s.
 3. **What Redis executes per contended acquisition**, counted in ``redis-server`` (started here
    under callgrind, ``--hz 1``; the client is not counted): a holder holds the lock, a waiter's
@@ -62,11 +63,19 @@ sys.path.insert(0, str(HERE))
 from common import base_parser, delete_keys, redis_target, section  # noqa: E402
 
 CELERY = ("plain", "floor", "floor_fenced", "celery_redislock")
-PAIRS = ("celery_redislock", "redis_py", "python_redis_lock", "fenced_floor", "ping_x2")
+PAIRS = (
+    "celery_redislock",
+    "celery_redislock_lean",
+    "redis_py",
+    "python_redis_lock",
+    "fenced_floor",
+    "ping_x2",
+)
 # Ours with every part's helpers defined a second time in each call (see _helpers_defined_twice).
 HELPERS_TWICE = "celery_redislock_helpers_twice"
 CONTENDED = (
     "celery_redislock",
+    "celery_redislock_lean",
     "celery_redislock_fair",
     "python_redis_lock",
     "waiting_floor",

@@ -80,6 +80,7 @@ from pottery import Redlock
 
 import celery_redislock
 from celery_redislock import Lock, renew_leases
+from celery_redislock.core.layout import set_layout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (
@@ -110,6 +111,7 @@ PUSH_JITTER_S = 0.005  # handoff: extra random hold for push-woken locks
 POLL_INTERVAL_S = {"redis_py": 0.1, "pottery": 0.2}  # polling locks: jitter of one poll period
 HANDOFF_WARMUP = 3
 OURS = "celery_redislock"
+OURS_LEAN = "celery_redislock_lean"
 
 Release = Callable[[], None]
 Acquire = Callable[[], Release]  # a blocking acquire; returns the matching release
@@ -119,9 +121,16 @@ Factory = Callable[[redis.Redis, str], Acquire]
 # -- the locks under test ------------------------------------------------------------------------
 
 
-def _celery_redislock(fair: bool) -> Factory:
+def _celery_redislock(fair: bool, layout: str = "shared") -> Factory:
+    """Ours; ``layout`` ``"lean"``: in a namespace whose layout key turns on the fast path
+    (``core/layout.py``), else the default namespace's general path."""
+
     def make(client: redis.Redis, name: str) -> Acquire:
-        lock = Lock(client, name, ttl=TTL_S, fair=fair)
+        namespace = "redislock"
+        if layout == "lean":
+            namespace = "redislock-lean"
+            set_layout(client, namespace, "lean")
+        lock = Lock(client, name, ttl=TTL_S, fair=fair, namespace=namespace)
 
         def acquire() -> Release:
             return lock.acquire().release
@@ -260,6 +269,7 @@ def _ping_floor(client: redis.Redis, name: str) -> Acquire:
 LOCKS: dict[str, Factory] = {
     OURS: _celery_redislock(fair=False),
     "celery_redislock_fair": _celery_redislock(fair=True),
+    OURS_LEAN: _celery_redislock(fair=False, layout="lean"),
     "redis_py": _redis_py,
     "python_redis_lock": _python_redis_lock,
     "pottery": _pottery,
@@ -270,6 +280,7 @@ LOCKS: dict[str, Factory] = {
 }
 PAIRS_LOCKS = (
     OURS,
+    OURS_LEAN,
     "redis_py",
     "python_redis_lock",
     "pottery",
@@ -287,6 +298,7 @@ HANDOFF_LOCKS = (
 )
 CONTENTION_LOCKS = (
     OURS,
+    OURS_LEAN,
     "celery_redislock_fair",
     "redis_py",
     "python_redis_lock",

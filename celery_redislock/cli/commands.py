@@ -1,8 +1,8 @@
 """The operator commands (click), over :mod:`celery_redislock.core.admin`: ``list``, ``show``,
-``release``, ``unique``, ``release-claim``, ``beat``; ``rates``, ``limit set|clear``, ``pause`` and
-``resume`` for a name's rate limit and lock. Framework-free: a group gives them their Redis
-client and namespace with :func:`set_target` (the ``redislock`` console script from flags and
-the environment, ``celery redislock`` from the app's settings).
+``release``, ``unique``, ``release-claim``, ``beat``, ``layout``; ``rates``, ``limit set|clear``,
+``pause`` and ``resume`` for a name's rate limit and lock. Framework-free: a group gives them
+their Redis client and namespace with :func:`set_target` (the ``redislock`` console script from
+flags and the environment, ``celery redislock`` from the app's settings).
 
 Exit codes: 0 done, 1 nothing matched, 2 usage error (bad arguments, a bad URL or setting),
 3 Redis unreachable or failing.
@@ -22,8 +22,10 @@ import click
 from ..core import admin
 from ..core.admin import render
 from ..core.handover import DEFAULT_HANDOVER_WINDOW, Handover
+from ..core.layout import read_layout, set_layout
 from ..core.lease import RedisClient
 from ..core.lock import DEFAULT_FENCE_KEEP
+from ..core.store import backend_errors
 from ..errors import LockBackendError, LockConfigError
 
 __all__ = [
@@ -378,6 +380,23 @@ def beat_command(pattern: str, as_json: bool) -> None:
     )
 
 
+@click.command(name="layout")
+@click.argument("layout", required=False, type=click.Choice(["lean", "shared"]))
+@_errors
+def layout_command(layout: str | None) -> None:
+    """Show the key layout of the namespace's locks, or set it to LAYOUT. "shared" (the
+    default): every lock on the general path, whose leases workers of every release see.
+    "lean": a plain mutex takes the fast path (a third of the Redis work), which workers of
+    releases before it do not see: set it once every worker runs this release or later. Every
+    process follows within 30 seconds; a switch back to "shared" is safe at any time."""
+    target = _target()
+    client = target.client()
+    with backend_errors(None):
+        if layout is not None:
+            set_layout(client, target.namespace, layout)
+        click.echo(f"{target.namespace}: {read_layout(client, target.namespace)}")
+
+
 COMMANDS: tuple[click.Command, ...] = (
     list_command,
     show_command,
@@ -389,5 +408,6 @@ COMMANDS: tuple[click.Command, ...] = (
     pause_command,
     resume_command,
     beat_command,
+    layout_command,
 )
 """Every operator command, to add to a group."""

@@ -192,8 +192,11 @@ class LockBase(Generic[S, L]):
         ).encode()
         # The limit a holder's record carries (see info_json): 0, none, for a lock of one.
         self.info_limit = limit if limit is not None and limit >= 2 else 0
+        # A plain mutex may take the fast path (lua/lean_*.lua: its meta and wake keys only).
+        self.lean = mode == "write" and limit in (None, 1) and not fair
         # KEYS of every lock script, encoded once (the hot path).
         self.encoded_keys = [key.encode() for key in self.keys.all]
+        self.lean_keys = self._lean_keys()
         # How long a lease is counted on after its acquire was sent.
         self._validity = self.ttl - store.drift(self.ttl)
 
@@ -220,6 +223,11 @@ class LockBase(Generic[S, L]):
         self.name = name
         self.keys = LockKeys.of(self.namespace, name)
         self.encoded_keys = [key.encode() for key in self.keys.all]
+        self.lean_keys = self._lean_keys()
+
+    def _lean_keys(self) -> list[bytes] | None:
+        # (The meta and wake keys: the fast path's KEYS.)
+        return [self.encoded_keys[1], self.encoded_keys[4]] if self.lean else None
 
     # -- acquiring ---------------------------------------------------------------------------
 

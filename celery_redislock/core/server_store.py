@@ -16,6 +16,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import MovedError
 
 from .holders import read_holders
+from .layout import lean_allowed
 from .protocol import (
     AcquireReply,
     AcquireStatus,
@@ -69,10 +70,29 @@ class ServerStore:
             return run(name, self.client, keys, args), 0
         return acknowledged(self.client, name, keys, args, self.replicas, slot_key=lock.keys.leases)
 
+    def _lean(self, lock: LockView, args: list[str], size: int) -> list[bytes] | None:
+        """The fast path's KEYS if this call may take it: a plain mutex's call with nothing
+        more than ``size`` arguments (no job, park or claim), where the namespace allows it."""
+        keys = lock.lean_keys
+        if keys is None or len(args) != size or (size == 6 and args[5]):
+            return None
+        return keys if lean_allowed(self.client, lock.namespace) else None
+
     def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
+        lean = self._lean(lock, args, 6)
         if self.replicas is None:  # (the common case, without a frame more)
+            if lean is not None:  # (the meta key alone: a refusal pushes no wake-up)
+                raw = run("lean_acquire", self.client, lean[:1], args)
+                if raw != b"9" and raw != "9":
+                    return AcquireReply.decode(raw)
             return AcquireReply.decode(run("acquire", self.client, lock.encoded_keys, args))
-        raw, acks = self._run(lock, "acquire", lock.encoded_keys, args)
+        raw = None
+        if lean is not None:
+            raw, acks = self._run(lock, "lean_acquire", lean[:1], args)
+            if raw == b"9" or raw == "9":
+                raw = None
+        if raw is None:
+            raw, acks = self._run(lock, "acquire", lock.encoded_keys, args)
         reply = AcquireReply.decode(raw)
         if self.replicas and reply.status is AcquireStatus.HELD and acks < self.replicas.count:
             # Fails closed: the lock drops a new lease (args[0] is its token) before the error
@@ -99,6 +119,11 @@ class ServerStore:
         return RenewReply.decode(raw).expiries[0]
 
     def release(self, lock: LockView, args: list[str]) -> ReleaseReply:
+        lean = self._lean(lock, args, 4)
+        if lean is not None:
+            raw = run("lean_release", self.client, lean, args)
+            if raw != b"9" and raw != "9":
+                return ReleaseReply.decode(raw)
         return ReleaseReply.decode(run("release", self.client, lock.encoded_keys, args))
 
     def release_where(self, lock: LockView, args: list[str]) -> ReleaseWhereReply:

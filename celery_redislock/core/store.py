@@ -88,6 +88,9 @@ class LockView(Protocol):
     spec: str
     """:meth:`LockSpec.encode` of the lock's settings (every lock script takes it)."""
     replicas: ReplicaPolicy | None
+    namespace: str
+    lean_keys: list[bytes] | None
+    """The fast path's KEYS (``lua/lean_*.lua``), for a plain mutex; None: never."""
 
 
 class LeaseView(Protocol):

@@ -22,6 +22,7 @@ from helpers import wait_for
 from celery_redislock import LeaderScheduler, LockConfigError
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.beat_leader import leader_of
+from celery_redislock.core.layout import set_layout
 
 TTL = 1.0
 
@@ -158,9 +159,13 @@ def test_a_bad_entry_option_stops_beat_and_worker_beat_before_they_start(
         assert f"the worker refuses to start: {message}" in beat.log()
 
 
+@pytest.mark.parametrize("layout", ["shared", "lean"])
 def test_two_beats_one_leader_each_tick_sent_once(
-    beats: Callable[..., Beat], beat_redis: redis.Redis
+    beats: Callable[..., Beat], beat_redis: redis.Redis, layout: str
 ) -> None:
+    """In either key layout of the namespace (the leader lease is a plain mutex: in the lean
+    layout it lives in the lock's meta hash alone)."""
+    set_layout(beat_redis, "redislock", layout)
     fleet = [beats("b1"), beats("b2")]
     leader = _leader(beat_redis, fleet)
     wait_for(lambda: _count(beat_redis, "1s") >= 2, "2 ticks of the 1 s entry", 60)

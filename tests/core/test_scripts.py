@@ -99,7 +99,7 @@ def test_a_part_included_again_goes_in_once(monkeypatch: pytest.MonkeyPatch) -> 
     text = assembled("twice").decode()
     assert text.count("-- _lock.lua (a part") == 1
     assert "-- (_lock.lua: included above)" in text
-    assert includes("twice") == ("_lease.lua", "_lock.lua", "_time.lua")
+    assert includes("twice") == ("_lease.lua", "_lock.lua", "_ids.lua", "_lean.lua", "_time.lua")
 
 
 _LUACHECK = shutil.which("luacheck")

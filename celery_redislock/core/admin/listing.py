@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from ...errors import LockConfigError
 from ..keys import DEFAULT_NAMESPACE, check_namespace
+from ..layout import lean_allowed
 from ..protocol import text
 from ..store import RedisClient, backend_errors
 from .reading import LockState, describe_lock
@@ -47,12 +48,15 @@ def iter_locks(
     ``pattern`` is a Redis glob over the names (``*``, ``?``, ``[...]``).
 
     A lock whose leases all lapsed may still be listed until Redis expires its keys; use
-    :meth:`Lock.holders` (or :func:`list_locks`) for the live truth.
+    :meth:`Lock.holders` (or :func:`list_locks`) for the live truth. Where the namespace's
+    layout is ``lean`` (see ``core/layout.py``), a plain mutex's lease has no leases key: every
+    name with a meta key is listed then (one used within ``fence_keep``).
 
     >>> sorted(iter_locks(redis.Redis()))   # doctest: +SKIP
     ['nightly-report', 'sync:42']
     """
-    return scan_names(client, namespace, pattern, "leases")
+    suffix = "meta" if lean_allowed(client, namespace) else "leases"
+    return scan_names(client, namespace, pattern, suffix)
 
 
 def list_locks(

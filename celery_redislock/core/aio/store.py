@@ -51,6 +51,8 @@ class AsyncServerStore:
         return float("inf")
 
     async def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
+        # The general path only (it sees the fast path's leases, see lua/_lean.lua): a cancelled
+        # acquire's give-back is checked against it under lost replies.
         return AcquireReply.decode(await run_async("acquire", self.client, lock.encoded_keys, args))
 
     async def abandon(self, lock: LockView, token: str) -> None:

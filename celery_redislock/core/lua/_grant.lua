@@ -1,12 +1,9 @@
 -- _grant.lua (a part, not a script; see scripts.py): the lock handed on to those in line when
 -- leases are freed or the line moves.
--- Defines: WAKE_MS, runtime_cap, lock_paused, forget_runtime_limits, limits_present,
+-- Defines: runtime_cap, lock_paused, forget_runtime_limits, limits_present,
 -- read_runtime_limits, pause_left, fits, line_head, grant, wake_one, tidy, hand_on.
 
 -- #include _line.lua
-
--- How long a non-fair lock's wake-up signals live (a signal nobody pops must not linger).
-local WAKE_MS = 2000
 
 -- What is set at runtime for the name (K.limits), read once per call, in one HMGET:
 -- runtime_cap, a cap (redislock limit set NAME --cap N), false none; lock_paused, the server ms
@@ -159,7 +156,8 @@ end
 local function tidy(keep_ms)
   if no_leases or redis.call('EXISTS', K.leases) == 0 then
     redis.call('HDEL', K.meta, unpack(STATE_FIELDS))
-    redis.call('PEXPIRE', K.meta, keep_ms)
+    -- (Never shorter than a pause: the fast path reads its end, 'P', in the meta key.)
+    redis.call('PEXPIRE', K.meta, int(math.max(keep_ms, pause_left())))
   end
 end
 

@@ -1,17 +1,15 @@
 -- _lease.lua (a part, not a script; see scripts.py): a lease's record, the ids that make a call
 -- run twice count once, and what is dropped with a lease.
--- Defines: REQUESTS_KEPT, STATE_FIELDS, parse_lease, read_lease, write_lease, applied, recent,
--- note_request, note_released, was_released, lease_fields.
+-- Defines: STATE_FIELDS, parse_lease, read_lease, write_lease, applied, note_request,
+-- note_released, was_released, lease_fields.
 
 -- #include _lock.lua
 
--- How many request ids a lease record, and release ids 'g', remember: enough for a call run
--- again right after its reply was lost.
-local REQUESTS_KEPT = 16
-
 -- The meta fields about the live leases and the line (mode, arrival counter, queued writers,
--- parked entries): once nothing is held or queued, none can be right but unset.
-local STATE_FIELDS = {'m', 'qseq', 'qw', 'qp'}
+-- parked entries): once nothing is held or queued, none can be right but unset. With them goes
+-- 'E', the key's expiry as the fast path last set it (see _lean.lua): the general path may have
+-- set another since.
+local STATE_FIELDS = {'m', 'qseq', 'qw', 'qp', 'E'}
 
 -- A lease record is a plain string (cheaper than JSON on the hot path):
 -- mode|count|fence|requests|owner.
@@ -34,24 +32,7 @@ end
 
 -- Whether request `id` was already applied to the lease `rec` (then it must not count again).
 local function applied(rec, id)
-  return string.find(' ' .. rec.r .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
-end
-
--- Keeps the `n` most recent of the ids in `list` (as this writes it: one space between ids),
--- with `id` first. The list is cut where its (n-1)th id ends, in one piece: building it id by id
--- made a new string per id, a good share of a release's work inside Redis.
-local function recent(id, list, n)
-  if not list then
-    return id
-  end
-  local at = 0
-  for _ = 1, n - 1 do
-    at = string.find(list, ' ', at + 1, true)
-    if not at then
-      return id .. ' ' .. list
-    end
-  end
-  return id .. ' ' .. string.sub(list, 1, at - 1)
+  return listed(rec.r, id)
 end
 
 -- Notes request `id` as applied to `rec` (written with the record). Only the last few are kept:
@@ -68,8 +49,7 @@ local function note_released(id)
 end
 
 local function was_released(id)
-  local prev = redis.call('HGET', K.meta, 'g')
-  return prev ~= false and string.find(' ' .. prev .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
+  return listed(redis.call('HGET', K.meta, 'g') or '', id)
 end
 
 -- The meta fields of lease `tok` (`rec` its record, nil if it has none), for dropping it: its

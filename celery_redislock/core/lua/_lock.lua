@@ -1,7 +1,7 @@
 -- _lock.lua (a part, not a script; see scripts.py): a lock's keys, its spec, the shape of the
 -- hot path's replies, and the writes of a new lease (all acquire.lua's fast path needs).
--- Defines: K, use_lock_keys, parse_spec, reply, append, LINE_PREFIX, is_parked_token, record_done,
--- put_lease.
+-- Defines: K, fence_mark, use_lock_keys, promote, parse_spec, reply, append, LINE_PREFIX,
+-- is_parked_token, record_done, put_lease.
 --
 -- Every lock script takes the same eight keys, all sharing the lock's hash tag:
 --   KEYS[1] leases  sorted set: lease token -> expiry (server ms)
@@ -28,6 +28,8 @@
 --                   'u' '<task id> <token>' the last unique copy parked under the lock's name
 --                   (unique_claim.lua: a replace takes it out of the line; a stale one, whose
 --                   entry left, is ignored), a parked record's 'r' 1: replaced, to end unrun
+--                   the fast path's 'L', 'I', 'Q', 'E', 'P' (see _lean.lua): a plain mutex's
+--                   one lease kept here alone, moved into these keys by promote()
 --   KEYS[3] queue   sorted set: waiter token -> arrival number; and for each tenant with
 --                   parked tasks, its place in the rotation '#<tenant id>' -> its turn (an
 --                   arrival number: a tenant served goes to the end of the line)
@@ -48,7 +50,8 @@
 -- arguments: each gives the same answer the second time (tokens and request ids are chosen by
 -- the client before the call).
 
--- #include _time.lua
+-- #include _ids.lua
+-- #include _lean.lua
 
 local K = {
   leases = KEYS[1], meta = KEYS[2], queue = KEYS[3], qdl = KEYS[4], wake = KEYS[5], done = KEYS[6],
@@ -57,10 +60,44 @@ local K = {
 
 -- Turns K to the lock whose eight keys follow KEYS[base] (a script that works on several
 -- locks, acquire_all.lua, passes their keys lock after lock).
+-- The fence mark as this call last read or wrote it (nil: not known, ask): promote reads it
+-- with the fast path's lease, so that a new lease's put_lease need not.
+local fence_mark = nil
+
 local function use_lock_keys(base)
   K.leases, K.meta, K.queue, K.qdl = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
   K.wake, K.done, K.tenants, K.limits = KEYS[base + 5], KEYS[base + 6], KEYS[base + 7],
     KEYS[base + 8]
+  fence_mark = nil
+end
+
+-- Moves the fast path's lease (meta 'L', see _lean.lua), if live, into the general path's keys
+-- (the leases key, its record, info and owner entry), as put_lease would have written it: every
+-- script that reads or hands out leases calls it first, so that it sees every lease. A lapsed
+-- one is dropped. The meta field 'm' now says the general path decides, until the lock is
+-- free again (tidy).
+local function promote(now)
+  local s = redis.call('HMGET', K.meta, 'L', 'fence')
+  local raw = s[1]
+  fence_mark = tonumber(s[2] or '0')
+  if not raw or raw == '' then
+    return
+  end
+  local tok, expiry, fence, count, owner, requests = parse_lean(raw)
+  if tonumber(expiry) <= now then
+    redis.call('HSET', K.meta, 'L', '', 'I', '')
+    return
+  end
+  redis.call('ZADD', K.leases, expiry, tok)
+  -- The leases key is new (a fast-path lease means no other): it lives as long as the lease
+  -- and a second more, as keep_lease_keys would have it; renewals extend it.
+  redis.call('PEXPIREAT', K.leases, tonumber(expiry) + GRACE_MS)
+  local fields = {'m', 'w', 'l:' .. tok, 'w|' .. count .. '|' .. fence .. '|' .. requests .. '|'
+    .. owner, 'i:' .. tok, redis.call('HGET', K.meta, 'I') or '{}', 'L', '', 'I', ''}
+  if owner ~= '' then
+    fields[#fields + 1], fields[#fields + 2] = 'o:' .. owner, tok
+  end
+  redis.call('HSET', K.meta, unpack(fields))
 end
 
 -- The lock's spec: mode 'r' | 'w', limit (0 = unbounded), ttl ms, fair '0' | '1', queue entry
@@ -114,8 +151,9 @@ end
 -- in one HSET. Returns its fence and expiry. How long the keys live is the caller's concern.
 -- The fence follows the fence mark, and the server's clock in us when that is ahead.
 local function put_lease(tok, mode, ttl, owner, info, now, now_us)
-  local last = tonumber(redis.call('HGET', K.meta, 'fence') or '0')
+  local last = fence_mark or tonumber(redis.call('HGET', K.meta, 'fence') or '0')
   local fence = int(math.max(last + 1, now_us))
+  fence_mark = tonumber(fence)
   local expiry = now + ttl
   redis.call('ZADD', K.leases, int(expiry), tok)
   local rec = mode .. '|1|' .. fence .. '||' .. owner

@@ -35,6 +35,7 @@ local wait, woke = string.sub(ARGV[3], 1, 1) == '1', string.sub(ARGV[3], 2, 2) =
 local once, park = string.sub(ARGV[3], 3, 3) == '1', string.sub(ARGV[3], 4, 4) == '1'
 local claim_id = ARGV[7] or ''
 local now, now_us = server_now()
+promote(now)
 
 -- Whether job `job` is recorded as finished (finish.lua).
 local function job_done()

@@ -25,6 +25,7 @@ local now, now_us = server_now()
 -- Turns the helpers to lock `i`: its keys, and nothing remembered of another lock.
 local function use(i)
   use_lock_keys((i - 1) * 8)
+  promote(now)
   forget_lock_state()
   forget_runtime_limits()
 end

@@ -4,10 +4,21 @@
 -- Returns {now ms, then for each live lease: token, expiry ms, record
 --   'mode|count|fence|requests|owner', info (JSON)}.
 
--- #include _time.lua
+-- #include _lean.lua
 
 local now = server_now()
 local out = {now}
+-- A lease taken on the fast path (see _lean.lua), in the record format of the others.
+local lean = redis.call('HMGET', KEYS[2], 'L', 'I')
+if lean[1] and lean[1] ~= '' then
+  local tok, expiry, fence, count, owner, requests = parse_lean(lean[1])
+  if tonumber(expiry) > now then
+    out[#out + 1] = tok
+    out[#out + 1] = tonumber(expiry)
+    out[#out + 1] = 'w|' .. count .. '|' .. fence .. '|' .. requests .. '|' .. owner
+    out[#out + 1] = lean[2] or '{}'
+  end
+end
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. int(now), '+inf', 'WITHSCORES')
 for i = 1, #live, 2 do
   local rec = redis.call('HGET', KEYS[2], 'l:' .. live[i])

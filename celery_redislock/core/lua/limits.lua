@@ -92,6 +92,11 @@ if op == 'p' then
   if not (set[1] or set[2] or set[3]) then
     live_until(ends)
   end
+  -- The fast path (see _lean.lua) reads the pause's end in the meta key, which lives as long.
+  redis.call('HSET', K.meta, 'P', int(ends))
+  if redis.call('PTTL', K.meta) < ends - now then
+    redis.call('PEXPIRE', K.meta, int(ends - now))
+  end
   return limits_answer()
 end
 
@@ -112,6 +117,8 @@ if op == 'q' then
     return limits_answer() -- not paused: nothing to end, nothing to hand on
   end
   redis.call('HDEL', K.limits, 'lock_paused') -- (the hash goes with it if it held nothing else)
+  redis.call('HDEL', K.meta, 'P')
+  promote(now)
   forget_runtime_limits()
   -- The line does not wait for a release nor for a sweeper: the lock is handed on now, as a
   -- release that freed capacity hands it on (parked tasks and a fair lock's waiters served in

@@ -11,6 +11,7 @@
 local _, _, _, fair, _, keep_ms = parse_spec(ARGV[1])
 local tok = ARGV[2]
 local now, now_us = server_now()
+promote(now)
 start(now)
 local dropped = 0
 if redis.call('ZSCORE', K.leases, tok) and redis.call('HGET', K.meta, 'c:' .. tok) == '' then

@@ -14,6 +14,7 @@
 -- #include _lease.lua
 
 local now = server_now()
+promote(now)
 local lapsed = 0
 for i = 1, #ARGV, 2 do
   local tok, fence = ARGV[i], ARGV[i + 1]

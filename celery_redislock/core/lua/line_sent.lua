@@ -8,6 +8,7 @@
 -- #include _line.lua
 
 local now = server_now()
+promote(now)
 local window = tonumber(ARGV[1])
 local expired = redis.call('HGET', K.meta, 'x')
 local left = {}

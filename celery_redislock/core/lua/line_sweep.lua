@@ -13,6 +13,7 @@
 
 local _, _, _, fair, _, keep_ms = parse_spec(ARGV[1])
 local now, now_us = server_now()
+promote(now)
 start(now)
 local granted = hand_on({}, now, now_us, fair, false, keep_ms)
 local out = {parked_count(), redis.call('ZCARD', K.leases), 0}

@@ -12,6 +12,7 @@
 
 local tok, fence = ARGV[1], ARGV[2]
 local now = server_now()
+promote(now)
 local expiry = redis.call('ZSCORE', K.leases, tok)
 local rec = read_lease(tok)
 if not expiry or tonumber(expiry) <= now or not rec then

@@ -35,12 +35,13 @@ local function release_level(rec)
   return nil
 end
 
--- Fast path: nobody waits and this token holds the lock's only lease, live. Then nothing is
+-- Fast path: nobody waits, nothing is set at runtime for the name (a pause's mark must outlive
+-- it: tidy sees to that), and this token holds the lock's only lease, live. Then nothing is
 -- purged nor handed on, and the lease is given back in a few calls, before the other helpers
--- are even defined. The same EXISTS says whether anything is set at runtime for the name
--- (limits 2, the queue 1: it counts a key once per time it is named), for the hand-over below.
+-- are even defined. The same EXISTS says which of the two keys exist (limits 2, the queue 1: it
+-- counts a key once per time it is named), for the hand-over below.
 local present = redis.call('EXISTS', K.queue, K.limits, K.limits)
-if present % 2 == 0 then
+if present == 0 then
   local first = redis.call('ZRANGE', K.leases, 0, 1, 'WITHSCORES')
   local rec = first[1] == tok and first[3] == nil and tonumber(first[2]) > now
     and read_lease(tok)
@@ -60,6 +61,11 @@ if present % 2 == 0 then
 end
 
 -- #include _grant.lua
+
+-- A lease the fast path took (see _lean.lua) is moved into the leases key first: this token's
+-- (a release that records a job, or one sent after the layout was switched back), or another's
+-- that the hand-over must see. (Not before the fast path above: a lease there means none here.)
+promote(now)
 
 -- (The fast path's EXISTS said whether the line and the limits exist: not asked again.)
 limits_present(present >= 2)

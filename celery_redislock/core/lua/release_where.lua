@@ -30,6 +30,7 @@ if request ~= '' then
 end
 local match = cjson.decode(ARGV[2])
 local now, now_us = server_now()
+promote(now)
 start(now)
 local released = {}
 local candidates = {}

@@ -90,8 +90,12 @@ end
 
 -- A live run lease: the job runs (its leases key exists only while a lease may be live).
 -- A re-publish or a confirmation is the job that may hold the lease itself.
-if count_running and kind ~= 'r' and kind ~= 'c' and redis.call('EXISTS', K.leases) == 1 then
-  local now = server_now()
+local asks_running = count_running and kind ~= 'r' and kind ~= 'c'
+if asks_running then
+  promote(server_now()) -- (a fast-path lease, see _lean.lua, is looked for in the leases key)
+end
+if asks_running and redis.call('EXISTS', K.leases) == 1 then
+  local now = call_ms
   local live = redis.call('ZRANGEBYSCORE', K.leases, string.format('(%d', now), '+inf',
     'WITHSCORES', 'LIMIT', 0, 1)
   if live[1] then

@@ -1,0 +1,81 @@
+-- lean_acquire.lua: take a plain mutex (mode w, limit 1, not fair) that is free, re-enter it, or
+-- be refused, in its meta hash alone (see _lean.lua); anything else answers '9', and the caller
+-- sends the same call to acquire.lua, which decides it on the general path.
+-- KEYS: 1 meta (see _lock.lua)
+-- ARGV: as acquire.lua's 1-6 (token, spec, flags, owner, info, job); a job, a park, a claim or a
+--   spec other than a plain mutex's answers '9'
+-- Returns acquire.lua's reply ('status token fence expiry count next mode': 1 held, 0 not held,
+--   3 the owner holds it (once)), or '9'.
+
+-- #include _ids.lua
+-- #include _lean.lua
+
+local tok, flags, owner = ARGV[1], ARGV[3], ARGV[4]
+local ttl, entry_ms, keep_ms = string.match(ARGV[2], '^w 1 (%d+) 0 (%d+) (%d+)$')
+if not ttl or #ARGV ~= 6 or ARGV[6] ~= '' or string.sub(flags, 4, 4) == '1' then
+  return '9'
+end
+ttl, keep_ms = tonumber(ttl), tonumber(keep_ms)
+local now, now_us = server_now()
+local s = redis.call('HMGET', KEYS[1], 'L', 'fence', 'm', 'qseq', 'qp', 'P', 'Q', 'E')
+if s[3] or s[4] or s[5] or (s[6] and tonumber(s[6]) > now) then
+  return '9' -- leases in the leases key, a line, or a pause: the general path decides
+end
+
+-- The meta key is made to outlive the lease `expiry` (with the fence mark's keep), unless it
+-- does already: a PEXPIRE only then. Returns the fields to write with it ('E').
+local function life_for(expiry, fields)
+  if not s[8] or tonumber(s[8]) < expiry + GRACE_MS then
+    local life = math.max(expiry - now + GRACE_MS + ttl, keep_ms)
+    fields[#fields + 1], fields[#fields + 2] = 'E', int(now + life)
+    return life
+  end
+end
+
+local raw = s[1]
+if raw and raw ~= '' then
+  local ltok, lexp, lfence, lcount, lowner, requests = parse_lean(raw)
+  lexp = tonumber(lexp)
+  if lexp > now then
+    if ltok == tok then -- this very call ran before (its reply was lost): the same lease
+      return '1 ' .. tok .. ' ' .. lfence .. ' ' .. int(lexp) .. ' ' .. lcount .. ' 0 w'
+    end
+    if owner ~= '' and lowner == owner then
+      if listed(requests, tok) then -- this re-entry ran before: it counts once
+        return '1 ' .. ltok .. ' ' .. lfence .. ' ' .. int(lexp) .. ' ' .. lcount .. ' 0 w'
+      end
+      if string.sub(flags, 3, 3) == '1' then -- once: say the owner holds it, and for how long
+        return '3 ' .. ltok .. ' ' .. lfence .. ' 0 ' .. lcount .. ' ' .. int(lexp - now) .. ' w'
+      end
+      local count = tonumber(lcount) + 1
+      local expiry = math.max(lexp, now + ttl)
+      local fields = {'L', lean_record(ltok, expiry, lfence, count, lowner,
+        recent(tok, requests ~= '' and requests or nil, REQUESTS_KEPT))}
+      local life = life_for(expiry, fields)
+      redis.call('HSET', KEYS[1], unpack(fields))
+      if life then
+        redis.call('PEXPIRE', KEYS[1], life)
+      end
+      return '1 ' .. ltok .. ' ' .. lfence .. ' ' .. int(expiry) .. ' ' .. count .. ' 0 w'
+    end
+    if string.sub(flags, 1, 1) == '1' then -- a waiter's place: the latest deadline, never lowered
+      local deadline = now + tonumber(entry_ms)
+      if not s[7] or tonumber(s[7]) < deadline then
+        redis.call('HSET', KEYS[1], 'Q', int(deadline))
+      end
+    end
+    return '0 - 0 0 0 ' .. int(lexp - now) .. ' w'
+  end
+end
+
+-- Free (or its lease lapsed): the next fence follows the fence mark, and the server's clock in
+-- us when that is ahead, so that fences grow through a restart that lost the mark.
+local fence = int(math.max(tonumber(s[2] or '0') + 1, now_us))
+local expiry = now + ttl
+local fields = {'fence', fence, 'L', lean_record(tok, expiry, fence, 1, owner, ''), 'I', ARGV[5]}
+local life = life_for(expiry, fields)
+redis.call('HSET', KEYS[1], unpack(fields))
+if life then
+  redis.call('PEXPIRE', KEYS[1], life)
+end
+return '1 ' .. tok .. ' ' .. fence .. ' ' .. int(expiry) .. ' 1 0 w'

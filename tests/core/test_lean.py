@@ -1,0 +1,194 @@
+"""The lean layout's fast path (lua/lean_*.lua, core/layout.py): a plain mutex's lease in its meta
+hash alone, the general path seeing it (promote), and the namespace's switch."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+
+from celery_redislock import Lock, LockNotAcquired
+from celery_redislock.core import layout
+from celery_redislock.core.admin import pause_lock, resume_lock
+
+NS = "lean"
+
+
+@pytest.fixture
+def lean(client: redis.Redis) -> redis.Redis:
+    layout.set_layout(client, NS, "lean")
+    return client
+
+
+def _commands(client: redis.Redis) -> dict[str, int]:
+    return {
+        key.removeprefix("cmdstat_"): int(value["calls"])
+        for key, value in client.info("commandstats").items()
+        if not key.startswith(("cmdstat_info", "cmdstat_config"))
+    }
+
+
+def _lock(client: redis.Redis, name: str = "job", **options: object) -> Lock:
+    return Lock(client, name, ttl=30, namespace=NS, **options)  # type: ignore[arg-type]
+
+
+def test_an_uncontended_pair_runs_eight_commands_on_two_keys(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    lock.acquire().release()  # (scripts loaded, the layout read, the key's life set)
+    lean.config_resetstat()
+    lock.acquire(info={"task_id": "t-1"}).release()
+    assert _commands(lean) == {"evalsha": 2, "time": 2, "hmget": 2, "hset": 2}
+    assert lean.exists(lock.keys.leases) == 0  # nothing but the meta hash
+    assert lean.hget(lock.keys.meta, "L") == b""
+
+
+def test_fences_grow_and_survive_the_loss_of_the_mark(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    fences = []
+    for _ in range(3):
+        lease = lock.acquire()
+        fences.append(lease.fence)
+        lease.release()
+    lean.delete(lock.keys.meta)  # a restart without persistence: the mark is gone
+    fences.append(lock.acquire().fence)
+    assert fences == sorted(set(fences))
+
+
+def test_the_general_path_sees_a_lean_lease_and_takes_it_over(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    lease = lock.acquire(info={"task_id": "t-1"})
+    assert lean.hget(lock.keys.meta, "L")
+    # A fair caller of the same name runs the general path: the lean lease is moved, not missed.
+    with pytest.raises(LockNotAcquired):
+        _lock(lean, fair=True).acquire(blocking=False)
+    assert lean.hget(lock.keys.meta, "L") == b""
+    assert lean.zscore(lock.keys.leases, lease.token) is not None
+    (holder,) = lock.holders()
+    assert holder.token == lease.token and holder.info["task_id"] == "t-1"
+    lease.renew()  # renewed and released on the general path now
+    lease.release()
+    assert lock.holders() == []
+    # Free again: the fast path takes it once the general path has tidied up.
+    lean.config_resetstat()
+    lock.acquire().release()
+    assert "zadd" not in _commands(lean)
+
+
+def test_reentry_counts_once_per_call_and_once_refuses(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    outer = lock.acquire(owner="task-1")
+    inner = lock.acquire(owner="task-1")
+    assert inner.token == outer.token and inner.fence == outer.fence
+    with pytest.raises(LockNotAcquired):
+        lock.acquire(owner="task-1", reentrant=False, blocking=False)
+    with pytest.raises(LockNotAcquired):
+        lock.acquire(owner="task-2", blocking=False)
+    inner.release()
+    with pytest.raises(LockNotAcquired):  # still held once
+        lock.acquire(owner="task-2", blocking=False)
+    outer.release()
+    lock.acquire(owner="task-2", blocking=False).release()
+
+
+def test_holders_renewal_and_a_waiter_woken_by_the_release(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    lease = lock.acquire(info={"task_id": "t-1"})
+    (holder,) = lock.holders()
+    assert holder.token == lease.token and holder.fence == lease.fence
+    before = lean.pttl(lock.keys.meta)
+    lease.renew(ttl=60)
+    assert lean.hget(lock.keys.meta, "L").split(b"|")[0] == lease.token.encode()
+    assert lean.pttl(lock.keys.meta) >= min(before, 60_000)
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(lock.acquire(timeout=60).fence))
+    waiter.start()
+    # The waiter is refused once (its deadline 'Q' set), then blocks on the wake list.
+    for _ in range(500):
+        if lean.hget(lock.keys.meta, "Q"):
+            break
+        threading.Event().wait(0.01)
+    lease.release()
+    waiter.join(60)
+    assert got and got[0] > lease.fence
+
+
+def test_a_pause_holds_back_the_fast_path(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    lease = lock.acquire()
+    pause_lock(lean, "job", 60, namespace=NS)
+    lease.release()  # a holder may release during a pause
+    with pytest.raises(LockNotAcquired):
+        lock.acquire(blocking=False)
+    resume_lock(lean, "job", namespace=NS)
+    lock.acquire(blocking=False).release()
+
+
+def test_switching_back_to_shared_keeps_lean_leases_seen(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    lease = lock.acquire()
+    layout.set_layout(lean, NS, "shared")
+    lean.config_resetstat()
+    with pytest.raises(LockNotAcquired):
+        _lock(lean).acquire(blocking=False)  # the general path, which moved the lease
+    lease.release()
+    _lock(lean).acquire(blocking=False).release()
+
+
+def test_a_lean_lease_is_listed_and_described(lean: redis.Redis) -> None:
+    from celery_redislock.core import admin
+
+    lease = _lock(lean, "sync:1").acquire(info={"task_id": "t-1"})
+    _lock(lean, "idle").acquire().release()  # (its meta key stays: listed, then not held)
+    assert sorted(admin.iter_locks(lean, NS)) == ["idle", "sync:1"]
+    (state,) = admin.list_locks(lean, namespace=NS)
+    assert state.name == "sync:1" and [h.token for h in state.holders] == [lease.token]
+    lease.release()
+
+
+def test_the_cli_shows_and_sets_the_layout(client: redis.Redis) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "redislock"
+    url = client.connection_pool.connection_kwargs
+    target = f"redis://{url['host']}:{url['port']}"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(script), "--url", target, "--namespace", NS, "layout", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert cli().stdout == f"{NS}: shared\n"
+    assert cli("lean").stdout == f"{NS}: lean\n"
+    assert layout.read_layout(client, NS) == "lean"
+    assert cli("shared").stdout == f"{NS}: shared\n"
+    refused = cli("fast")
+    assert refused.returncode == 2 and "'lean', 'shared'" in refused.stderr
+
+
+def test_the_asyncio_lock_sees_a_lean_lease(lean: redis.Redis) -> None:
+    import asyncio
+
+    import redis.asyncio
+
+    from celery_redislock.asyncio import AsyncLock
+
+    lease = _lock(lean).acquire()
+    url = lean.connection_pool.connection_kwargs
+
+    async def main() -> None:
+        client = redis.asyncio.Redis(host=url["host"], port=url["port"])
+        alock = AsyncLock(client, "job", ttl=30, namespace=NS)
+        with pytest.raises(LockNotAcquired):
+            await alock.acquire(blocking=False)
+        lease.release()
+        got = await alock.acquire(blocking=False)
+        await got.release()
+        await client.aclose()
+
+    asyncio.run(main())
