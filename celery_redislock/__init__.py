@@ -2,8 +2,9 @@
 kept alive by a per-process heartbeat and released however a task ends.
 
 Here: the lock core (it needs redis-py only), the exceptions, and Celery's entry points
-(``LockedTask``, ``install``, ``lock_for``, ``lock_workflow``, ``SKIPPED``), which load
-:mod:`celery_redislock.integrations.celery` on first use, so a core user never imports Celery.
+(``LockedTask``, ``install``, ``lock_for``, ``lock_workflow``, ``SKIPPED``, ``LeaderScheduler``),
+which load :mod:`celery_redislock.integrations.celery` on first use, so a core user never
+imports Celery.
 docs/api.md lists the other public modules; every other module is internal and may change.
 Names that earlier releases exported here (Celery's signals, ``LockRequest``, ``client_for``,
 ``iter_locks``, ``LockOptions``, ``UniqueOptions``) still resolve, outside ``__all__``.
@@ -48,7 +49,14 @@ if TYPE_CHECKING:
     from .core.admin import iter_locks as iter_locks
     from .core.options import LockOptions as LockOptions
     from .core.unique_options import UniqueOptions as UniqueOptions
-    from .integrations.celery import SKIPPED, LockedTask, install, lock_for, lock_workflow
+    from .integrations.celery import (
+        SKIPPED,
+        LeaderScheduler,
+        LockedTask,
+        install,
+        lock_for,
+        lock_workflow,
+    )
     from .integrations.celery import LockRequest as LockRequest
     from .integrations.celery import client_for as client_for
     from .integrations.celery import lock_acquired as lock_acquired
@@ -94,6 +102,7 @@ __all__ = [  # noqa: RUF022 (in groups: the docs list them in this order)
     "lock_for",
     "lock_workflow",
     "SKIPPED",
+    "LeaderScheduler",
 ]
 
 _CELERY = ".integrations.celery"
@@ -104,6 +113,7 @@ _ELSEWHERE = {
     "lock_for": _CELERY,
     "lock_workflow": _CELERY,
     "SKIPPED": _CELERY,
+    "LeaderScheduler": _CELERY,
     "LockRequest": _CELERY,
     "client_for": _CELERY,
     "lock_acquired": _CELERY,

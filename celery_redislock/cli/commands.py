@@ -1,8 +1,8 @@
 """The operator commands (click), over :mod:`celery_redislock.core.admin`: ``list``, ``show``,
-``release``, ``unique``, ``release-claim``; ``rates``, ``limit set|clear``, ``pause`` and
-``resume`` for a name's rate limit and lock. Framework-free: a group gives them their Redis
-client and namespace with :func:`set_target` (the ``redislock`` console script from flags and
-the environment, ``celery redislock`` from the app's settings).
+``release``, ``unique``, ``release-claim``, ``beat``, ``layout``; ``rates``, ``limit set|clear``,
+``pause`` and ``resume`` for a name's rate limit and lock. Framework-free: a group gives them
+their Redis client and namespace with :func:`set_target` (the ``redislock`` console script from
+flags and the environment, ``celery redislock`` from the app's settings).
 
 Exit codes: 0 done, 1 nothing matched, 2 usage error (bad arguments, a bad URL or setting),
 3 Redis unreachable or failing.
@@ -361,6 +361,25 @@ def resume_command(name: str, as_json: bool) -> None:
     _report(as_json, render.rate_dict(state), True, render.pause_lines(state, "resumed"), "")
 
 
+@click.command(name="beat")
+@click.argument("pattern", default="*")
+@_json_option
+@_errors
+def beat_command(pattern: str, as_json: bool) -> None:
+    """The leader of each fleet of beats (LeaderScheduler) whose name matches PATTERN (a glob,
+    default: all): its host, pid, since when it leads, and when its lease lapses unless renewed.
+    Exit code 1 if no beat leads."""
+    target = _target()
+    beats = admin.list_beats(target.client(), pattern, target.namespace)
+    _report(
+        as_json,
+        [render.beat_dict(b) for b in beats],
+        bool(beats),
+        render.table([render.BEAT_HEADER, *(render.beat_row(b) for b in beats)]),
+        f"no beat leads a fleet matching {pattern!r}",
+    )
+
+
 @click.command(name="layout")
 @click.argument("layout", required=False, type=click.Choice(["lean", "shared"]))
 @_errors
@@ -388,6 +407,7 @@ COMMANDS: tuple[click.Command, ...] = (
     limit_group,
     pause_command,
     resume_command,
+    beat_command,
     layout_command,
 )
 """Every operator command, to add to a group."""

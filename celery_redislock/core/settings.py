@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from ..errors import LockConfigError
-from ._validate import int_at_least, one_of, true_or_false
+from ._validate import int_at_least, non_empty_string, one_of, true_or_false
+from .beat_leader import MISSED_POLICIES
 from .claims import DEFAULT_PUBLISH_WINDOW
 from .clients import parse_sentinels
 from .durations import ALLOWANCE, OTHER, TTL, Duration, seconds
@@ -106,6 +107,14 @@ class Settings:
     sentinel_options: tuple[tuple[str, Any], ...] = ()
     task_time_limit: float | None = None
     """Celery's own ``task_time_limit``: the default maximum hold of a lease."""
+    beat_scheduler: object = "celery.beat:PersistentScheduler"
+    """Celery's: the scheduler class a leader beat runs (a class or its dotted name)."""
+    beat_name: str | None = None
+    """Celery's: the fleet of beats that elect one leader (default: the app's main name)."""
+    beat_ttl: float = 10.0
+    """Celery's: the leader lease's ttl: a standby takes over within it after the leader died."""
+    beat_missed: str = "send"
+    """Celery's: a tick that fell due while no beat led is sent once (``"send"``) or skipped."""
 
     def __post_init__(self) -> None:
         given = {name: getattr(self, name) for name in FIELDS}
@@ -211,6 +220,16 @@ def _as_is(value: object, what: str) -> object:
     return value
 
 
+def _class_or_name(value: object, what: str) -> object:
+    if isinstance(value, type):
+        return value
+    return non_empty_string(value, what)
+
+
+def _name_or_none(value: object, what: str) -> object:
+    return None if value is None else non_empty_string(value, what, without="{}")
+
+
 def _parsed(convert: Callable[[str], object], words: str) -> Callable[[str, str], object]:
     def parse(raw: str, what: str) -> object:
         try:
@@ -280,6 +299,11 @@ FIELDS: dict[str, Field] = {
         Field("client_factory", _factory, None, conf="redislock_client"),
         Field("sentinel_options", _options, None),
         Field("task_time_limit", _as_is, None, conf="task_time_limit"),
+        # Celery beat's (RQ's scheduler runs one per queue already).
+        Field("beat_scheduler", _class_or_name, None),
+        Field("beat_name", _name_or_none, None),
+        Field("beat_ttl", _seconds(TTL), None),
+        Field("beat_missed", _choice(MISSED_POLICIES), None),
     )
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from helpers import free_port
 from celery_redislock import Lock, LockNotAcquired
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.admin import clear_limits, resume_lock, set_limits
+from celery_redislock.core.beat import BeatLeader
 from celery_redislock.core.claims import ClaimKind, claim
 
 SCRIPT = Path(sys.executable).parent / "redislock"
@@ -382,3 +384,29 @@ def test_rate_commands_with_redis_unreachable_are_exit_code_3(args: list[str]) -
     assert result.returncode == 3, (result.stdout, result.stderr)
     assert result.stderr.startswith(f"Error: Redis at redis://127.0.0.1:{port}")
     assert "Connection refused" in result.stderr
+
+
+def test_beat_shows_each_fleets_leader_its_host_and_since_when(
+    client: redis.Redis, redis_server: RedisServer
+) -> None:
+    url = redis_server.url
+    assert run("beat", url=url).returncode == 1  # no beat leads
+    leader = BeatLeader(client, "proj", ttl=30)
+    assert leader.lead(0)
+    try:
+        listed = run("beat", url=url)
+        assert listed.returncode == 0, listed.stderr
+        header, row = listed.stdout.splitlines()
+        assert header.split()[:2] == ["BEAT", "LEADER"]
+        assert row.split()[:4] == ["proj", socket.gethostname(), str(os.getpid()), row.split()[3]]
+        (entry,) = as_json(run("beat", "pr*", "--json", url=url))
+        assert entry["name"] == "proj" and entry["pid"] == os.getpid()
+        assert leader.since is not None
+        assert entry["since"] == leader.since.isoformat(timespec="seconds")
+        assert 0 < entry["expires_in"] <= 30
+        # The leader lock is a lock like any other: `show` names it as a beat leader.
+        shown = run("show", "beat:proj", url=url).stdout
+        assert f"beat leader since {entry['since']}" in shown
+    finally:
+        leader.step_down()
+    assert run("beat", url=url).returncode == 1

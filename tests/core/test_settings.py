@@ -21,7 +21,9 @@ from celery_redislock.integrations.rq.settings import client_for as rq_client
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 # Fields one source does not read, and why: a test fails when a new field lacks a name.
-NOT_FROM_ENV = {"client_factory", "sentinel_options", "task_time_limit"}  # no text form; Celery's
+# No text form, or Celery's alone (beat).
+NOT_FROM_ENV = {"client_factory", "sentinel_options", "task_time_limit"}
+NOT_FROM_ENV |= {"beat_scheduler", "beat_name", "beat_ttl", "beat_missed"}
 NOT_FROM_CELERY = {"max_conflict_retries"}  # a Celery task's own max_retries counts them
 
 # One value per field, as a Python value (app.conf, keyword arguments) and as environment text.

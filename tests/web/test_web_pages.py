@@ -5,7 +5,9 @@ JSON view, and the app mounted under a prefix of another app."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -18,6 +20,7 @@ from webclient import TOKEN, WebClient
 
 from celery_redislock import Lock, RateLimit
 from celery_redislock.core import admin
+from celery_redislock.core.beat import BeatLeader
 from celery_redislock.web import create_app
 from celery_redislock.web.snapshot import NameCache, Query, read
 
@@ -176,6 +179,24 @@ def test_a_capped_lock_shows_its_holders_of_its_limit(
     finally:
         for lease in leases:
             lease.release()
+
+
+def test_a_beat_leader_shows_as_such_with_its_host_and_since_when(
+    lockapp: ModuleType, serve: Callable[[Any], str]
+) -> None:
+    """The leader lease of a fleet of beats (LeaderScheduler) is a lock like any other: its row
+    names it the beat leader, since when, on which host and pid."""
+    client = lockapp.r
+    leader = BeatLeader(client, "proj", ttl=30)
+    assert leader.lead(0) and leader.since is not None
+    try:
+        page = WebClient(serve(create_app(client))).get().text
+        since = leader.since.isoformat(timespec="seconds")
+        assert _holder_cells(page, "beat:proj", "task") == [f"beat leader since {since}"]
+        row = page.split('<tr class="lock" data-name="beat:proj">', 1)[1]
+        assert f"<td>{socket.gethostname()}</td>" in row and f"<td>{os.getpid()}</td>" in row
+    finally:
+        leader.step_down()
 
 
 def test_on_a_large_database_a_listing_is_used_again_for_a_few_seconds(

@@ -1,8 +1,8 @@
 """Operating on locks from outside their holders (the CLI, the pytest plugin, the
 integrations; no framework): :mod:`.reading` what a lock's records say, :mod:`.listing` finding
 locks by pattern, :mod:`.release` freeing leases (by token, task id, or a whole namespace),
-:mod:`.claims` unique tasks' queued claims, :mod:`.limits` limits set and rate limits paused
-live, :mod:`.pause` locks paused and resumed.
+:mod:`.claims` unique tasks' queued claims, :mod:`.beats` the leaders of beat fleets,
+:mod:`.limits` limits set and rate limits paused live, :mod:`.pause` locks paused and resumed.
 Import the names from here.
 
 >>> from celery_redislock.core import admin
@@ -12,6 +12,7 @@ Import the names from here.
 
 from __future__ import annotations
 
+from .beats import list_beats
 from .claims import ClaimState, describe_claim, force_release_claim, iter_claims, list_claims
 from .limits import (
     RateState,
@@ -44,6 +45,7 @@ __all__ = [
     "force_release_claim",
     "iter_claims",
     "iter_locks",
+    "list_beats",
     "list_claims",
     "list_locks",
     "list_rates",

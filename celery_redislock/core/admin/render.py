@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..beat_leader import LeaderInfo
 from ..lease import Holder
 from . import ClaimState, LockState, RateState, Released, Waiter
 
 __all__ = [
+    "BEAT_HEADER",
     "CLAIM_HEADER",
     "LIST_HEADER",
     "RATE_HEADER",
+    "beat_dict",
+    "beat_row",
     "claim_dict",
     "claim_lines",
     "claim_row",
@@ -124,6 +128,8 @@ def table(rows: list[tuple[str, ...]]) -> list[str]:
 def _who(info: dict[str, str], token: str) -> str:
     if "task_id" in info:
         return f"task {info.get('task', '?')}[{info['task_id']}]"
+    if info.get("role") == "beat":
+        return f"beat leader since {info.get('since', '?')}, lease {token}"
     return f"lease {token}"
 
 
@@ -238,3 +244,26 @@ def rate_line(state: RateState) -> str:
 def pause_lines(state: RateState, verb: str) -> list[str]:
     """What ``pause`` and ``resume`` (``verb``) did to the name: its rate limit and its lock."""
     return [f"{verb} rate limit and lock {state.name!r}", rate_line(state)]
+
+
+BEAT_HEADER = ("BEAT", "LEADER HOST", "PID", "LEADS SINCE", "LEASE EXPIRES IN")
+
+
+def beat_row(beat: LeaderInfo) -> tuple[str, ...]:
+    return (
+        beat.name,
+        beat.host or "?",
+        beat.pid or "?",
+        beat.since or "?",
+        _seconds(beat.expires_in),
+    )
+
+
+def beat_dict(beat: LeaderInfo) -> dict[str, Any]:
+    return {
+        "name": beat.name,
+        "host": beat.host,
+        "pid": int(beat.pid) if beat.pid and beat.pid.isdigit() else beat.pid,
+        "since": beat.since,
+        "expires_in": rounded(beat.expires_in),
+    }

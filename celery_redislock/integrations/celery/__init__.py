@@ -6,6 +6,7 @@ top-level package), with the ``Request`` base a custom request class must derive
 >>> app = install(Celery("proj"))                              # doctest: +SKIP
 """
 
+from .beat import LeaderScheduler
 from .install import install
 from .parent import LockRequest
 from .run import SKIPPED, lock_for
@@ -22,6 +23,7 @@ from .workflow import lock_workflow
 
 __all__ = [
     "SKIPPED",
+    "LeaderScheduler",
     "LockRequest",
     "LockedTask",
     "install",

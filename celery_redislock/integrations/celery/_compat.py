@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -15,11 +16,14 @@ __all__ = [
     "TRACE_LOGGER",
     "SettingLookups",
     "chain_links",
+    "embedded_beat_parent",
+    "forget_beat_heap",
     "forget_task_base",
     "held_request",
     "ignored_line_of",
     "is_test_worker",
     "names_locked_task",
+    "set_last_run",
     "setting_lookups",
     "wrap_revoke_command",
 ]
@@ -137,3 +141,30 @@ def setting_lookups(conf: Any, names: Iterable[str]) -> SettingLookups | None:
     except Exception:
         return None
     return found if all(found.values()) else None
+
+
+def forget_beat_heap(scheduler: Any) -> None:
+    """Makes Celery's base ``Scheduler.tick`` rebuild its heap of due times (``_heap``) at its
+    next call, after entries' last runs changed under it; a scheduler with a ``tick`` of its own
+    (RedBeat) has none, and reads its entries again at each tick. (tests/celery/test_beat.py)"""
+    if hasattr(scheduler, "_heap"):
+        scheduler._heap = None
+
+
+def set_last_run(entry: Any, moment: Any) -> None:
+    """Sets a schedule entry's last run: the entry's ``last_run_at``, and the model's under
+    django-celery-beat's ``ModelEntry`` (its ``next()`` and ``save()`` read the model's).
+    (tests/celery/test_beat.py)"""
+    entry.last_run_at = moment
+    model = getattr(entry, "model", None)
+    if model is not None and hasattr(model, "last_run_at"):
+        model.last_run_at = moment
+
+
+def embedded_beat_parent() -> int | None:
+    """In the beat process that ``celery worker --beat`` forks (a billiard process named
+    ``Beat``, celery.beat._Process), the pid of its worker; else ``None``.
+    (tests/celery/test_celery_beat.py)"""
+    from billiard.process import current_process
+
+    return os.getppid() if current_process().name == "Beat" else None

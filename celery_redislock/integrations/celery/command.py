@@ -12,6 +12,7 @@ from celery.signals import worker_init
 from ...cli.commands import COMMANDS, Target, redacted, set_target
 from ...core.lease import RedisClient
 from ...errors import LockConfigError
+from .beat import refuse_bad_beat
 from .guard import refuse_unlocked_tasks
 from .run import handover_for
 from .settings import client_for, settings_for
@@ -64,3 +65,6 @@ for _command in COMMANDS:
 worker_init.connect(
     refuse_unlocked_tasks, weak=False, dispatch_uid="celery_redislock.refuse_unlocked_tasks"
 )
+# And one whose beat (LeaderScheduler) is misconfigured: checked in every worker of such an app,
+# with or without --beat (a setting that stops one worker's beat is a mistake in all of them).
+worker_init.connect(refuse_bad_beat, weak=False, dispatch_uid="celery_redislock.refuse_bad_beat")
