@@ -112,7 +112,7 @@ test:
 # so they add little to the lowest versions' time (they took 2 minutes after them). The
 # topologies' output follows the lowest versions'; each one's result and time are named.
 test-lowest-topologies: $(VENV)/.dev
-	+@trap 'kill 0; exit 130' INT TERM; began=$$(date +%s); side=$$(mktemp -d); \
+	+@trap 'trap - INT TERM; kill 0; exit 130' INT TERM; began=$$(date +%s); side=$$(mktemp -d); \
 	( $(MAKE) --no-print-directory test-topologies > $$side/log 2>&1; \
 	  echo "$$? $$(( $$(date +%s) - began ))" > $$side/rc ) & topologies=$$!; \
 	$(MAKE) --no-print-directory test-lowest; lowest=$$?; lowest_s=$$(( $$(date +%s) - began )); \
