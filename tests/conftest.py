@@ -300,7 +300,19 @@ def _no_thread_or_process_left() -> Iterator[None]:
         pytest.fail(f"the test left running: {'; '.join(problems)}", pytrace=False)
 
 
+def _hear_stop_signals() -> None:
+    """A shell starts a command in its background (``cmd &``, make's test-lowest-topologies)
+    with SIGINT and SIGQUIT ignored, and every process started from it inherits that: a demo
+    deaf to Ctrl-C, a worker deaf to a cold shutdown (the Ctrl-C tests of the demos failed in
+    every run started so). Heard again here, as in a run started in the foreground."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _hear_stop_signals()
     # pytest-xdist's load scheduling hands each process a block of a quarter of its share at
     # the start, in collection order: with the slow tests first, one process got all of them
     # and ran for 15.7 minutes while the others were done after 9.8. One test at a time instead

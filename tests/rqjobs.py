@@ -89,6 +89,13 @@ def hold(key: str) -> str:
     return _run("hold", key, until_stopped=True)
 
 
+# hold with a ttl long enough that its lease cannot lapse before a parent on a busy machine
+# handles its horse's death: a release logged then is the parent's, not a lapse's.
+@locked(lock={"key": "h:{key}", "on_conflict": "wait", "timeout": 120, "ttl": 30})
+def hold_long(key: str) -> str:
+    return _run("hold", key, until_stopped=True)
+
+
 @locked(lock={"key": "h:{key}", "on_conflict": "retry", "countdown": 0.5, "ttl": 3})
 def hold_retry(key: str) -> str:
     return _run("hold_retry", key, until_stopped=True)

@@ -48,14 +48,15 @@ def test_a_killed_horse_is_released_by_the_parent_at_once(
 ):
     workers = [rq_workers(name=f"w{i}", worker_class=worker_class) for i in range(2)]
     q = Queue("default", connection=rq_conn)
-    first = q.enqueue(rqjobs.hold, "a")
+    first = q.enqueue(rqjobs.hold_long, "a")
     pid = _horse(rq_conn)
-    waiting = q.enqueue(rqjobs.hold, "a")
+    waiting = q.enqueue(rqjobs.hold_long, "a")
     lock = _lock(rq_server.url, "a")
     wait_for(lambda: rq_conn.zcard(lock.keys.all[2]) == 1, "the second copy waits in line")
     os.kill(pid, signal.SIGKILL)
     # Promise: freed as soon as RQ's wait4 on the horse returns, not left to lapse (the ttl is
-    # 6 s). The parent logs a release only of a lease still there: it came before the lapse.
+    # 30 s: with 6 s, a parent slow to see the death on a busy machine found the lease lapsed
+    # and had nothing to release). The parent logs a release only of a lease still there.
     wait_for(lambda: len(started(rq_conn, "hold")) == 2, "the waiting copy starts", timeout=60)
     released = f"lock 'h:a' released: horse {pid} running"
     wait_for(lambda: any(released in w.log() for w in workers), "the parent's release logged", 30)
