@@ -382,8 +382,9 @@ def beat_command(pattern: str, as_json: bool) -> None:
 
 @click.command(name="layout")
 @click.argument("layout", required=False, type=click.Choice(["lean", "shared"]))
+@_json_option
 @_errors
-def layout_command(layout: str | None) -> None:
+def layout_command(layout: str | None, as_json: bool) -> None:
     """Show the key layout of the namespace's locks, or set it to LAYOUT. "shared" (the
     default): every lock on the general path, whose leases workers of every release see.
     "lean": a plain mutex takes the fast path (a third of the Redis work), which workers of
@@ -394,7 +395,9 @@ def layout_command(layout: str | None) -> None:
     with backend_errors(None):
         if layout is not None:
             set_layout(client, target.namespace, layout)
-        click.echo(f"{target.namespace}: {read_layout(client, target.namespace)}")
+        now = read_layout(client, target.namespace)
+    found = {"namespace": target.namespace, "layout": now}
+    _report(as_json, found, True, [f"{target.namespace}: {now}"], "")
 
 
 COMMANDS: tuple[click.Command, ...] = (

@@ -3,6 +3,7 @@ hash alone, the general path seeing it (promote), and the namespace's switch."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -167,6 +168,7 @@ def test_the_cli_shows_and_sets_the_layout(client: redis.Redis) -> None:
     assert cli("lean").stdout == f"{NS}: lean\n"
     assert layout.read_layout(client, NS) == "lean"
     assert cli("shared").stdout == f"{NS}: shared\n"
+    assert json.loads(cli("--json").stdout) == {"namespace": NS, "layout": "shared"}
     refused = cli("fast")
     assert refused.returncode == 2 and "'lean', 'shared'" in refused.stderr
 
