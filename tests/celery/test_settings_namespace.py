@@ -103,7 +103,7 @@ def test_a_typo_under_the_namespace_is_warned_about(
         "CELERY_REDISLOCK_TLL",
         "CELERY_redislock_ttl",
     ]
-    assert "(CELERY_REDISLOCK_CLIENT, " in warnings[0]  # ours, as spelled under the prefix
+    assert ", CELERY_REDISLOCK_CLIENT, " in warnings[0]  # ours, as spelled under the prefix
     with caplog.at_level(logging.WARNING, "celery_redislock"):
         check_worker_app(app)
     assert "setting CELERY_REDISLOCK_TLL is not one of celery_redislock's" in caplog.text
