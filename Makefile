@@ -102,7 +102,7 @@ endef
 
 # Lint, the docs build (warnings as errors, doctests), every test against each Redis found
 # (redis-server on PATH and the embedded 6.2), then the tests marked `versions` once more on the
-# lowest supported versions with the Redis topologies beside them: about 11 minutes on 2 quiet
+# lowest supported versions with the Redis topologies beside them: about 12 minutes on 2 quiet
 # cores.
 test:
 	$(call phases,lint docs test-main test-lowest-topologies)
