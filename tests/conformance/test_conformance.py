@@ -109,9 +109,12 @@ def outcome_line(run_id: str, line: str, lock: str) -> re.Pattern[str]:
     )
 
 
-def logged(adapter: Adapter, run_id: str, line: str, lock: str, timeout: float = 5) -> bool:
+def logged(
+    adapter: Adapter, run_id: str, line: str, lock: str, timeout: float = DEADLINE_S
+) -> bool:
     """Whether the worker logged ``line`` (a row's ``log``) for the run, from the outcomes
-    logger, within ``timeout`` seconds."""
+    logger, within ``timeout`` seconds (a liveness bound: a busy machine writes a pool child's
+    log line seconds after the signal the test waited for)."""
     pattern = outcome_line(run_id, line, lock)
     deadline = time.monotonic() + timeout
     while not pattern.search(adapter.log()):

@@ -27,7 +27,15 @@ def test_a_burst_keeps_the_rate_across_workers(rq_conn, rq_workers):
     assert wait_ended(jobs, timeout=90) == ["finished"] * 6
     starts = _starts(rq_conn, "rated")
     assert len(starts) == 6
-    assert most_in_window(starts, 1.2) <= 1  # the promise, at the starts the jobs recorded
+    # The promise, at the slots Redis handed out (each request's record, 'slot_us cost', kept
+    # 30 s past its slot): never two in 1.2 s; and no job started before its slot (the i-th
+    # start is at or after the i-th slot). A start may come late on a busy machine, so the
+    # starts themselves may come closer than 1.2 s.
+    slots = sorted(
+        int(rq_conn.get(key).split()[0]) / 1e6 for key in rq_conn.scan_iter(match="*rated*}:r:*")
+    )
+    assert len(slots) == 6 and most_in_window(slots, 1.2 - 1e-6) <= 1, slots
+    assert all(start >= slot - 0.002 for start, slot in zip(starts, slots, strict=True))
     # Slots more than 2 s ahead (the last few) came back through RQ's scheduler, once each,
     # with their reservation; the rest waited in the horse.
     came_back = [
