@@ -247,7 +247,9 @@ RATE_FULL_ANY = (
 DROPPED = r"INFO dropped: a copy of it already ran to its end under lock '{lock}'"
 AWAITS = r"INFO : another copy of it holds lock '{lock}' \(running, or its worker died\); this one"
 UNLOCKED = r"ERROR runs WITHOUT lock '{lock}': Redis failed: "
-LOST = r"ERROR : lease on lock '{lock}' lost; the task goes on without it"
+# (With the reason in brackets when the heartbeat counted the lease lapsed before Redis answered
+# its renewal: a busy machine's way of losing it first.)
+LOST = r"ERROR : lease on lock '{lock}' lost(?: \([^\n]*\))?; the task goes on without it"
 RETRIES_DOWN = r"INFO retries in \d+\.\ds: Redis for lock '{lock}' failed: "
 RETRIES_DOWN_RATE = r"INFO retries in \d+\.\ds: .*Redis failed: "
 UNLOCKED_RATE = r"ERROR runs WITHOUT .*Redis failed: "
@@ -260,8 +262,9 @@ RELEASE_FAILED = (
 # The loss said once: its line, and no line about it at the release after it (a lease already
 # reported lost is no news there).
 LOST_ONCE = (
-    r"^ERROR celery_redislock\.core\.outcomes task \S+\[{id}\]: lease on lock '{lock}' lost; "
-    r"the task goes on without it$(?![\s\S]*lock '{lock}': lease was no longer held at release)"
+    r"^ERROR celery_redislock\.core\.outcomes task \S+\[{id}\]: lease on lock '{lock}' lost"
+    r"(?: \([^\n]*\))?; the task goes on without it$"
+    r"(?![\s\S]*lock '{lock}': lease was no longer held at release)"
 )
 # A producer's line: each framework's word for the publish ("task ... not published", "job ...
 # not enqueued"), from the one module that sends (core/run/send.py).
