@@ -215,8 +215,13 @@ def test_a_duplicate_step_of_a_workflow_is_an_answer(
     callback = lockapp.unique_finished.si("wf", 60)
     callback.freeze()
     assert lockapp.echo.apply_async(("parent",), link=callback).get(timeout=30) == "parent"
+    # The callback's answer is stored by a worker before this process subscribes to it: Celery
+    # 5.3's result consumer can miss such a result until its timeout (celery#4039), so wait for
+    # the stored state, then .get() answers from it.
+    answer = lockapp.app.AsyncResult(callback.id)
+    wait_for(answer.ready, "the link callback's answer is stored", 30)
     with pytest.raises(DuplicateTask, match=running.id):
-        lockapp.app.AsyncResult(callback.id).get(timeout=30)
+        answer.get(timeout=30)
 
     assert lockapp.unique_finished.delay("wf", 60).id == running.id, "a plain call: unchanged"
     stop(lockapp, "wf")
