@@ -25,6 +25,7 @@ __all__ = [
     "SHARED",
     "layout_key",
     "lean_allowed",
+    "lean_allowed_async",
     "read_layout",
     "set_layout",
 ]
@@ -64,6 +65,18 @@ def lean_allowed(client: Any, namespace: str) -> bool:
         return known
     try:
         value = client.get(layout_key(namespace))
+    except redis.RedisError:
+        return False
+    return _note(client, namespace, value)
+
+
+async def lean_allowed_async(client: Any, namespace: str) -> bool:
+    """:func:`lean_allowed` for redis-py's asyncio client."""
+    known = _cached(client, namespace)
+    if known is not None:
+        return known
+    try:
+        value = await client.get(layout_key(namespace))
     except redis.RedisError:
         return False
     return _note(client, namespace, value)

@@ -33,9 +33,8 @@ from celery_redislock import (
 from celery_redislock import asyncio as aio
 from celery_redislock.asyncio import AsyncLease, AsyncLock
 from celery_redislock.contrib.redis_server import RedisServer
-from celery_redislock.core import admin, claims
+from celery_redislock.core import admin, claims, layout
 from celery_redislock.core.claims import ClaimKind
-from celery_redislock.core.keys import LockKeys
 from celery_redislock.core.scripts import script
 
 T = TypeVar("T")
@@ -221,16 +220,25 @@ def test_a_cancelled_acquire_leaves_no_lease_and_no_place_in_line(
     sync.acquire(blocking=False).release()
 
 
+@pytest.mark.parametrize("layout_name", ["shared", "lean"])
 def test_an_acquire_cancelled_while_its_reply_is_late_gives_its_lease_back(
-    redis_server: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
+    redis_server: RedisServer,
+    client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+    layout_name: str,
 ) -> None:
     """On a free lock the acquire's script makes a lease in Redis; its reply is held back by the
     proxy and the call is cancelled meanwhile (a client gone). The give-back drops that lease at
     once: the lock is free long before its ttl (600 s), and the late reply reaches nobody (the
-    cancelled call's connection is closed): the client's next calls get their own answers."""
-    keys = LockKeys.of("redislock", "late")
+    cancelled call's connection is closed): the client's next calls get their own answers. In
+    the lean layout the lease is made on the fast path, and the give-back (the general path)
+    finds it there."""
+    layout.set_layout(client, "redislock", layout_name)
+    request.addfinalizer(lambda: client.delete(layout.layout_key("redislock")))
     sync = Lock(client, "late", ttl=600)
-    for name in ("acquire", "release"):  # no NOSCRIPT round trip among the delayed replies
+    # No NOSCRIPT round trip among the delayed replies.
+    for name in ("acquire", "release", "lean_acquire", "lean_release"):
         client.script_load(script(name).script)
     errors: list[dict[str, Any]] = []
 
@@ -244,6 +252,8 @@ def test_an_acquire_cancelled_while_its_reply_is_late_gives_its_lease_back(
             proxy.url, protocol=2, socket_timeout=10, **NO_CLIENT_INFO
         )
         await aclient.ping()
+        # The layout is read before the delay (a process reads it at most every 30 s).
+        assert await layout.lean_allowed_async(aclient, "redislock") == (layout_name == "lean")
         alock = AsyncLock(aclient, "late", ttl=600)
         proxy.delay(replies=3.0)
         acquiring = asyncio.create_task(alock.acquire(blocking=False))
@@ -256,7 +266,7 @@ def test_an_acquire_cancelled_while_its_reply_is_late_gives_its_lease_back(
             await acquiring
         # Given back in a task of its own, whose own reply is late too: the lease is gone from
         # Redis as soon as the release runs there.
-        await until(lambda: not client.exists(keys.leases), "the lease to be given back")
+        await until(lambda: not sync.holders(), "the lease to be given back")
         assert not sync.holders()
         proxy.heal()
         # The give-back ends once its late reply is in: nothing is left running.

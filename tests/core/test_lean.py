@@ -173,23 +173,39 @@ def test_the_cli_shows_and_sets_the_layout(client: redis.Redis) -> None:
     assert refused.returncode == 2 and "'lean', 'shared'" in refused.stderr
 
 
-def test_the_asyncio_lock_sees_a_lean_lease(lean: redis.Redis) -> None:
+def test_the_asyncio_lock_takes_the_fast_path_and_meets_the_synchronous_one(
+    lean: redis.Redis,
+) -> None:
+    """The asyncio lock's pair is the synchronous one's eight commands; each sees the other's
+    lease, and a waiter of one is woken by the other's release."""
     import asyncio
 
     import redis.asyncio
 
     from celery_redislock.asyncio import AsyncLock
 
-    lease = _lock(lean).acquire()
     url = lean.connection_pool.connection_kwargs
 
     async def main() -> None:
         client = redis.asyncio.Redis(host=url["host"], port=url["port"])
         alock = AsyncLock(client, "job", ttl=30, namespace=NS)
+        await (await alock.acquire()).release()  # (scripts loaded, the layout read)
+        lean.config_resetstat()
+        await (await alock.acquire(info={"task_id": "t-1"})).release()
+        assert _commands(lean) == {"evalsha": 2, "time": 2, "hmget": 2, "hset": 2}
+
+        lease = _lock(lean).acquire()
         with pytest.raises(LockNotAcquired):
             await alock.acquire(blocking=False)
+        waiting = asyncio.create_task(alock.acquire(timeout=60))
+        async with asyncio.timeout(60):  # refused once ('Q' set): it blocks on the wake list
+            while not lean.hget(_lock(lean).keys.meta, "Q"):
+                await asyncio.sleep(0.01)
         lease.release()
-        got = await alock.acquire(blocking=False)
+        got = await waiting
+        assert got.fence > lease.fence and lean.hget(_lock(lean).keys.meta, "L")
+        with pytest.raises(LockNotAcquired):
+            _lock(lean).acquire(blocking=False)
         await got.release()
         await client.aclose()
 

@@ -1,7 +1,8 @@
 """Where an :class:`~.lock.AsyncLock` keeps its leases: one Redis server (plain, Sentinel's
 ``master_for``, or a Cluster) through redis-py's asyncio client, each script call the one
-:class:`~celery_redislock.core.server_store.ServerStore` makes, with the same keys, arguments
-and replies (:mod:`celery_redislock.core.protocol`)."""
+:class:`~celery_redislock.core.server_store.ServerStore` makes (the fast path where the namespace's
+layout allows it), with the same keys, arguments and replies
+(:mod:`celery_redislock.core.protocol`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
 from ..holders import LiveHolders, holders_of
+from ..layout import lean_allowed_async
 from ..protocol import (
     AcquireReply,
     HoldersReply,
@@ -50,13 +52,24 @@ class AsyncServerStore:
                 return float(socket_timeout) / 2
         return float("inf")
 
+    async def _lean(self, lock: LockView, args: list[str], size: int) -> list[bytes] | None:
+        """As the synchronous store's: the fast path's KEYS if this call may take it."""
+        keys = lock.lean_keys
+        if keys is None or len(args) != size or (size == 6 and args[5]):
+            return None
+        return keys if await lean_allowed_async(self.client, lock.namespace) else None
+
     async def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
-        # The general path only (it sees the fast path's leases, see lua/_lean.lua): a cancelled
-        # acquire's give-back is checked against it under lost replies.
+        lean = await self._lean(lock, args, 6)
+        if lean is not None:  # (the meta key alone: a refusal pushes no wake-up)
+            raw = await run_async("lean_acquire", self.client, lean[:1], args)
+            if raw != b"9" and raw != "9":
+                return AcquireReply.decode(raw)
         return AcquireReply.decode(await run_async("acquire", self.client, lock.encoded_keys, args))
 
     async def abandon(self, lock: LockView, token: str) -> None:
-        # The token is the request id: sent twice, the give-back counts once.
+        # The token is the request id: sent twice, the give-back counts once. The general path
+        # finds a lease the fast path made too (promote in lua/_lock.lua).
         args = ReleaseArgs(token=token, spec=lock.spec, whole=True, request=token).encode()
         await run_async("release", self.client, lock.encoded_keys, args)
 
@@ -75,6 +88,11 @@ class AsyncServerStore:
         return RenewReply.decode(raw).expiries[0]
 
     async def release(self, lock: LockView, args: list[str]) -> ReleaseReply:
+        lean = await self._lean(lock, args, 4)
+        if lean is not None:
+            raw = await run_async("lean_release", self.client, lean, args)
+            if raw != b"9" and raw != "9":
+                return ReleaseReply.decode(raw)
         return ReleaseReply.decode(await run_async("release", self.client, lock.encoded_keys, args))
 
     async def release_where(self, lock: LockView, args: list[str]) -> ReleaseWhereReply:
