@@ -25,6 +25,7 @@ import pytest
 import redis
 from helpers import STARTED_WORKERS, children_of
 from rqworkers import RQWorker
+from sitecustomize import force_layout
 from workers import Worker
 
 from celery_redislock import Heartbeat
@@ -41,6 +42,7 @@ def _binaries() -> dict[str, str]:
 
 
 BINARIES = _binaries()
+force_layout()  # REDISLOCK_TEST_LAYOUT=lean: this process too (tests/ joined its path late)
 
 
 # Files whose every test is a fault test, by name: test_faults.py, test_rq_faults.py, ...

@@ -163,7 +163,7 @@ def show_command(name: str, as_json: bool) -> None:
             "paused_for": render.rounded(limits.lock_paused_for),
             "limits": render.rate_dict(limits),
         },
-        bool(state.holders or state.waiters or limits.lock_paused_for or live),
+        bool(state.holders or state.waited_for or limits.lock_paused_for or live),
         render.lock_lines(state, limits.lock_paused_for)
         + ([f"  {render.rate_line(limits)}"] if live else []),
         f"lock {name!r} is not held, nobody waits for it, it is not paused and nothing is set "

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 import redis
+from helpers import wait_for
 
 from celery_redislock import Lock, LockNotAcquired
 from celery_redislock.core import layout
@@ -145,6 +146,33 @@ def test_a_lean_lease_is_listed_and_described(lean: redis.Redis) -> None:
     (state,) = admin.list_locks(lean, namespace=NS)
     assert state.name == "sync:1" and [h.token for h in state.holders] == [lease.token]
     lease.release()
+
+
+def test_a_caller_blocked_on_the_fast_path_is_shown(lean: redis.Redis) -> None:
+    """A refused waiter has no place in line: what `redislock list`, `show` and the web view
+    show of it is its deadline, as the latest of its lock's blocked callers."""
+    from celery_redislock.core import admin
+    from celery_redislock.core.admin import render
+    from celery_redislock.web import snapshot
+
+    lease = _lock(lean, "busy").acquire()
+    state = admin.describe_lock(lean, "busy", namespace=NS)
+    assert state.blocked_for is None and not state.waited_for
+    waiter = threading.Thread(target=lambda: _lock(lean, "busy").acquire(timeout=60).release())
+    waiter.start()
+    wait_for(lambda: lean.hget(_lock(lean, "busy").keys.meta, "Q"), "the waiter refused once")
+    state = admin.describe_lock(lean, "busy", namespace=NS)
+    assert state.waiters == [] and state.blocked_for is not None and 0 < state.blocked_for <= 60
+    assert [s.name for s in admin.list_locks(lean, namespace=NS)] == ["busy"]
+    assert render.lock_row(state)[4] == "0+"
+    assert render.lock_lines(state)[-1].startswith("  callers blocked on the fast path")
+    assert render.lock_dict(state, detail=True)["blocked_for"] == round(state.blocked_for, 3)
+    assert snapshot._lock_row(lean, NS, "busy")["blocked_for"] is not None
+    lease.release()
+    waiter.join(60)
+    assert not waiter.is_alive()
+    lean.hdel(_lock(lean, "busy").keys.meta, "Q")  # (its deadline stays until it passes)
+    assert not admin.describe_lock(lean, "busy", namespace=NS).waited_for
 
 
 def test_the_cli_shows_and_sets_the_layout(client: redis.Redis) -> None:

@@ -8,18 +8,20 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers import wait_for
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from webclient import TOKEN, WebClient
 
 from celery_redislock import Lock, RateLimit
-from celery_redislock.core import admin
+from celery_redislock.core import admin, layout
 from celery_redislock.core.beat import BeatLeader
 from celery_redislock.web import create_app
 from celery_redislock.web.snapshot import NameCache, Query, read
@@ -107,6 +109,29 @@ def test_a_lock_with_its_line_claims_limits_and_pauses_are_shown(
         assert claimed.id in web.get(f"?task={claimed.id}").text
     finally:
         lease.release()
+
+
+def test_a_caller_blocked_on_the_lean_fast_path_is_shown(
+    lockapp: ModuleType, serve: Callable[[Any], str]
+) -> None:
+    """The lean layout: a refused caller has no place in line; the page shows its deadline."""
+    client = lockapp.r
+    layout.set_layout(client, "redislock", "lean")
+    lease = Lock(client, "fast", ttl=30).acquire(info={"task_id": "t-fast"})
+    waiter = threading.Thread(
+        target=lambda: Lock(client, "fast", ttl=30).acquire(timeout=60).release()
+    )
+    try:
+        waiter.start()
+        wait_for(lambda: client.hget(lease.lock.keys.meta, "Q"), "the caller refused once")
+        web = WebClient(serve(create_app(client)))
+        page = web.get().text
+        assert 'data-name="fast"' in page and "t-fast" in page
+        assert "callers blocked on the fast path (no place in line) for at most" in page
+    finally:
+        lease.release()
+        waiter.join(60)
+        layout.set_layout(client, "redislock", "shared")
 
 
 def test_mounted_under_a_prefix_every_link_and_the_session_stay_under_it(

@@ -72,4 +72,4 @@ def list_locks(
         describe_lock(client, name, namespace)
         for name in sorted(set(iter_locks(client, namespace, pattern)))
     )
-    return [state for state in states if state.holders or state.waiters]
+    return [state for state in states if state.holders or state.waited_for]

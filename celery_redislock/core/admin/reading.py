@@ -78,6 +78,16 @@ class LockState:
     waiters: list[Waiter] = field(default_factory=list)
     server_ms: int = 0
     """The Redis server's clock when the leases were read (ms since the epoch)."""
+    blocked_for: float | None = None
+    """The lean layout (docs/core.md): callers refused on the fast path block without a place in
+    line, so they are not among ``waiters``; each leaves its deadline, and this is the latest,
+    in seconds from now (``None``: none left). An upper bound: one that got in since, or gave
+    up, leaves its deadline behind."""
+
+    @property
+    def waited_for(self) -> bool:
+        """Someone stands in line, or may be blocked on the fast path."""
+        return bool(self.waiters) or self.blocked_for is not None
 
     @property
     def mode(self) -> Mode | None:
@@ -109,7 +119,15 @@ def describe_lock(client: RedisClient, name: str, namespace: str = DEFAULT_NAMES
     live = read_holders(client, keys, name)
     with backend_errors(name):
         waiters = _waiters(client, keys, live.server_ms)
-    return LockState(name=name, holders=live.holders, waiters=waiters, server_ms=live.server_ms)
+        deadline = client.hget(keys.meta, "Q")
+    blocked = int(deadline) - live.server_ms if deadline is not None else 0
+    return LockState(
+        name=name,
+        holders=live.holders,
+        waiters=waiters,
+        server_ms=live.server_ms,
+        blocked_for=blocked / 1000 if blocked > 0 else None,
+    )
 
 
 def _waiters(client: RedisClient, keys: LockKeys, now_ms: int) -> list[Waiter]:

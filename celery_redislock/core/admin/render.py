@@ -87,6 +87,7 @@ def lock_dict(state: LockState, *, detail: bool) -> dict[str, Any]:
         "expires_in": rounded(state.expires_in),
         "holders": [holder_dict(h, state) for h in state.holders] if detail else len(state.holders),
         "waiters": [waiter_dict(w) for w in state.waiters] if detail else len(state.waiters),
+        "blocked_for": rounded(state.blocked_for),
     }
 
 
@@ -102,7 +103,7 @@ def lock_row(state: LockState, live: RateState | None = None) -> tuple[str, ...]
         state.mode or "-",
         str(len(state.holders)),
         _seconds(state.expires_in),
-        str(len(state.waiters)),
+        str(len(state.waiters)) + ("+" if state.blocked_for is not None else ""),
         "-" if cap is None else str(cap),
         _seconds(paused) if paused else "-",
     )
@@ -161,6 +162,11 @@ def lock_lines(state: LockState, paused_for: float = 0.0) -> list[str]:
     ]
     lines += [f"  holder {i}: {holder_line(h, state)}" for i, h in enumerate(state.holders, 1)]
     lines += [f"  waiter {w.position}: {_waiter_line(w)}" for w in state.waiters]
+    if state.blocked_for is not None:
+        lines.append(
+            "  callers blocked on the fast path (no place in line): for at most "
+            f"{_seconds(state.blocked_for)}"
+        )
     return lines
 
 

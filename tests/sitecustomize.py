@@ -1,0 +1,26 @@
+"""``REDISLOCK_TEST_LAYOUT=lean``: the suite run in the lean layout. Every process with tests/ on
+its path (the workers the tests start; conftest imports it for pytest's own) lets every lock take
+the fast path where it may, whatever its namespace's layout key says. Unset, nothing changes.
+
+Python imports a ``sitecustomize`` module found on the path as it starts (the ``site`` module)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def force_layout() -> None:
+    if os.environ.get("REDISLOCK_TEST_LAYOUT") != "lean":
+        return
+    from celery_redislock.core import server_store
+    from celery_redislock.core.aio import store
+
+    async def allowed_async(client: Any, namespace: str) -> bool:
+        return True
+
+    server_store.lean_allowed = lambda client, namespace: True  # type: ignore[assignment]
+    store.lean_allowed_async = allowed_async  # type: ignore[assignment]
+
+
+force_layout()
