@@ -513,7 +513,7 @@ def debounced_stream(adapter: Adapter, row: Scenario, key: str) -> Expect:
         assert time.monotonic() < deadline, "no run while the calls kept coming"
         n += 1
         ids.append(adapter.send(row.job, key, n / 1000))
-        time.sleep(0.4)
+        time.sleep(0.4)  # (the stream's pace: time passing is the point, nothing to watch)
     n += 1
     last = adapter.send(row.job, key, n / 1000)
     settle(adapter, last)
