@@ -513,7 +513,7 @@ def debounced_stream(adapter: Adapter, row: Scenario, key: str) -> Expect:
         assert time.monotonic() < deadline, "no run while the calls kept coming"
         n += 1
         ids.append(adapter.send(row.job, key, n / 1000))
-        time.sleep(0.4)
+        time.sleep(0.4)  # (the stream's pace: time passing is the point, nothing to watch)
     n += 1
     last = adapter.send(row.job, key, n / 1000)
     settle(adapter, last)
@@ -670,7 +670,9 @@ def several_locks_wait(adapter: Adapter, row: Scenario, key: str) -> Expect:
     tenant = adapter.lock(f"conf:{key}:ta")
     lease = tenant.acquire(info={"task_id": "the-test"})
     run_id = adapter.send(row.job, key, tenant="a")
-    time.sleep(0.5)  # (time to start waiting; however late it comes, it starts after the release)
+    # A worker took the call (its id in the worker's log): it asks for both locks from then on
+    # and finds its tenant's held (however late its first ask, it starts after the release).
+    wait_for(lambda: run_id in adapter.log(), "a worker took the call", DEADLINE_S)
     released = time.time()
     lease.release()
     assert settle(adapter, run_id) == "ran"

@@ -106,10 +106,7 @@ def test_holders_renewal_and_a_waiter_woken_by_the_release(lean: redis.Redis) ->
     waiter = threading.Thread(target=lambda: got.append(lock.acquire(timeout=60).fence))
     waiter.start()
     # The waiter is refused once (its deadline 'Q' set), then blocks on the wake list.
-    for _ in range(500):
-        if lean.hget(lock.keys.meta, "Q"):
-            break
-        threading.Event().wait(0.01)
+    wait_for(lambda: lean.hget(lock.keys.meta, "Q"), "the waiter refused once", 30)
     lease.release()
     waiter.join(60)
     assert got and got[0] > lease.fence

@@ -638,7 +638,7 @@ def test_the_lock_records_outlive_a_lease_renewed_after_a_hand_over(client: redi
 
     assert try_acquire("a") is AcquireStatus.HELD  # the meta key lives 4 s from now
     assert try_acquire("w", wait=True) is AcquireStatus.NOT_HELD  # queued
-    time.sleep(0.8)  # a's hold
+    time.sleep(0.8)  # a's hold: time passing is the point (the meta key's life runs down)
     run("release", client, lock.keys.all, ["a", spec, "1", "ra"])
     assert try_acquire("w", wait=True, woke=True) is AcquireStatus.HELD
     time.sleep(1.2)  # less than a ttl: the leases key still lives long enough for a renewal

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 from faultproxy import FaultProxy
-from helpers import free_port
+from helpers import free_port, wait_for
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -35,6 +35,14 @@ def lock(client: redis.Redis, name: str, **options: object) -> Lock:
 
 def tokens(lk: Lock) -> set[str]:
     return {h.token for h in lk.holders()}
+
+
+def script_calls(client: redis.Redis) -> int:
+    """The scripts Redis ran since the last CONFIG RESETSTAT."""
+    stats = client.info("commandstats")
+    return sum(
+        int(v["calls"]) for k, v in stats.items() if k.startswith(("cmdstat_eval", "cmdstat_fcall"))
+    )
 
 
 def test_a_free_set_is_taken_in_every_lock_with_fences(client: redis.Redis) -> None:
@@ -114,7 +122,10 @@ def test_a_blocking_set_is_taken_once_the_last_lock_frees(client: redis.Redis) -
     waiter = threading.Thread(target=lambda: got.append(acquire_all([a, b], timeout=20)))
     waiter.start()
     held_a.release()
-    time.sleep(0.05)  # (the waiter may ask meanwhile: it must still hold nothing)
+    # The waiter asks again with a free (a script run Redis counts after the release): it must
+    # still hold nothing.
+    client.config_resetstat()
+    wait_for(lambda: script_calls(client) >= 1, "the waiter asked again", 30)
     assert tokens(a) == set()
     held_b.release()
     waiter.join(25)

@@ -532,7 +532,7 @@ class RateModel(RuleBasedStateMachine):
 
     @rule(ms=st.sampled_from((1, 5, 25)))
     def sleep(self, ms: int) -> None:
-        time.sleep(ms / 1000)
+        time.sleep(ms / 1000)  # (a step of the model: time passing, which the bucket refills by)
 
     @rule()
     def usage(self) -> None:

@@ -214,7 +214,7 @@ def test_a_celery_worker_names_its_unreachable_lock_redis_once_and_is_not_noisy(
         return bool(lines(log, SWEEP_FAILED) or lines(log, SWEEP_OLD))
 
     wait_for(failed, "the first sweep failure logged", 10)
-    time.sleep(1)
+    time.sleep(1)  # (the window: a line that must not come has no event to wait for)
     log = worker.log()
     assert len(lines(log, SWEEP_FAILED)) == 1 and not lines(log, SWEEP_OLD), log
 

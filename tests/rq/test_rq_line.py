@@ -225,7 +225,7 @@ def test_a_parked_job_nobody_puts_back_ends_expired_when_rqs_scheduler_runs_it(r
     registry = q.scheduled_job_registry.key
     wait_for(lambda: rq_conn.zscore(registry, late.id) is not None, "RQ to keep the parked job")
     assert rq_conn.zscore(registry, late.id) - time.time() > 60  # due after wait + window
-    time.sleep(1.5)  # past its max_wait of 1 s
+    time.sleep(1.5)  # past its max_wait of 1 s: time passing is the point (no sweeper acts)
     assert status(late) == "scheduled"  # no sweeper: still parked
     rq_conn.zadd(registry, {late.id: int(time.time())})
     assert wait_ended([late], timeout=30) == ["failed"]
