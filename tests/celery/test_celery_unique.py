@@ -374,9 +374,9 @@ def test_a_message_an_old_worker_discards_as_unregistered_gives_its_claim_up(
     """A rolling deploy: a worker of the old code, without the new unique task, takes its
     message and discards it (Celery's "Received unregistered task"). The claim goes with the
     message, so the next call is published and run instead of being handed the dead id."""
-    old = workers(name="old", app="olddeploy")
     dead = lockapp.unique_finished.delay("deploy")
     assert lockapp.unique_finished.delay("deploy").id == dead.id  # queued: a duplicate
+    old = workers(name="old", app="olddeploy")  # (started after: it takes the message at once)
     wait_for(lambda: dead.state == "FAILURE", "the old worker discards it", timeout=60)
     assert "Received unregistered task of type 'lockapp.unique_finished'" in old.log()
     given_up = "discarded unrun (unregistered here): its unique key 'fin:deploy' is given up"
