@@ -13,13 +13,20 @@ from typing import Any
 def force_layout() -> None:
     if os.environ.get("REDISLOCK_TEST_LAYOUT") != "lean":
         return
-    from celery_redislock.core import server_store
+    from celery_redislock.core import layout, server_store
+    from celery_redislock.core.admin import listing
     from celery_redislock.core.aio import store
+
+    def allowed(client: Any, namespace: str) -> bool:
+        return True
 
     async def allowed_async(client: Any, namespace: str) -> bool:
         return True
 
-    server_store.lean_allowed = lambda client, namespace: True  # type: ignore[assignment]
+    # Where each module holds its own name for it.
+    for module in (layout, server_store, listing):
+        module.lean_allowed = allowed  # type: ignore[attr-defined]
+    layout.lean_allowed_async = allowed_async  # type: ignore[assignment]
     store.lean_allowed_async = allowed_async  # type: ignore[assignment]
 
 
