@@ -116,10 +116,10 @@ class AsyncLock(LockBase[AsyncServerStore, "AsyncLease"]):
         try:
             return await self._acquire(request, blocking, timeout)
         except LockBackendError:
-            await self._abandon(request.token)
+            await self._abandon(request)
             raise
         except asyncio.CancelledError:
-            _in_background(self._abandon(request.token))
+            _in_background(self._abandon(request, leave_line=True))
             raise
 
     async def _acquire(
@@ -147,9 +147,15 @@ class AsyncLock(LockBase[AsyncServerStore, "AsyncLease"]):
             lease: AsyncLease = done.value
             return lease
 
-    async def _abandon(self, token: str) -> None:
+    async def _abandon(self, request: AcquireArgs, leave_line: bool = False) -> None:
         try:
-            await self.store.abandon(self, token)
+            if leave_line and request.wait:
+                # A cancelled waiter leaves the line at once, as a waiter whose time ran out
+                # does: by a last try that no longer waits (whatever it was handed, it passes
+                # on, or takes and gives back below).
+                reply = await self.store.acquire(self, request._replace(wait=False).encode())
+                await self._notify(reply.granted)
+            await self.store.abandon(self, request.token)
         except redis.RedisError as exc:
             log.warning(
                 "lock %r: could not drop the lease a failed acquire may have made (it lapses "
