@@ -159,6 +159,7 @@ def test_a_bad_entry_option_stops_beat_and_worker_beat_before_they_start(
         assert f"the worker refuses to start: {message}" in beat.log()
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 @pytest.mark.parametrize("layout", ["shared", "lean"])
 def test_two_beats_one_leader_each_tick_sent_once(
     beats: Callable[..., Beat], beat_redis: redis.Redis, layout: str

@@ -78,6 +78,7 @@ def test_eager_retry_acts_as_raise_and_a_plain_call_takes_no_lock(lockapp: Modul
     assert not lock_for(lockapp.lock_state, ("eg",)).locked()
 
 
+@pytest.mark.slow  # about 5 s on 2 quiet cores
 def test_lock_max_retries_and_the_default_max_hold(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:

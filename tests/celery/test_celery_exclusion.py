@@ -39,6 +39,7 @@ def four_processes(workers: Callable[..., Worker]) -> None:
     workers(name="w2")
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 @pytest.mark.usefixtures("four_processes")
 def test_read_modify_write_loses_no_update(lockapp: ModuleType) -> None:
     keys = [f"k{i}" for i in range(10)]
@@ -61,6 +62,7 @@ def test_limit_caps_concurrency_and_reaches_it(lockapp: ModuleType) -> None:
     assert max(seen) == 3, seen  # never more than 3, and 3 reached (4 processes compete)
 
 
+@pytest.mark.slow  # about 3 s on 2 quiet cores
 @pytest.mark.usefixtures("four_processes")
 def test_readers_share_and_a_writer_runs_alone(lockapp: ModuleType) -> None:
     calls = [lockapp.read.s("db") for _ in range(24)] + [lockapp.write.s("db") for _ in range(6)]

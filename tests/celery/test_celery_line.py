@@ -239,6 +239,7 @@ def test_a_forced_release_hands_the_lock_to_the_next_in_line_at_once(
     assert started(lockapp, "line:forced") == [holder.id, waiting.id]
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 def test_a_whole_dead_worker_is_handed_on_by_another_workers_sweeper(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -318,6 +319,7 @@ def test_a_unique_task_keeps_its_claim_while_it_waits_in_line(
     assert started(lockapp, "line:uq") == [holder.id, first.id]
 
 
+@pytest.mark.slow  # about 7 s on 2 quiet cores
 @pytest.mark.parametrize("concurrency", [3])
 def test_the_line_keeps_working_after_a_redelivered_hand_over(
     lockapp: ModuleType, workers: Callable[..., Worker], concurrency: int

@@ -24,6 +24,7 @@ POOLS = {
 }
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 @pytest.mark.parametrize("pool", sorted(POOLS))
 def test_pool_renews_while_running_skips_duplicates_and_releases(
     lockapp: ModuleType, workers: Callable[..., Worker], pool: str
@@ -114,6 +115,7 @@ def test_wait_on_conflict_runs_when_the_holder_ends(
     assert float(lockapp.r.lindex("started-at:waited:w", 0)) >= stopped_at
 
 
+@pytest.mark.slow  # about 5 s on 2 quiet cores
 def test_raise_on_conflict_fails_the_task_naming_the_holder(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -191,6 +193,7 @@ def test_redis_for_locks_down_fails_the_task_by_default(
     wait_for(lambda: "LockBackendError" in worker.log(), "the failure logged", 10)
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 def test_locks_on_another_redis_than_the_broker(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:

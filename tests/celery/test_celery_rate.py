@@ -24,6 +24,7 @@ def _deliveries(lockapp: ModuleType) -> list[int]:
     return [int(v) for v in lockapp.r.hvals("deliveries")]
 
 
+@pytest.mark.slow  # about 8 s on 2 quiet cores
 def test_a_burst_keeps_the_rate_across_workers_and_each_task_is_published_at_most_twice(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -72,6 +73,7 @@ def test_a_late_start_keeps_its_slot(lockapp: ModuleType, workers: Callable[...,
     assert len(deliveries) == 12 and sum(deliveries) <= 12 + 11 + 3, deliveries
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 def test_each_key_has_its_own_rate(lockapp: ModuleType, workers: Callable[..., Worker]) -> None:
     workers(name="w1", concurrency=4)
     results = [lockapp.rated_by_account.delay(acct, i) for i in range(6) for acct in "ab"]

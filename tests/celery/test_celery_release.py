@@ -204,6 +204,7 @@ def test_revoke_terminate_parent_releases(
     _duplicate_runs(lockapp, "f")
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 @pytest.mark.faults
 def test_whole_worker_killed_lease_expires_within_ttl(
     lockapp: ModuleType, workers: Callable[..., Worker]
@@ -220,6 +221,7 @@ def test_whole_worker_killed_lease_expires_within_ttl(
     _duplicate_runs(lockapp, "g")
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 @pytest.mark.faults
 def test_warm_shutdown_lets_the_task_finish_and_release(
     lockapp: ModuleType, workers: Callable[..., Worker]

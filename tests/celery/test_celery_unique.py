@@ -48,6 +48,7 @@ def test_until_finished_one_run_while_running_for_four_producers(
     assert lockapp.r.llen("celery") == 0, "nothing else was queued"
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 @pytest.mark.parametrize("task", ["unique_started", "unique_both", "unique_finished"])
 def test_one_queued_copy_for_four_producers(
     lockapp: ModuleType, workers: Callable[..., Worker], task: str
@@ -91,6 +92,7 @@ def test_until_and_while_running_queues_one_that_runs_after(
 # -- every producer ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 5 s on 2 quiet cores
 @pytest.mark.parametrize("beat_app", ["lockapp", "beatapp"])
 def test_beat_ticks_are_unique(
     lockapp: ModuleType,
@@ -235,6 +237,7 @@ def test_a_duplicate_step_of_a_workflow_is_an_answer(
 # -- retries, revokes, ETA, replace ------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 3 s on 2 quiet cores
 def test_retry_keeps_the_key_and_runs(lockapp: ModuleType, workers: Callable[..., Worker]) -> None:
     """The retry's publish extends the claim to cover its countdown: briefly_finished allows
     0.5 s in the queue and retries with a 2.5 s countdown, so a claim of the allowance alone
@@ -368,6 +371,7 @@ def test_revoke_of_a_message_still_in_the_broker_frees_the_key_when_discarded(
     assert started(lockapp, "in-broker") == []
 
 
+@pytest.mark.slow  # about 5 s on 2 quiet cores
 def test_a_message_an_old_worker_discards_as_unregistered_gives_its_claim_up(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -525,6 +529,7 @@ def consume_parked(lockapp: ModuleType) -> None:
     )
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 def test_the_claim_holder_runs_when_a_superseded_copy_holds_the_run_lease(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:

@@ -94,6 +94,7 @@ def test_chains_of_one_key_never_interleave_and_each_runs_once(lockapp: ModuleTy
     assert any(len(pids) > 1 for pids in per_chain.values()), per_chain
 
 
+@pytest.mark.slow  # about 6 s on 2 quiet cores
 @pytest.mark.usefixtures("two_workers")
 def test_a_failing_middle_link_releases_at_once(lockapp: ModuleType) -> None:
     lock = {"key": "flow:{key}", "ttl": 60}
@@ -108,6 +109,7 @@ def test_a_failing_middle_link_releases_at_once(lockapp: ModuleType) -> None:
     assert _flow(lockapp, "f", 2, lock, [{}, {}]).apply_async().get(timeout=60) == "2.1"
 
 
+@pytest.mark.slow  # about 3 s on 2 quiet cores
 @pytest.mark.usefixtures("two_workers")
 def test_a_second_workflow_on_the_key_is_skipped_and_its_chain_answers(
     lockapp: ModuleType,
@@ -196,6 +198,7 @@ def test_a_worker_killed_mid_workflow_frees_the_lease_within_the_ttl(
     )
 
 
+@pytest.mark.slow  # about 6 s on 2 quiet cores
 @pytest.mark.usefixtures("two_workers")
 def test_a_link_that_retries_goes_on_with_the_lease(lockapp: ModuleType) -> None:
     lock = {"key": "flow:{key}", "ttl": 60}
@@ -206,6 +209,7 @@ def test_a_link_that_retries_goes_on_with_the_lease(lockapp: ModuleType) -> None
     wait_for(lambda: not _lock(lockapp, "flow:r").locked(), "the lock is free", timeout=20)
 
 
+@pytest.mark.slow  # about 6 s on 2 quiet cores
 @pytest.mark.usefixtures("two_workers")
 def test_a_second_workflow_parks_in_the_line_and_runs_after_the_first(
     lockapp: ModuleType,
@@ -223,6 +227,7 @@ def test_a_second_workflow_parks_in_the_line_and_runs_after_the_first(
     assert runs[1][3] <= runs[2][2]  # the second began after the first's last link ended
 
 
+@pytest.mark.slow  # about 6 s on 2 quiet cores
 @pytest.mark.usefixtures("two_workers")
 def test_a_revoked_link_waiting_in_the_queue_releases_at_once(lockapp: ModuleType) -> None:
     lock = {"key": "flow:{key}", "ttl": 60}

@@ -671,6 +671,7 @@ SCENARIOS: list[Scenario] = [
         "debounced_max_wait",
         "debounced_stream",
         Expect("ran", 2, actions("debounce"), same_id=False),
+        marks=("slow",),  # (a stream of calls for its max_wait: about 5 s)
     ),
     Scenario(
         "on_duplicate_cancel_stops_the_running_copy",
@@ -686,6 +687,7 @@ SCENARIOS: list[Scenario] = [
         "rate_full",
         Expect("ran", 2, actions("rate"), log=RATE_FULL),
         params={"per": 4.0},
+        marks=("slow",),  # (a 4 s slot: about 4 s)
     ),
     Scenario(
         "rate_past_max_delay_fails",
@@ -707,6 +709,7 @@ SCENARIOS: list[Scenario] = [
         "rate_costs",
         Expect("ran", 2, actions("rate"), log=RATE_FULL),
         params={"gap": 3.0},
+        marks=("slow",),  # (3 s between the calls)
     ),
     Scenario(
         "rate_cost_settled_lower_gives_the_bucket_back",

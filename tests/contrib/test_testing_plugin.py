@@ -224,6 +224,7 @@ def test_no_redis_server_errors_with_what_to_install(
     result.stdout.fnmatch_lines(["*redislock_server: no redis-server found*REDIS_URL*"])
 
 
+@pytest.mark.slow  # about 7 s on 2 quiet cores
 def test_clean_releases_locks_between_tests(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -487,6 +488,7 @@ def test_with_celerys_own_fixtures(
     run(pytester).assert_outcomes(passed=1)
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 def test_plugin_loads_without_celery_fixtures(pytester: pytest.Pytester) -> None:
     """Only our fixtures are added: Celery's come from their own plugins."""
     pytester.makeconftest(PLUGIN)

@@ -54,6 +54,7 @@ def test_renew_does_not_revive_an_expired_lease(client: redis.Redis) -> None:
     assert Lock(client, "short", ttl=1).holders() == []
 
 
+@pytest.mark.slow  # about 5 s on 2 quiet cores
 def test_renewed_lease_survives_three_ttls(client: redis.Redis) -> None:
     ttl = 1.5  # renewed every 0.5 s: a renewal 1 s late still comes in time
     lock = Lock(client, "kept", ttl=ttl)
@@ -93,6 +94,7 @@ def test_deleted_lease_is_reported_lost_within_one_interval(client: redis.Redis)
     assert lease not in Heartbeat.current().leases()
 
 
+@pytest.mark.slow  # about 5 s on 2 quiet cores
 def test_max_hold_stops_renewal(client: redis.Redis) -> None:
     """docs/core.md: with ``max_hold``, "renewal stops after that many seconds and the lease then
     lapses within its ttl"."""
@@ -226,6 +228,7 @@ def test_a_lease_let_go_in_time_is_not_reported(client: redis.Redis) -> None:
     lease.release()
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 def test_a_short_freeze_is_not_reported(own_server: RedisServer) -> None:
     ttl = 4.5  # renewed every 1.5 s; the freeze leaves 2.5 s to spare for a loaded machine
     client = redis.Redis.from_url(own_server.url, socket_timeout=5)

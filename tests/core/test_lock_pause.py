@@ -170,6 +170,7 @@ def test_a_park_on_a_free_paused_lock_waits_in_line(client: redis.Redis) -> None
     assert lock.holders() == []
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 def test_woken_waiters_do_not_wake_each_other_while_paused(client: redis.Redis) -> None:
     """A non-fair waiter woken for a free lock it may not take passes the wake-up on; while the
     lock is paused none may take it, and two waiters would wake each other until the end."""

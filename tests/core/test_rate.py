@@ -493,6 +493,7 @@ def test_max_delay_refuses_and_reserves_nothing(client: redis.Redis) -> None:
     assert again.granted and again.slot_ms == taken.slot_ms
 
 
+@pytest.mark.slow  # about 7 s on 2 quiet cores
 def test_a_late_start_keeps_its_slot_when_the_starts_allow_it(client: redis.Redis) -> None:
     rate = Rate(1, 2)
     limit = RateLimit(client, "api", rate)

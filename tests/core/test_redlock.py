@@ -348,6 +348,7 @@ def test_the_validity_is_the_ttl_less_the_time_taken_and_the_drift(masters: Mast
     lease.release()
 
 
+@pytest.mark.slow  # about 6 s on 2 quiet cores
 def test_a_slow_master_shrinks_the_validity_and_past_it_the_acquire_fails(
     masters: Masters,
 ) -> None:
@@ -396,6 +397,7 @@ def test_a_slow_master_shrinks_the_validity_and_past_it_the_acquire_fails(
         slow.close()
 
 
+@pytest.mark.slow  # about 5 s on 2 quiet cores
 def test_renewal_keeps_a_lease_past_its_ttl_and_reports_it_lost_without_a_majority(
     masters: Masters,
 ) -> None:

@@ -51,6 +51,7 @@ SKIPPED_LINE = OUTCOME + r"skipped: lock '(?P<lock>[^']+)' is held by the-test"
 RETRY_LINE = OUTCOME + r"retries in \d+\.\ds: lock '(?P<lock>[^']+)' is held by the-test"
 
 
+@pytest.mark.slow  # about 6 s on 2 quiet cores
 def test_a_skip_and_a_conflict_retry_log_the_same_line_under_celery_and_rq(
     lockapp: ModuleType,
     workers: Callable[..., Worker],

@@ -464,6 +464,7 @@ def test_unique_claim_with_no_retry_leaves_no_phantom_claim(
     assert lockapp.r.llen("celery") == 1, "the new call was published"
 
 
+@pytest.mark.slow  # about 5 s on 2 quiet cores
 def test_a_claim_whose_give_up_is_lost_too_frees_the_key_after_the_publish_window(
     lockapp: ModuleType, lock_proxy: FaultProxy, producer: Callable[[int], None]
 ) -> None:

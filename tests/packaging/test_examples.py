@@ -96,6 +96,7 @@ def test_customer_sync(celery_server: RedisServer) -> None:
     assert s["invariant"] == "held"
 
 
+@pytest.mark.slow  # about 7 s on 2 quiet cores
 def test_cache_rebuild(celery_server: RedisServer) -> None:
     s = summary(run_example(celery_server, "cache_rebuild", db=3))
     assert s["readers run"] == "12 of 12"
@@ -119,6 +120,7 @@ def test_fenced_writes(celery_server: RedisServer) -> None:
     assert summary(out)["invariant"] == "held"
 
 
+@pytest.mark.slow  # about 7 s on 2 quiet cores
 def test_rq_singleton(celery_server: RedisServer) -> None:
     s = summary(run_example(celery_server, "rq_singleton", db=5))
     assert s["enqueue calls through UniqueQueue"] == "21"

@@ -133,6 +133,7 @@ def redis_url() -> Iterator[str]:
         yield server.url
 
 
+@pytest.mark.slow  # about 5 s on 2 quiet cores
 def test_the_wheel_ships_the_package_and_nothing_else(wheel: Path) -> None:
     assert wheel.name == f"celery_redislock-{__version__}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as archive:

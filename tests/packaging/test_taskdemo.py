@@ -240,6 +240,7 @@ def test_ctrl_c_stops_every_worker(demo_redis: RedisServer, tmp_path: Path, duri
     wait_for(lambda: _demo_processes(demo_redis.url) == [], "every worker process is gone", 10)
 
 
+@pytest.mark.slow  # about 3 s on 2 quiet cores
 @pytest.mark.faults
 def test_workers_hear_their_own_sigterm(
     demo_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

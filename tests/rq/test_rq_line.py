@@ -150,6 +150,7 @@ def test_a_killed_horse_hands_the_lock_on_at_once(rq_conn, rq_workers):
     assert wait_ended([holder, second, third]) == ["failed", "failed", "finished"]
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 def test_a_whole_dead_worker_is_handed_on_by_another_workers_sweep(rq_conn, rq_workers):
     doomed = rq_workers(name="doomed")
     q = Queue("default", connection=rq_conn)

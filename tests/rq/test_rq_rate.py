@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import redis
 import rqjobs
 from helpers import most_in_window
@@ -19,6 +20,7 @@ def _starts(conn: redis.Redis, kind: str) -> list[float]:
     return sorted(json.loads(raw)["start"] for raw in conn.lrange(f"spans:{kind}", 0, -1))
 
 
+@pytest.mark.slow  # about 8 s on 2 quiet cores
 def test_a_burst_keeps_the_rate_across_workers(rq_conn, rq_workers):
     rq_workers(name="w1")
     rq_workers(name="w2")

@@ -138,6 +138,7 @@ def test_a_failed_job_rq_retries_stays_unique_until_it_finished(rq_conn, rq_work
     assert [s["job"] for s in spans(rq_conn, "flaky")] == [first.id]
 
 
+@pytest.mark.slow  # about 4 s on 2 quiet cores
 def test_a_failed_enqueue_gives_its_claim_up(rq_conn, rq_server, monkeypatch):
     monkeypatch.setenv("REDISLOCK_URL", rq_server.url)  # the claims live here
     dead = redis.Redis(port=free_port(), socket_connect_timeout=1)
