@@ -112,6 +112,29 @@ def test_holders_renewal_and_a_waiter_woken_by_the_release(lean: redis.Redis) ->
     assert got and got[0] > lease.fence
 
 
+@pytest.mark.parametrize("how", ["release_where", "force_release"])
+def test_a_release_on_the_general_path_wakes_a_waiter_refused_on_the_fast_path(
+    lean: redis.Redis, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A lean lease freed by a general-path script (release_where, an operator's release): the
+    waiter refused on the fast path has no place in line; the release wakes it all the same."""
+    from celery_redislock.core import admin, lock_base
+
+    # The waiter's own look again pushed out to 120 s: only the release's wake-up is in time.
+    monkeypatch.setattr(lock_base, "_WAIT_SLICE_S", 120.0)
+    lease = _lock(lean).acquire(info={"task_id": "t-1"})
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(_lock(lean).acquire(timeout=90).fence))
+    waiter.start()
+    wait_for(lambda: lean.hget(_lock(lean).keys.meta, "Q"), "the waiter refused once", 30)
+    if how == "release_where":
+        assert _lock(lean).release_where(task_id="t-1") == [lease.token]
+    else:
+        assert admin.force_release(lean, "job", namespace=NS, everything=True).holders
+    waiter.join(60)
+    assert got and got[0] > lease.fence, "the waiter was not woken"
+
+
 def test_a_pause_holds_back_the_fast_path(lean: redis.Redis) -> None:
     lock = _lock(lean)
     lease = lock.acquire()

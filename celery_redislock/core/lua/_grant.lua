@@ -174,6 +174,9 @@ local function hand_on(out, now, now_us, fair, freed, keep_ms)
       wake_one()
     end
   else
+    if freed and lean_waiting then
+      wake_one() -- a waiter refused on the fast path blocks on the wake list, not in line
+    end
     tidy(keep_ms)
   end
   return out

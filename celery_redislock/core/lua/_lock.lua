@@ -1,7 +1,7 @@
 -- _lock.lua (a part, not a script; see scripts.py): a lock's keys, its spec, the shape of the
 -- hot path's replies, and the writes of a new lease (all acquire.lua's fast path needs).
--- Defines: K, fence_mark, use_lock_keys, promote, parse_spec, reply, append, LINE_PREFIX,
--- is_parked_token, record_done, put_lease.
+-- Defines: K, fence_mark, lean_waiting, use_lock_keys, promote, parse_spec, reply, append,
+-- LINE_PREFIX, is_parked_token, record_done, put_lease.
 --
 -- Every lock script takes the same eight keys, all sharing the lock's hash tag:
 --   KEYS[1] leases  sorted set: lease token -> expiry (server ms)
@@ -63,12 +63,15 @@ local K = {
 -- The fence mark as this call last read or wrote it (nil: not known, ask): promote reads it
 -- with the fast path's lease, so that a new lease's put_lease need not.
 local fence_mark = nil
+-- Whether a waiter refused on the fast path may still wait (meta 'Q', see _lean.lua), as
+-- promote read it: it has no place in line, so a release that frees the lock wakes one.
+local lean_waiting = false
 
 local function use_lock_keys(base)
   K.leases, K.meta, K.queue, K.qdl = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
   K.wake, K.done, K.tenants, K.limits = KEYS[base + 5], KEYS[base + 6], KEYS[base + 7],
     KEYS[base + 8]
-  fence_mark = nil
+  fence_mark, lean_waiting = nil, false
 end
 
 -- Moves the fast path's lease (meta 'L', see _lean.lua), if live, into the general path's keys
@@ -77,9 +80,10 @@ end
 -- one is dropped. The meta field 'm' now says the general path decides, until the lock is
 -- free again (tidy).
 local function promote(now)
-  local s = redis.call('HMGET', K.meta, 'L', 'fence')
+  local s = redis.call('HMGET', K.meta, 'L', 'fence', 'Q')
   local raw = s[1]
   fence_mark = tonumber(s[2] or '0')
+  lean_waiting = s[3] ~= false and tonumber(s[3]) > now
   if not raw or raw == '' then
     return
   end
