@@ -37,6 +37,8 @@ TIMEOUT = 0.5  # the socket timeout of every client through the proxy
 SCRIPTS = (
     "acquire",
     "release",
+    "lean_acquire",  # (the lean layout's, REDISLOCK_TEST_LAYOUT=lean)
+    "lean_release",
     "release_where",
     "renew",
     "holders",
