@@ -66,14 +66,22 @@ def _judge(
 def singleton(client: redis.Redis, size: Size, progress: Progress) -> Outcome:
     """nightly_report(day), unique until finished, enqueued many times at once"""
     calls = [tasks.nightly_report.delay("2026-11-21") for _ in range(size.singleton)]
-    ids = {c.id for c in calls}
+    burst_end = time.time()
+    copies = list({c.id: c for c in calls}.values())
     outcome = Outcome(
-        "singleton", "nightly_report(day): unique until finished", len(calls), len(ids)
+        "singleton", "nightly_report(day): unique until finished", len(calls), len(copies)
     )
-    _wait(calls[:1], outcome.case, progress)
+    _wait(copies, outcome.case, progress)
     outcome.notes["not published (duplicates)"] = actions(client).get("singleton:existing", 0)
-    _judge(outcome, load(client), client, time.time(), 1)
-    outcome.checks["queued once, ran once"] = outcome.queued == 1 and outcome.ran == 1
+    runs = load(client)
+    _judge(outcome, runs, client, time.time(), 1)
+    slow_burst = any(
+        r.case == outcome.case and r.end is not None and r.end < burst_end for r in runs
+    )
+    # Each copy queued ran once. One is queued while the burst lasts; on a machine so busy that
+    # the first copy finished before the last call, that call queues the next (until finished).
+    outcome.checks["each queued copy ran once"] = outcome.ran == outcome.queued
+    outcome.checks["the burst queued one copy"] = outcome.queued == 1 or slow_burst
     return outcome
 
 

@@ -75,14 +75,20 @@ def _runs(client: redis.Redis, case: str) -> list[TaskRun]:
 def singleton(queue: UniqueQueue, size: Size, progress: Progress) -> Outcome:
     """nightly_report(day), unique until finished, enqueued many times through UniqueQueue"""
     calls = [queue.enqueue(jobs.nightly_report, "2026-11-21") for _ in range(size.singleton)]
-    ids = {c.id for c in calls}
+    burst_end = time.time()
+    copies = list({c.id: c for c in calls}.values())
     outcome = Outcome(
-        "rq-singleton", "nightly_report(day): unique until finished", len(calls), len(ids)
+        "rq-singleton", "nightly_report(day): unique until finished", len(calls), len(copies)
     )
-    states = _wait(calls[:1], outcome.case, progress)
-    outcome.notes["not enqueued (duplicates)"] = len(calls) - len(ids)
-    judge_runs(outcome, _runs(queue.connection, outcome.case), time.time(), 1)
-    outcome.checks["queued once, ran once"] = outcome.queued == 1 and outcome.ran == 1
+    states = _wait(copies, outcome.case, progress)
+    outcome.notes["not enqueued (duplicates)"] = len(calls) - len(copies)
+    runs = _runs(queue.connection, outcome.case)
+    judge_runs(outcome, runs, time.time(), 1)
+    slow_burst = any(r.end is not None and r.end < burst_end for r in runs)
+    # Each copy queued ran once. One is queued while the burst lasts; on a machine so busy that
+    # the first copy finished before the last call, that call queues the next (until finished).
+    outcome.checks["each queued copy ran once"] = outcome.ran == outcome.queued
+    outcome.checks["the burst queued one copy"] = outcome.queued == 1 or slow_burst
     outcome.checks["the job finished"] = set(states.values()) == {"finished"}
     return outcome
 
