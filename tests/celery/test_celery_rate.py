@@ -25,6 +25,14 @@ def _deliveries(lockapp: ModuleType) -> list[int]:
 
 
 @pytest.mark.slow  # about 8 s on 2 quiet cores
+def _slots(lockapp: ModuleType, name: str) -> list[float]:
+    """The slots Redis handed out under rate ``name`` (each request's record, 'slot_us cost',
+    kept past its slot), in seconds, sorted."""
+    prefix = LockKeys.of("redislock", name).rate_request("")
+    keys = lockapp.r.scan_iter(match=f"{prefix}*")
+    return sorted(int(lockapp.r.get(key).split()[0]) / 1e6 for key in keys)
+
+
 def test_a_burst_keeps_the_rate_across_workers_and_each_task_is_published_at_most_twice(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
@@ -34,7 +42,13 @@ def test_a_burst_keeps_the_rate_across_workers_and_each_task_is_published_at_mos
     wait_for(lambda: all(r.state == "SUCCESS" for r in results), "every task to run", 60)
     starts = _starts(lockapp, "rated:starts")
     assert len(starts) == 16
-    assert most_in_window(starts, 1.0) <= 5  # the promise: 5 a second, fleet-wide
+    # The promise, 5 a second fleet-wide, at the slots Redis handed out (each request's record,
+    # 'slot_us cost', kept past its slot); and no task started before its slot (the i-th start
+    # is at or after the i-th slot). A start may come late on a busy machine, so the starts
+    # themselves may come closer together (6 in a second under 2 CPU burners).
+    slots = _slots(lockapp, "lockapp.rated")
+    assert len(slots) == 16 and most_in_window(slots, 1.0 - 1e-6) <= 5, slots
+    assert all(start >= slot - 0.002 for start, slot in zip(starts, slots, strict=True))
     # No spinning: a task over the rate goes back to the broker once, for its slot. A copy
     # that comes back late keeps its slot and waits its turn in place up to 1 s (docs/rate.md);
     # one whose turn is further comes back for it: a loaded machine makes that happen now and
@@ -82,7 +96,10 @@ def test_each_key_has_its_own_rate(lockapp: ModuleType, workers: Callable[..., W
     wait_for(lambda: all(r.state == "SUCCESS" for r in results), "every task to run", 60)
     a, b = _starts(lockapp, "rated:starts:a"), _starts(lockapp, "rated:starts:b")
     assert len(a) == len(b) == 6
-    assert most_in_window(a, 1.0) <= 2 and most_in_window(b, 1.0) <= 2
+    # At the slots Redis handed out, and no start before its slot (as above).
+    for starts, slots in [(a, _slots(lockapp, "account:a")), (b, _slots(lockapp, "account:b"))]:
+        assert len(slots) == 6 and most_in_window(slots, 1.0 - 1e-6) <= 2, slots
+        assert all(start >= slot - 0.002 for start, slot in zip(starts, slots, strict=True))
     # The two accounts ran side by side, not one after the other.
     assert a[0] < b[-1] and b[0] < a[-1]
 
