@@ -219,7 +219,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     if report.failed:
         for worker in item.stash.get(STARTED_WORKERS, []):
-            report.sections.append((f"worker {worker.name} log", worker.log()[-20000:]))
+            if call.when == "call" and hasattr(worker, "dump_threads"):
+                worker.dump_threads()  # where a stuck worker stands, at the end of its log
+            report.sections.append((f"worker {worker.name} log", worker.log()[-40000:]))
     return report
 
 

@@ -70,6 +70,18 @@ class Worker:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def dump_threads(self, timeout: float = 5) -> None:
+        """Has a live worker write every thread's stack into its log (Celery's SIGUSR1
+        handler): a failing test's report then shows where a stuck worker stands."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        before = len(self.log())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while len(self.log()) == before and time.monotonic() < deadline:
+            time.sleep(0.05)  # (a poll: the dump comes when the worker's handler runs)
+
     @property
     def pid(self) -> int:
         assert self.proc is not None
