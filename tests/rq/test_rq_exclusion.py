@@ -74,11 +74,22 @@ def test_readers_overlap_and_no_writer_beside_them(rq_conn, rq_server, rq_worker
 
 
 @pytest.mark.slow
-def test_conflict_retries_are_never_dropped(rq_conn, rq_workers):
+def test_conflict_retries_are_never_dropped(rq_conn, rq_server, rq_workers):
     for n in range(2):
         rq_workers(name=f"w{n}")
     q = Queue("default", connection=rq_conn)
+    # The test holds the lock until a job met it (two workers alone may run the jobs one after
+    # the other on a busy machine, and none would retry).
+    held = Lock(redis.Redis.from_url(rq_server.url), "r:one", ttl=60).acquire()
     jobs = [q.enqueue(rqjobs.exclusive_retry, "one", 0.3) for _ in range(4)]
+
+    def met() -> bool:
+        for j in jobs:
+            j.refresh()
+        return any(j.meta.get("redislock_conflicts") for j in jobs)
+
+    wait_for(met, "a job met the lock held", 60)
+    held.release()
     assert wait_ended(jobs, timeout=120) == ["finished"] * 4
     ran = spans(rq_conn, "exclusive_retry")
     assert sorted(r["job"] for r in ran) == sorted(j.id for j in jobs)
