@@ -523,7 +523,9 @@ def debounced_stream(adapter: Adapter, row: Scenario, key: str) -> Expect:
     n += 1
     last = adapter.send(row.job, key, n / 1000)
     settle(adapter, last)
-    assert args_of(adapter, key)[-1] == n / 1000  # the latest call's arguments ran last
+    # The latest call's arguments ran. (Not necessarily last: a run max_wait published may
+    # wait in the queue while the next one runs on the other worker, on a busy machine.)
+    assert n / 1000 in args_of(adapter, key)
     return observe(adapter, row, key, last, same_id=last == ids[0])
 
 
