@@ -70,7 +70,8 @@ def test_the_acknowledgement_command_follows_the_server(
     master, replica = pair
     client = redis.Redis(port=master.port)
     version = tuple(int(p) for p in client.info("server")["redis_version"].split(".")[:2])
-    lock = Lock(client, "report", ttl=5, min_replicas=1, replica_timeout=1)
+    # A generous wait for the acknowledgement: a busy machine's replica may take seconds.
+    lock = Lock(client, "report", ttl=5, min_replicas=1, replica_timeout=10)
     lock.acquire().release()
     uses = "waitaof" if version >= (7, 2) else "wait"
     assert _uses_waitaof(client) is (uses == "waitaof")
