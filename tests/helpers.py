@@ -52,6 +52,16 @@ def wait_until_queued(client: redis.Redis | redis.RedisCluster, lock: Lock, coun
     wait_for(lambda: client.zcard(lock.keys.all[2]) >= count, f"{count} waiter(s) queued")
 
 
+def lapse_at(*locks: Lock, default: float | None = None) -> float:
+    """When the earliest live lease of ``locks`` would lapse unrenewed (time.monotonic()): a
+    give-back or hand-over seen before then was not that lapse, however slow the machine.
+    ``default``: seconds from now when none is held (else a lock must be held)."""
+    left = [h.expires_in for lk in locks for h in lk.holders()]
+    if not left and default is not None:
+        left = [default]
+    return time.monotonic() + min(left)
+
+
 def redis_time_ms(client: redis.Redis) -> float:
     """Redis's clock (TIME), in milliseconds: the one its scripts' due times are on."""
     seconds, micros = client.time()

@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 from celery.result import AsyncResult
-from helpers import started, stop, wait_for, wait_started
+from helpers import lapse_at, started, stop, wait_for, wait_started
 from workers import TESTS, Worker
 
 from celery_redislock import LineFull, Lock, LockNotAcquired
@@ -115,8 +115,7 @@ def test_a_dead_childs_lock_goes_to_the_next_in_line_at_once(
     waiting = _park(lockapp, lockapp.in_line, "kill", 1)
     child = int(lockapp.r.hget("pid", holder.id))
     assert child in worker.children()
-    handed = Lock(lockapp.r, "line:kill", ttl=30).holders()
-    lapse = time.monotonic() + min(h.expires_in for h in handed)
+    lapse = lapse_at(Lock(lockapp.r, "line:kill", ttl=30))
     os.kill(child, signal.SIGKILL)
     wait_for(lambda: waiting.state == "SUCCESS", "the parked task to run", timeout=30)
     assert time.monotonic() < lapse, "handed on only as the killed child's lease lapsed"
@@ -230,8 +229,7 @@ def test_a_forced_release_hands_the_lock_to_the_next_in_line_at_once(
     _force_release_all(lockapp, "line:forced", how)
     # The lease handed to the parked task lapses unpublished at the end of the publish window
     # (10 s): a start before then was the hand-over's publish, however slow the machine.
-    handed = Lock(lockapp.r, "line:forced", ttl=30).holders()
-    lapse = time.monotonic() + min((h.expires_in for h in handed), default=PUBLISH_WINDOW_S)
+    lapse = lapse_at(Lock(lockapp.r, "line:forced", ttl=30), default=PUBLISH_WINDOW_S)
     wait_for(lambda: waiting.id in started(lockapp, "line:forced"), "the parked task to start", 30)
     assert time.monotonic() < lapse, "the parked task started only as its hand-over lapsed"
     lockapp.r.set("stop:forced", 1)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import pytest
-from helpers import free_port, wait_for, wait_until_queued
+from helpers import free_port, lapse_at, wait_for, wait_until_queued
 
 from celery_redislock import DuplicateTask, LockBackendError, RateLimit
 from celery_redislock.contrib.redis_server import RedisServer
@@ -169,12 +169,6 @@ def observe(
         record=recorded(adapter, row, key, run_id) if want.record is not None else None,
         send_log=sent_line(row, key, said_at_send),
     )
-
-
-def lapse_at(*locks: Lock) -> float:
-    """When the earliest live lease of ``locks`` would lapse unread by its holder (time.monotonic):
-    a give-back seen before then was not that lapse, however slow the machine."""
-    return time.monotonic() + min(h.expires_in for lk in locks for h in lk.holders())
 
 
 def leased(adapter: Adapter, ids: Iterable[str], want: frozenset[str]) -> frozenset[str]:

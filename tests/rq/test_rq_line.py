@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 import rqjobs
-from helpers import wait_for
+from helpers import lapse_at, wait_for
 from rq import Queue
 from rq.job import Job
 from rqcheck import most_at_once_per_key, spans, started, status, wait_ended
@@ -59,12 +59,6 @@ def _holds(conn: redis.Redis, n: int = 1, kind: str = "in_line") -> int:
     """Waits until ``n`` jobs of ``kind`` started; the pid of the last one's horse."""
     wait_for(lambda: len(started(conn, kind)) >= n, f"{n} {kind} job(s) started", timeout=30)
     return int(started(conn, kind)[n - 1]["pid"])
-
-
-def _lapse_at(conn: redis.Redis, name: str) -> float:
-    """When the lock's earliest lease would lapse unrenewed (time.monotonic()): a hand-over seen
-    before then was not that lapse, however slow the machine."""
-    return time.monotonic() + min(h.expires_in for h in Lock(conn, name, ttl=1).holders())
 
 
 def _parked(conn: redis.Redis, name: str, jobs: list[Job]) -> list[str]:
@@ -138,12 +132,12 @@ def test_a_killed_horse_hands_the_lock_on_at_once(rq_conn, rq_workers):
     second = q.enqueue(rqjobs.in_line, "kill", hold=True)
     third = q.enqueue(rqjobs.in_line, "kill", 0.05)
     assert _parked(rq_conn, "q:kill", [second, third]) == [second.id, third.id]
-    lapse = _lapse_at(rq_conn, "q:kill")
+    lapse = lapse_at(Lock(rq_conn, "q:kill", ttl=1))
     os.kill(pid, signal.SIGKILL)
     pid = _holds(rq_conn, 2)
     assert time.monotonic() < lapse, "handed on only as the killed horse's lease lapsed"
     assert started(rq_conn, "in_line")[1]["job"] == second.id
-    lapse = _lapse_at(rq_conn, "q:kill")
+    lapse = lapse_at(Lock(rq_conn, "q:kill", ttl=1))
     os.kill(pid, signal.SIGKILL)
     _holds(rq_conn, 3)
     assert time.monotonic() < lapse, "handed on only as the killed horse's lease lapsed"
@@ -190,8 +184,7 @@ def test_a_forced_release_hands_the_lock_to_the_next_in_line_at_once(rq_conn, rq
         assert admin.force_release(rq_conn, "q:forced", everything=True, **put_back).holders
     # The lease handed to the parked job lapses unpublished at the end of the publish window
     # (10 s): a start before then was a sweep's or the PutBack's, however slow the machine.
-    handed = Lock(rq_conn, "q:forced", ttl=30).holders()
-    lapse = time.monotonic() + min((h.expires_in for h in handed), default=PUBLISH_WINDOW_S)
+    lapse = lapse_at(Lock(rq_conn, "q:forced", ttl=30), default=PUBLISH_WINDOW_S)
     _holds(rq_conn, 2)
     assert time.monotonic() < lapse, "the parked job started only as its hand-over lapsed"
     assert started(rq_conn, "in_line")[1]["job"] == waiting.id
