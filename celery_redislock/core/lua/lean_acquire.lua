@@ -2,8 +2,9 @@
 -- be refused, in its meta hash alone (see _lean.lua); anything else answers '9', and the caller
 -- sends the same call to acquire.lua, which decides it on the general path.
 -- KEYS: 1 meta (see _lock.lua)
--- ARGV: as acquire.lua's 1-6 (token, spec, flags, owner, info, job); a job, a park, a claim or a
---   spec other than a plain mutex's answers '9'
+-- ARGV: as acquire.lua's 1-6 (token, spec, flags, owner, info, job); the caller sends only a
+--   call without a job, a park or a claim (checked there, not again here); a spec other than a
+--   plain mutex's answers '9'
 -- Returns acquire.lua's reply ('status token fence expiry count next mode': 1 held, 0 not held,
 --   3 the owner holds it (once)), or '9'.
 
@@ -12,24 +13,16 @@
 
 local tok, flags, owner = ARGV[1], ARGV[3], ARGV[4]
 local ttl, entry_ms, keep_ms = string.match(ARGV[2], '^w 1 (%d+) 0 (%d+) (%d+)$')
-if not ttl or #ARGV ~= 6 or ARGV[6] ~= '' or string.sub(flags, 4, 4) == '1' then
+if not ttl then
   return '9'
 end
 ttl, keep_ms = tonumber(ttl), tonumber(keep_ms)
-local now, now_us = server_now()
+local t = redis.call('TIME') -- (server_now inlined: this is the hot path)
+local now_us = t[1] * 1000000 + t[2]
+local now = math.floor(now_us / 1000)
 local s = redis.call('HMGET', KEYS[1], 'L', 'fence', 'm', 'qseq', 'qp', 'P', 'Q', 'E')
 if s[3] or s[4] or s[5] or (s[6] and tonumber(s[6]) > now) then
   return '9' -- leases in the leases key, a line, or a pause: the general path decides
-end
-
--- The meta key is made to outlive the lease `expiry` (with the fence mark's keep), unless it
--- does already: a PEXPIRE only then. Returns the fields to write with it ('E').
-local function life_for(expiry, fields)
-  if not s[8] or tonumber(s[8]) < expiry + GRACE_MS then
-    local life = math.max(expiry - now + GRACE_MS + ttl, keep_ms)
-    fields[#fields + 1], fields[#fields + 2] = 'E', int(now + life)
-    return life
-  end
 end
 
 local raw = s[1]
@@ -49,11 +42,13 @@ if raw and raw ~= '' then
       end
       local count = tonumber(lcount) + 1
       local expiry = math.max(lexp, now + ttl)
-      local fields = {'L', lean_record(ltok, expiry, lfence, count, lowner,
-        recent(tok, requests ~= '' and requests or nil, REQUESTS_KEPT))}
-      local life = life_for(expiry, fields)
-      redis.call('HSET', KEYS[1], unpack(fields))
-      if life then
+      local rec = lean_record(ltok, expiry, lfence, count, lowner,
+        recent(tok, requests ~= '' and requests or nil, REQUESTS_KEPT))
+      if s[8] and tonumber(s[8]) >= expiry + GRACE_MS then
+        redis.call('HSET', KEYS[1], 'L', rec)
+      else -- (the meta key must outlive the lease: as for a new lease, below)
+        local life = math.max(expiry - now + GRACE_MS + ttl, keep_ms)
+        redis.call('HSET', KEYS[1], 'L', rec, 'E', int(now + life))
         redis.call('PEXPIRE', KEYS[1], life)
       end
       return '1 ' .. ltok .. ' ' .. lfence .. ' ' .. int(expiry) .. ' ' .. count .. ' 0 w'
@@ -61,21 +56,26 @@ if raw and raw ~= '' then
     if string.sub(flags, 1, 1) == '1' then -- a waiter's place: the latest deadline, never lowered
       local deadline = now + tonumber(entry_ms)
       if not s[7] or tonumber(s[7]) < deadline then
-        redis.call('HSET', KEYS[1], 'Q', int(deadline))
+        redis.call('HSET', KEYS[1], 'Q', string.format('%d', deadline))
       end
     end
-    return '0 - 0 0 0 ' .. int(lexp - now) .. ' w'
+    return string.format('0 - 0 0 0 %d w', lexp - now)
   end
 end
 
 -- Free (or its lease lapsed): the next fence follows the fence mark, and the server's clock in
 -- us when that is ahead, so that fences grow through a restart that lost the mark.
-local fence = int(math.max(tonumber(s[2] or '0') + 1, now_us))
+local fence = math.max(tonumber(s[2] or '0') + 1, now_us)
 local expiry = now + ttl
-local fields = {'fence', fence, 'L', lean_record(tok, expiry, fence, 1, owner, ''), 'I', ARGV[5]}
-local life = life_for(expiry, fields)
-redis.call('HSET', KEYS[1], unpack(fields))
-if life then
+local rec = string.format('%s|%d|%d|1|%s|', tok, expiry, fence, owner) -- (see lean_record)
+-- The meta key is made to outlive the lease (with the fence mark's keep), unless it does
+-- already ('E'): a PEXPIRE only then.
+if s[8] and tonumber(s[8]) >= expiry + GRACE_MS then
+  redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence), 'L', rec, 'I', ARGV[5])
+else
+  local life = math.max(ttl + GRACE_MS + ttl, keep_ms)
+  redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence), 'L', rec, 'I', ARGV[5], 'E',
+    string.format('%d', now + life))
   redis.call('PEXPIRE', KEYS[1], life)
 end
-return '1 ' .. tok .. ' ' .. fence .. ' ' .. int(expiry) .. ' 1 0 w'
+return string.format('1 %s %d %d 1 0 w', tok, fence, expiry)

@@ -2,18 +2,17 @@
 -- it; then one wake-up if a refused waiter may still wait. A lease the general path holds (or
 -- a release that records a job) answers '9': the caller sends the same call to release.lua.
 -- KEYS: 1 meta, 2 wake (see _lock.lua)
--- ARGV: as release.lua's (token, spec, whole, request id; a job answers '9')
+-- ARGV: as release.lua's (token, spec, whole, request id); the caller sends only a release
+--   that records no job
 -- Returns release.lua's reply ('status left': 1 released, 0 not held by this token), or '9'.
 
 -- #include _ids.lua
 -- #include _lean.lua
 
 local tok, request = ARGV[1], ARGV[4]
-if #ARGV ~= 4 then
-  return '9'
-end
-local keep_ms = tonumber(string.match(ARGV[2], '(%d+)$'))
-local now = server_now()
+local keep_ms = tonumber(string.match(ARGV[2], '^w 1 %d+ 0 %d+ (%d+)$'))
+local t = redis.call('TIME') -- (server_now inlined: this is the hot path)
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local s = redis.call('HMGET', KEYS[1], 'L', 'g', 'Q', 'E', 'm', 'qseq', 'qp', 'P')
 local ltok, lexp, lfence, lcount, lowner, requests
 if s[1] and s[1] ~= '' then
@@ -31,7 +30,7 @@ end
 if s[8] and tonumber(s[8]) > now then
   return '9' -- paused: the general path keeps the pause's mark as long as the pause
 end
-if listed(requests, request) then
+if requests ~= '' and listed(requests, request) then
   return '1 ' .. lcount -- this partial release ran before: it counts once
 end
 local count = tonumber(lcount)
