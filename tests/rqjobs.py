@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import redis
+import rq
 import rqsignals  # noqa: F401  (connects the test receivers in every worker and horse)
 from rq import get_current_job
 
@@ -255,3 +256,9 @@ class ForkNotingWorker(LockWorker):
             os.register_at_fork(before=held.before_fork, after_in_parent=held.after_fork_in_parent)
             sweeper.client = _SweeperClient(sweeper.client, held)
         return sweeper
+
+
+class PlainWorker(rq.Worker):
+    """RQ's own ``Worker``, with this module (and so the package) imported before it forks its
+    horses: a horse then starts its job at once. Imported in the horse instead, the package
+    took more than a 2 s job timeout on a busy machine, and the job timed out before it began."""

@@ -86,7 +86,7 @@ def test_without_the_worker_class_a_killed_horse_lapses_within_ttl(rq_conn, rq_s
     assert seconds * 1000 + micros / 1000 >= expires_at_ms - 1, "freed before it lapsed"
 
 
-@pytest.mark.parametrize("worker_class", ["LockWorker", "Worker"])
+@pytest.mark.parametrize("worker_class", ["LockWorker", "rqjobs.PlainWorker"])
 def test_the_job_timeout_ends_the_hold(rq_conn, rq_server, rq_workers, worker_class):
     rq_workers(name="w0", worker_class=worker_class)
     q = Queue("default", connection=rq_conn)
