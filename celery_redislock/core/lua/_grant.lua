@@ -1,25 +1,16 @@
--- _grant.lua (a part, not a script; see scripts.py): the lock handed on to those in line when
--- leases are freed or the line moves.
+-- _grant.lua (a part, not a script; see scripts.py): the lock handed on to those in line.
 -- Defines: runtime_cap, lock_paused, forget_runtime_limits, limits_present,
 -- read_runtime_limits, pause_left, fits, line_head, grant, wake_one, tidy, hand_on.
-
 -- #include _line.lua
 
--- What is set at runtime for the name (K.limits), read once per call, in one HMGET:
--- runtime_cap, a cap (redislock limit set NAME --cap N), false none; lock_paused, the server ms
--- until which the lock hands out no new lease (redislock pause NAME SECONDS; 0 or a time past:
--- not paused). nil: not read yet.
+-- K.limits as read once per call (nil: not yet; false: no cap; 0 or past: not paused).
 local runtime_cap = nil
 local lock_paused = nil
 
--- Forgets what this call read of the runtime limits (a script that works on several locks,
--- acquire_all.lua, calls it as it turns from one lock to the next).
 local function forget_runtime_limits()
   runtime_cap, lock_paused = nil, nil
 end
 
--- What the caller learnt already of K.limits (an EXISTS it ran anyway): `present` false, the
--- key does not exist, so there is nothing to read (no cap, no pause) and nothing is asked.
 local function limits_present(present)
   if not present then
     runtime_cap, lock_paused = false, 0
@@ -33,17 +24,13 @@ local function read_runtime_limits()
   end
 end
 
--- The ms left of the lock's pause at the call's time (0: not paused). While paused, no new
--- lease is handed out by any path (fits refuses); leases held keep renewing and releasing,
--- and an owner's re-entry into its own live lease is no new lease.
+-- No new lease while paused; held leases still renew and release, a re-entry is no new lease.
 local function pause_left()
   read_runtime_limits()
   return lock_paused > call_ms and lock_paused - call_ms or 0
 end
 
--- Whether a new lease of `mode` fits beside the live ones; never while the lock is paused.
--- Limit 0 means unbounded, and a limit of 2 or more (a cap in code) gives way to a cap set at
--- runtime. A second answer true: the lock has no lease at all.
+-- Never while paused; a limit of 2 or more gives way to a runtime cap. Second: no lease at all.
 local function fits(mode, limit)
   if pause_left() > 0 then
     return false
@@ -55,18 +42,9 @@ local function fits(mode, limit)
   if limit >= 2 then
     limit = runtime_cap or limit
   end
-  -- The count first: a full lock needs no look at the mode.
   return (limit == 0 or n < limit) and redis.call('HGET', K.meta, 'm') == mode
 end
 
--- A tenant's place at the head of the line stands for the tenant's first task (highest
--- priority, then first come); once that task is served the place goes to the end of the line
--- (a new arrival number) while the tenant has tasks left. The turn it was served at is kept
--- ('t:') for the task to go back to if its hand-over lapses unpublished.
-
--- The head of the line: a waiter's token; or, for a tenant's place, its first task's token,
--- member in K.tenants and the place. (A place with no task left is never kept; one found
--- anyway is dropped, not served.)
 local function line_head()
   while true do
     local head = redis.call('ZRANGE', K.queue, 0, 0)[1]
@@ -81,12 +59,7 @@ local function line_head()
   end
 end
 
--- Fair mode: hands free capacity to waiters strictly in arrival order. Returns a flat list of
--- token, fence, expiry for each grant, so the caller can wake exactly those waiters. A lease
--- handed to a waiter lasts no longer than its place in line would have: a waiter that died in
--- line holds the lock for seconds, not a whole ttl; a live one claims the full ttl on waking.
--- The waiter `skip` is the caller itself, alive by definition: it gets its full ttl, and no
--- entry in the list. `skip_raw`: the caller's own entry record, when it wrote it in this call.
+-- Fair mode: a grant lasts no longer than its place in line (a dead waiter holds seconds).
 local function grant(now, now_us, skip, keep_ms, skip_raw)
   local out = {}
   while true do
@@ -96,10 +69,7 @@ local function grant(now, now_us, skip, keep_ms, skip_raw)
     end
     local raw = head == skip and skip_raw or redis.call('HGET', K.meta, 'q:' .. head)
     local q = raw and cjson.decode(raw)
-    -- A waiter whose owner holds a lease already (another call of the same owner was served
-    -- first) gets no second lease: it leaves the line and is woken with none (fence 0), to try
-    -- again and re-enter the owner's lease (or be refused, reentrant=False) as any call of an
-    -- owner holding one. Capacity is not its concern, so this comes first.
+    -- An owner's waiter gets no second lease: woken with fence 0 to re-enter; before capacity.
     local mine = q and not q.p and q.o ~= '' and redis.call('HGET', K.meta, 'o:' .. q.o)
     local fence, expiry = nil, nil -- what the waiter is told (nil: it is not woken)
     if mine and redis.call('ZSCORE', K.leases, mine) then
@@ -113,16 +83,14 @@ local function grant(now, now_us, skip, keep_ms, skip_raw)
     if not room then
       break
     end
-    -- (The turn it is served at, read only once it is served: the head is looked at on every
-    -- call that finds the lock full.)
+    -- (Read once served: every call that finds the lock full looks at the head.)
     local turn = place and q and q.p and head ~= skip and redis.call('ZSCORE', K.queue, place)
     local rest = dequeue(head, raw, nil, member)
     if rest then -- the tenant has tasks left: its next turn is at the end of the line
       redis.call('ZADD', K.queue, redis.call('HINCRBY', K.meta, 'qseq', 1), rest)
     end
     if q then
-      -- A parked task's lease lasts until its hand-over is published (line_sent.lua extends
-      -- it until the task starts); unclaimed ('c:' empty) until then.
+      -- A parked task's lease lasts until its hand-over is published, unclaimed until then.
       local ttl = head == skip and q.t or (q.p or math.min(q.t, q.e))
       fence, expiry = new_lease(head, q.m, ttl, q.o, q.i, now, now_us, empty or false,
         keep_ms, not q.p and q.t or nil)
@@ -143,16 +111,12 @@ local function grant(now, now_us, skip, keep_ms, skip_raw)
   return out
 end
 
--- Non-fair mode: one signal wakes the longest-blocked waiter, which then competes for the lock.
 local function wake_one()
   redis.call('RPUSH', K.wake, '1')
   redis.call('PEXPIRE', K.wake, WAKE_MS)
 end
 
--- After a release: once nothing is held or queued, only the fence mark (and the tokens last
--- released) is left, for `keep_ms` (Redis drops the emptied sorted sets by itself). With no
--- line, no count of queued writers or parked tasks can be right but 0: a stale one would keep
--- newcomers out of free capacity.
+-- Nothing held or queued: only the fence mark stays (stale line counts would block newcomers).
 local function tidy(keep_ms)
   if no_leases or redis.call('EXISTS', K.leases) == 0 then
     redis.call('HDEL', K.meta, unpack(STATE_FIELDS))
@@ -161,13 +125,9 @@ local function tidy(keep_ms)
   end
 end
 
--- After leases were dropped: hands the lock on to waiters (fair: granted in order, appended to
--- `out` as token, fence, expiry; else one wake-up if anything was freed), or, when nobody
--- waits, lets the keys go once nothing is held. Returns `out`.
 local function hand_on(out, now, now_us, fair, freed, keep_ms)
   if queue_exists() then
-    -- Parked tasks are served in arrival order whatever the lock's fairness: no wake-up
-    -- reaches them, and newcomers queue behind them.
+    -- Parked tasks are served in order whatever the fairness: no wake-up reaches them.
     if fair or parked_count() > 0 then
       append(out, grant(now, now_us, '', keep_ms))
     elseif freed then

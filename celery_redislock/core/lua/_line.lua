@@ -1,25 +1,18 @@
--- _line.lua (a part, not a script; see scripts.py): what a lock script knows of the lock's
--- line and leases, leases and entries in line made and dropped, and the purge of what lapsed
--- that a script does before it decides anything.
+-- _line.lua (a part, not a script; see scripts.py): the lock's line and leases, and purges.
 -- Defines: queue_known, no_leases, forget_lock_state, queue_exists, lease_count, lease_expiry,
 -- keys_present, queue_present, keep_lease_keys, new_lease, SLOT, MEMBER_LEN, slot_of,
 -- tenant_next, in_line, enqueue, requeue, drop_lease, dequeue, parked_count, purge_leases, purge,
 -- start.
-
 -- #include _lease.lua
 
--- What this call learnt already, so that it does not ask again (each command costs; a local
--- variable costs nothing). Its own writes keep them true. Set only by the helpers below.
+-- What this call learnt already, not to ask again (its own writes keep it true).
 local queue_known = nil -- whether anyone waits in line (nil: not known, ask)
 local no_leases = false -- the lock is known to have no lease at all
 
--- Forgets what this call learnt of the lock (a script that works on several locks,
--- acquire_all.lua, calls it as it turns from one lock to the next).
 local function forget_lock_state()
   queue_known, no_leases = nil, false
 end
 
--- Whether anyone waits in line.
 local function queue_exists()
   if queue_known == nil then
     queue_known = redis.call('EXISTS', K.queue) == 1
@@ -27,36 +20,25 @@ local function queue_exists()
   return queue_known
 end
 
--- How many leases (live or lapsed) the lock has.
 local function lease_count()
   return no_leases and 0 or redis.call('ZCARD', K.leases)
 end
 
--- The expiry of lease `tok` (a string, as Redis answers), false if it has none.
 local function lease_expiry(tok)
   return not no_leases and redis.call('ZSCORE', K.leases, tok)
 end
 
--- What an EXISTS of the lock's keys answered in a script's fast path, before these helpers were
--- defined. EXISTS counts a key once per time it is named, so a script names the leases key
--- once, the queue twice (and others 4, 8, ... times): the count is then a sum of flags that says
--- which keys exist, 1 the leases, 2 the queue (the higher flags are the caller's concern).
--- start() then asks nothing more: with no leases key the lock has no lease at all.
+-- A fast path's EXISTS naming leases once, the queue twice: flags 1 leases, 2 queue.
 local function keys_present(present)
   queue_known = present % 4 >= 2
   no_leases = present % 2 == 0
 end
 
--- What the caller learnt already of K.queue (an EXISTS it ran anyway): whether it exists.
 local function queue_present(exists)
   queue_known = exists
 end
 
--- Makes the leases key live at least `need` ms (with `slack` more when it is extended, so that
--- renewals seldom need to touch it; `fresh`: the key was just made, it has no ttl yet), and the
--- meta key at least as long as the leases key (and `keep_ms`, when given, if it is extended):
--- renew.lua extends the meta key only when it extends the leases key, so without this a lease
--- renewed before that could outlive its own record. Never shortens a key's life.
+-- `slack` more, so renewals seldom touch it; meta as long (renew.lua extends it only with it).
 local function keep_lease_keys(need, slack, fresh, keep_ms)
   local life = fresh and -2 or redis.call('PTTL', K.leases)
   if life < need then
@@ -68,38 +50,27 @@ local function keep_lease_keys(need, slack, fresh, keep_ms)
   end
 end
 
--- Creates a lease (see put_lease). Keeps the lock's keys alive at least as long as the new
--- lease, or as `life` ms when given (a lease handed to a waiter, which claims `life` on waking:
--- the claim then need not touch the keys). `first`: the lock had no lease (nil: not known, ask).
+-- `life`: a waiter's claim on waking then need not touch the keys. `first` nil: ask.
 local function new_lease(tok, mode, ttl, owner, info, now, now_us, first, keep_ms, life)
   if first == nil then
     first = lease_count() == 0
   end
   local fence, expiry = put_lease(tok, mode, ttl, owner, info, now, now_us)
   no_leases = false
-  -- The meta key (the fence mark) lives at least `keep_ms`, so it outlives a holder that died.
   life = life or ttl
   keep_lease_keys(life + GRACE_MS, life, first, keep_ms)
   return fence, expiry
 end
 
--- Tenants (parked tasks given one, see core/line.py): such a task waits in K.tenants, member
--- '<tenant id: 16 hex><priority: 8 hex, 0 highest><arrival: 15 digits><token>' (the client
--- writes the first 24 characters), so that a tenant's tasks sort by priority then arrival; the
--- queue holds one place per tenant, '#<tenant id>', scored with its turn (an arrival number).
--- When a tenant's place heads the line its first task is served and the place goes to the end
--- of the line while the tenant has tasks left: tenants take turns, one task each, however many
--- each has waiting. Waiters and tasks without a tenant keep a place each, by arrival.
+-- Tenants: K.tenants holds '<id: 16 hex><priority: 8 hex, 0 first><arrival: 15 digits><token>';
+-- the queue one place '#<id>' per tenant, which goes to the end when served: tenants take turns.
 local SLOT = '#'
 local MEMBER_LEN = 39 -- tenant id, priority and arrival: the token follows
 
--- The queue member of the place of the tenant of K.tenants member `member`.
 local function slot_of(member)
   return SLOT .. string.sub(member, 1, 16)
 end
 
--- The first task of the tenant whose place in the queue is `slot`: its member in K.tenants
--- and its token; nil if it has none.
 local function tenant_next(slot)
   local id = string.sub(slot, 2)
   local first = redis.call('ZRANGEBYLEX', K.tenants, '[' .. id, '(' .. id .. '~', 'LIMIT', 0, 1)[1]
@@ -109,15 +80,11 @@ local function tenant_next(slot)
   return nil, nil
 end
 
--- Whether the entry `tok` waits in line, with or without a tenant: its record is there while
--- it does (a tenant's task has no place of its own in the queue).
+-- (A tenant's task has no place of its own in the queue: its record says it waits.)
 local function in_line(tok)
   return redis.call('HGET', K.meta, 'q:' .. tok) ~= false
 end
 
--- `publish_ms`: for a parked task, how long the lease handed to it lasts until its hand-over
--- is published (nil for a waiter). `tenant`: a parked task's tenant id and priority (24 hex,
--- see above; nil: none). Returns the entry's arrival number and record.
 local function enqueue(tok, mode, limit, ttl, owner, info, entry_ms, publish_ms, tenant)
   local seq = redis.call('HINCRBY', K.meta, 'qseq', 1)
   local q = {m = mode, n = limit, t = ttl, o = owner, i = info, e = entry_ms}
@@ -141,11 +108,7 @@ local function enqueue(tok, mode, limit, ttl, owner, info, entry_ms, publish_ms,
   return seq, raw
 end
 
--- Puts a parked task whose hand-over was never published (its publisher died, or its lease was
--- freed first) back in line, at its old place: `raw`, its parked record, holds the only copy of
--- the task. A task with a tenant goes back among its tenant's, and the tenant's place back to
--- the turn the task was served at ('t:', unless the place is ahead of it already). Returns
--- whether it went back (false: it is in line already).
+-- A parked task never published goes back to its place (`raw`: its only copy), its tenant's too.
 local function requeue(tok, raw)
   local p = cjson.decode(raw)
   local q = cjson.decode(p.q)
@@ -176,8 +139,7 @@ local function requeue(tok, raw)
   return true
 end
 
--- `rec`: the lease's record, when the caller read it already. Returns whether a parked task
--- went back in line. (Put back before the lease's fields go: its turn is one of them.)
+-- (A parked task goes back before the fields go: its turn is one.)
 local function drop_lease(tok, rec)
   rec = rec or read_lease(tok)
   redis.call('ZREM', K.leases, tok)
@@ -187,12 +149,7 @@ local function drop_lease(tok, rec)
   return requeued
 end
 
--- `raw`: the entry's record when the caller read it already (false: it has none). `own`: the
--- mode of a plain caller's own entry (not a parked task's: their records differ), whose record
--- is the one this call's own arguments wrote (enqueue: that mode, no parked task), so it need
--- not be read; it counts as a queued writer only while it is there. `member`: a tenant's
--- task's member in K.tenants, when the caller knows it (else read from the record). Returns
--- the place of the task's tenant when the tenant has tasks left (nil otherwise).
+-- `own`: a plain caller's mode (its record need not be read). Returns the tenant's place if any.
 local function dequeue(tok, raw, own, member)
   local rest = nil
   if own then
@@ -230,12 +187,10 @@ local function dequeue(tok, raw, own, member)
   return rest
 end
 
--- Parked entries in line (they come before newcomers, fair lock or not).
 local function parked_count()
   return tonumber(redis.call('HGET', K.meta, 'qp') or '0') or 0
 end
 
--- Drops expired leases; returns whether a parked task went back in line.
 local function purge_leases(now)
   if no_leases then
     return false
@@ -248,9 +203,7 @@ local function purge_leases(now)
   return requeued
 end
 
--- Drops expired leases and waiter entries whose owner stopped refreshing them. A parked task
--- past its wait deadline leaves the line but keeps its record: it is published as expired
--- (line_sweep.lua), so that it ends with an outcome rather than vanishing.
+-- A parked task past its deadline keeps its record, to be published as expired, not vanish.
 local function purge(now)
   purge_leases(now)
   local gone = redis.call('ZRANGEBYSCORE', K.qdl, '-inf', now)
@@ -264,8 +217,6 @@ local function purge(now)
   end
 end
 
--- Purges what lapsed (waiter entries only when anyone waits: while nobody does, the meta key
--- holds no waiter to purge); returns whether anyone waits.
 local function start(now)
   if queue_exists() then
     purge(now)

@@ -1,15 +1,11 @@
--- _time.lua (a part, not a script; see scripts.py): the server's clock. Server time, never the
--- client's: the clients' clocks may disagree.
+-- _time.lua (a part, not a script; see scripts.py): server time (clients' clocks may disagree).
 -- Defines: GRACE_MS, call_ms, server_now, int.
 
--- How long a lock's keys outlive its last lease or waiter (the fence mark: far longer, `keep`).
-local GRACE_MS = 1000
+local GRACE_MS = 1000 -- the keys' life past the last lease or waiter (the fence mark's: `keep`)
 
--- The time the call read (server_now, ms): what the parts compare with when the caller does
--- not pass its time along (the end of a lock's pause, see _grant.lua).
+-- The call's time (server_now, ms), for parts not passed it (the pause's end, _grant.lua).
 local call_ms = 0
 
--- The server's TIME, in ms and in us.
 local function server_now()
   local t = redis.call('TIME')
   local s, us = tonumber(t[1]), tonumber(t[2])
@@ -17,9 +13,7 @@ local function server_now()
   return call_ms, s * 1000000 + us
 end
 
--- Numbers go to Redis as exact integers (Lua's default formatting keeps only 14 digits). A whole
--- number is written as one ('%d', a 64-bit integer here), several times cheaper than '%.0f',
--- which formats a float; anything else is rounded as before.
+-- Exact integers (Lua's default keeps 14 digits); '%d' is several times cheaper than '%.0f'.
 local function int(n)
   if n % 1 == 0 then
     return string.format('%d', n)

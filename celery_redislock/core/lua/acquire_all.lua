@@ -1,20 +1,9 @@
 -- acquire_all.lua: take a lease in each of several locks, or in none (a task's lock= list).
--- KEYS: the eight keys of each lock (see _lock.lua), lock after lock, in the order of ARGV's.
--- ARGV: 1 once ('0' | '1'; '1': an owner holding a live lease in any of the locks is refused),
---       2 owner ('' = none), 3 info (JSON object, stored as given with each lease),
---       4 job ('' = none): refused with status 2 if the first lock records it as finished,
---       5.. two per lock: the lease's token (chosen by the client, one per lock: run again
---         with them, this call answers the leases it made, never second ones) and the lock's
---         spec 'mode limit ttl fair entry keep' (see parse_spec in _lock.lua).
--- Returns 'status index ms fence expiry fence expiry ...' (one string, space-separated):
---   status 1 held: a fence and an expiry (server ms) follow for each lock, in order;
---   0 not held: lock `index` (1-based) has no room now, ms until its earliest lease lapses
---   (0: none, or it waits for its line); 2 the job is finished already; 3 the owner holds a
---   live lease in lock `index` (once = 1), with `ms` left; 4 this call ran before and its lease
---   in lock `index` is gone since: the caller gives back the others.
--- Nothing is written unless every lock has room (but for what lapsed, which any call purges):
--- a call refused holds nothing, and none waits in any line (a caller that waits asks again).
-
+-- KEYS: the eight keys of each lock (see _lock.lua), lock after lock.
+-- ARGV: 1 once ('1': refuse an owner's live lease), 2 owner, 3 info, 4 job ('' none; in the
+--   first lock), 5.. per lock: token (run again, the same leases) and spec
+-- Returns 'status index ms fence expiry ...': 1 held, fence and expiry per lock; 0 no room in lock
+--   `index` (ms to its first expiry), 3 the owner holds it; 2 job finished; 4 rerun, lease gone.
 -- #include _grant.lua
 -- #include _wait.lua
 
@@ -22,7 +11,6 @@ local once, owner, info, job = ARGV[1] == '1', ARGV[2], ARGV[3], ARGV[4]
 local count = (#ARGV - 4) / 2
 local now, now_us = server_now()
 
--- Turns the helpers to lock `i`: its keys, and nothing remembered of another lock.
 local function use(i)
   use_lock_keys((i - 1) * 8)
   promote(now)
@@ -38,10 +26,6 @@ local function spec(i)
   return parse_spec(ARGV[4 + 2 * i])
 end
 
--- This very call ran before (its reply was lost and the client sent it again): it answers the
--- leases it made. They were made together; should one be gone since (lapsed, or released by
--- hand), the call answers 4 and the client gives the others back (release.lua hands each lock
--- on as a release does).
 use(1)
 if lease_expiry(token(1)) then
   local out = {1, 0, 0}
@@ -63,9 +47,7 @@ if job ~= '' then
   end
 end
 
--- Every lock, looked at before anything is written: what lapsed goes, then whether a new
--- lease fits now as a newcomer's would in acquire.lua (free capacity; readers yield to a
--- queued writer; everyone to a parked task, and to the line of a fair lock).
+-- A new lease fits as a newcomer's in acquire.lua, in every lock before any write.
 for i = 1, count do
   use(i)
   local mode, limit, _, fair, _, keep_ms = spec(i)

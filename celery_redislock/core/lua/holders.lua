@@ -1,14 +1,11 @@
 -- holders.lua: the live leases of one lock, read atomically with the server's clock.
 -- KEYS: 1 leases, 2 meta
 -- ARGV: none
--- Returns {now ms, then for each live lease: token, expiry ms, record
---   'mode|count|fence|requests|owner', info (JSON)}.
-
+-- Returns {now ms, then per live lease: token, expiry ms, record (see _lock.lua), info (JSON)}.
 -- #include _lean.lua
 
 local now = server_now()
 local out = {now}
--- A lease taken on the fast path (see _lean.lua), in the record format of the others.
 local lean = redis.call('HMGET', KEYS[2], 'L', 'I')
 if lean[1] and lean[1] ~= '' then
   local tok, expiry, fence, count, owner, requests = parse_lean(lean[1])

@@ -1,26 +1,9 @@
--- limits.lua: what is set at runtime for a name, in its limits hash (K.limits): the rate limit's
--- rate and burst and the lock's cap, set and cleared; the lock paused and resumed (field
--- 'lock_paused': the server ms until which the lock hands out no new lease, see fits in
--- _grant.lua); or only read.
+-- limits.lua: a name's runtime rate, burst and cap; the lock's pause ('lock_paused', server ms).
 -- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants, 8 limits (see _lock.lua)
--- ARGV: 1 op: 'r' read only;
---         's' set: field, value, field, value... follow (rate, burst, cap; checked by the
---           caller);
---         'c' clear the rate, the burst and the cap (a pause of the lock stays);
---         'p' pause the lock: ARGV 2 how long (ms); a longer pause already set is kept;
---         'q' resume the lock: its pause ends now and the lock is handed on to its line as a
---           release hands it on. ARGV 2 the lock's spec (see parse_spec in _lock.lua; its
---           fairness and keep are used), 3 request id (chosen by the client: run again, the
---           call answers the first run's hand-overs; kept in the meta field 'r')
--- Returns {now ms, the end of the lock's pause (server ms; 0: not paused), rate, burst, cap
---   (as stored; nil: not set), then token, fence, expiry of each waiter or parked task a resume
---   handed the lock to (as in release.lua)}.
---
--- The hash lives as long as it says something: holding a rate, a burst or a cap, with no
--- expiry (until cleared); holding only a pause, until the pause ends (its TTL is never
--- shortened): a pause outlives no one. Run twice, each op leaves the same state (a pause run
--- again may end a few ms later, as a rate limit's does).
-
+-- ARGV: 1 op: 'r' read; 's' set: field, value...; 'c' clear rate, burst, cap; 'p' pause: 2 ms;
+--   'q' resume, handing on as a release: 2 spec, 3 request id (run twice, the same: meta 'r')
+-- Returns {now ms, pause end (0: none), rate, burst, cap, then each hand-over of a resume}.
+-- No expiry while it holds a limit; a pause alone lives until it ends (never shortened).
 -- #include _grant.lua
 
 local op = ARGV[1]
@@ -40,7 +23,6 @@ local function limits_answer(granted)
   return append({now, paused, set[1], set[2], set[3]}, granted or {})
 end
 
--- The hash, holding only a pause ending at `ends`, lives until then (never shorter).
 local function live_until(ends)
   local want = ends - now
   if redis.call('PTTL', K.limits) < want then
@@ -53,9 +35,7 @@ if op == 'r' then
 end
 
 if op == 's' then
-  -- A hash that lived only for a pause has an expiry: a limit set at runtime has none, so the
-  -- hash is written anew without it (DEL and HSET rather than PERSIST: only the commands the
-  -- docs list for ACL users).
+  -- A runtime limit has no expiry: rewritten (DEL and HSET: PERSIST is not among the ACL commands).
   if redis.call('PTTL', K.limits) >= 0 then
     local set = stored()
     local kept = {}
@@ -92,7 +72,7 @@ if op == 'p' then
   if not (set[1] or set[2] or set[3]) then
     live_until(ends)
   end
-  -- The fast path (see _lean.lua) reads the pause's end in the meta key, which lives as long.
+  -- The fast path reads the pause's end in the meta key, which lives as long.
   redis.call('HSET', K.meta, 'P', int(ends))
   if redis.call('PTTL', K.meta) < ends - now then
     redis.call('PEXPIRE', K.meta, int(ends - now))
@@ -105,8 +85,6 @@ if op == 'q' then
   local request = ARGV[3]
   local last = redis.call('HGET', K.meta, 'r')
   if last and string.sub(last, 1, #request + 1) == request .. ' ' then
-    -- This very resume ran before (its reply was lost): its hand-overs are answered again, for
-    -- the caller to wake and publish.
     local again = {}
     for item in string.gmatch(string.sub(last, #request + 2), '%S+') do
       again[#again + 1] = item
@@ -120,14 +98,10 @@ if op == 'q' then
   redis.call('HDEL', K.meta, 'P')
   promote(now)
   forget_runtime_limits()
-  -- The line does not wait for a release nor for a sweeper: the lock is handed on now, as a
-  -- release that freed capacity hands it on (parked tasks and a fair lock's waiters served in
-  -- order, or a non-fair lock's longest-blocked waiter woken).
   local granted = {}
   if start(now) or queue_exists() then
     granted = hand_on({}, now, now_us, fair, true, keep_ms)
     if #granted > 0 then
-      -- (Written as the answer's items, numbers as exact integers: reply() on a copy.)
       redis.call('HSET', K.meta, 'r', request .. ' ' .. reply(append({}, granted)))
     end
   end

@@ -1,11 +1,7 @@
--- line_drop.lua: a parked task's hand-over will never be claimed (its message was revoked, or
--- expired, and discarded): its lease goes now, rather than at the end of the hand-over window,
--- and the lock is handed on. A hand-over already claimed is left alone (a delivery runs it).
+-- line_drop.lua: a hand-over never to be claimed (message revoked or expired) goes; claimed, stays.
 -- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants (see _lock.lua)
--- ARGV: 1 the lock's spec (see parse_spec in _lock.lua), 2 the hand-over's token
--- Returns 'dropped granted...' (one string, space-separated): dropped 1 or 0, and token, fence,
---   expiry of each hand-over made (as in release.lua). Run twice, the second drops nothing.
-
+-- ARGV: 1 spec, 2 the hand-over's token
+-- Returns 'dropped granted...' (1 or 0, then hand-overs as in release.lua); dropped once.
 -- #include _grant.lua
 
 local _, _, _, fair, _, keep_ms = parse_spec(ARGV[1])

@@ -1,10 +1,7 @@
--- line_sent.lua: the hand-overs (or expiries) of these parked tasks were published: their
--- payloads go (the broker holds the task now), and each unclaimed lease handed to one lasts
--- until the task is delivered and claims it (acquire.lua) or the hand-over window ends.
+-- line_sent.lua: parked tasks published: payloads go, unclaimed leases last the hand-over window.
 -- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants (see _lock.lua)
 -- ARGV: 1 hand-over window ms, 2... the tokens published
--- Returns the number of leases extended. Run twice, it extends the same leases to the same end.
-
+-- Returns the number of leases extended. Run twice, the same leases to the same end.
 -- #include _line.lua
 
 local now = server_now()

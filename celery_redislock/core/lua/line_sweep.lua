@@ -1,14 +1,8 @@
--- line_sweep.lua: look after a lock's task line when nobody else touches the lock: purge what
--- lapsed (a hand-over whose publisher died puts its task back in line; a parked task past its
--- wait deadline leaves the line as expired) and hand free capacity to the parked tasks in order.
+-- line_sweep.lua: purge a lock's task line and hand free room to its parked tasks in order.
 -- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants (see _lock.lua)
--- ARGV: 1 the lock's spec (see parse_spec in _lock.lua)
--- Returns 'parked leases expired tokens... granted...' (one string, space-separated): the
---   parked entries left in line, the leases on the lock, the number of expired entries and
---   their tokens (to publish as expired, then line_sent.lua), and token, fence, expiry of each
---   hand-over made (as in release.lua).
--- Run twice, it hands over nothing twice: the second run finds the grants made.
-
+-- ARGV: 1 spec
+-- Returns 'parked leases expired tokens... granted...': the expired entries' tokens to publish
+--   (then line_sent.lua); hand-overs as in release.lua, never made twice.
 -- #include _grant.lua
 
 local _, _, _, fair, _, keep_ms = parse_spec(ARGV[1])

@@ -1,13 +1,7 @@
--- pending_call.lua: a call of a debounced key (unique lifecycle 'debounce'): it becomes the
--- key's pending call, or updates the pending one with its arguments (latest wins) and moves
--- its due time to `quiet` after now, but never past `max_wait` after the pending call's first.
--- KEYS: 1 pending (hash: id, first, due, payload: the pending call; s_id, s_payload, s_until,
---         s_by: the call being published, see pending_take.lua)
--- ARGV: 1 this call's id, 2 its payload (the call as its framework publishes it),
---       3 quiet ms, 4 max_wait ms ('0': none)
--- Returns {id, due ms (server time), '1' if the pending call is this call (it made it) else '0'}.
--- Run twice (a lost reply), it answers the same, its due time a few ms later.
-
+-- pending_call.lua: a debounced key's call (latest wins), due `quiet` on, by first + `max_wait`.
+-- KEYS: 1 pending (hash: id, first, due, payload; s_*: the call being published, pending_take)
+-- ARGV: 1 this call's id, 2 its payload, 3 quiet ms, 4 max_wait ms ('0': none)
+-- Returns {id, due ms, '1' if the pending call is this one else '0'}; run twice, the same.
 -- #include _time.lua
 
 local now = server_now()

@@ -1,13 +1,7 @@
--- pending_take.lua: a sweeper takes a debounced key's call that is due, to publish it: the
--- pending call becomes the call being published (s_*) for `window` ms; a later call makes a
--- new pending call meanwhile. A call being published whose window passed (its publisher died)
--- is taken again. One call of a key is published at a time, in order.
+-- pending_take.lua: take a debounced key's due call to publish (s_* for `window` ms, then retaken).
 -- KEYS: 1 pending (hash, see pending_call.lua)
--- ARGV: 1 publish window ms, 2 this take's token (a take run twice, after a lost reply, is
---       handed the same call again, not told to wait for its own window)
--- Returns {'p', id, payload}: publish it (then pending_sent.lua); {'w', ms}: look again at
---   that server time; {'n'}: nothing pending.
-
+-- ARGV: 1 publish window ms, 2 this take's token (run twice, it is handed the same call again)
+-- Returns {'p', id, payload} to publish (then pending_sent.lua), {'w', ms}: look again, {'n'}.
 -- #include _time.lua
 
 local now = server_now()

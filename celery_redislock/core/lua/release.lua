@@ -1,15 +1,9 @@
 -- release.lua: give back a lease (one reentry level, or all of it) and hand the lock on.
 -- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants, 8 limits (see _lock.lua)
--- ARGV: 1 token, 2 the lock's spec (see parse_spec in _lock.lua),
---       3 whole: '1' drops the lease whatever its reentry count (or, for a parked task's token
---         'L...' still in line, its place), '0' one level,
---       4 request id (chosen by the client: run again, the call does not count twice),
---       5 job ('' = none): record it as finished (see finish.lua) in the same step, whether or
---         not the lease was still held, 6 how long to keep that record (ms)
--- Returns 'status left granted...' (one string, space-separated): status 1 released, 0 not held
---   by this token; left the reentry count left;
---   granted is token, fence, expiry of each waiter the lock was handed to (fair mode).
-
+-- ARGV: 1 token, 2 spec, 3 whole ('1' the lease or a parked task's place, '0' one level),
+--   4 request id (run again, it counts once), 5 job ('' none): recorded finished, 6 for ms
+-- Returns 'status left granted...': 1 released, 0 not held; left the reentry count left;
+--   granted: token, fence, expiry of each waiter handed the lock (fair mode).
 -- #include _lease.lua
 
 local tok, whole, request = ARGV[1], ARGV[3] == '1', ARGV[4]
@@ -19,9 +13,7 @@ if (ARGV[5] or '') ~= '' then
   record_done(ARGV[5], tonumber(ARGV[6]), now)
 end
 
--- Gives back one level of this token's lease (its record `rec`), unless the call is `whole` or
--- the lease is held once. Returns the reentry count left while the lease stays, and whether this
--- very partial release ran before (it counts once); nil when the lease itself is to go.
+-- The reentry count left while the lease stays, and whether this ran before; nil: it goes.
 local function release_level(rec)
   if applied(rec, request) then
     return rec.c, true
@@ -35,11 +27,8 @@ local function release_level(rec)
   return nil
 end
 
--- Fast path: nobody waits, nothing is set at runtime for the name (a pause's mark must outlive
--- it: tidy sees to that), and this token holds the lock's only lease, live. Then nothing is
--- purged nor handed on, and the lease is given back in a few calls, before the other helpers
--- are even defined. The same EXISTS says which of the two keys exist (limits 2, the queue 1: it
--- counts a key once per time it is named), for the hand-over below.
+-- Fast path: no line, no runtime limits (a pause's mark must outlive it: tidy sees to that),
+-- this token's only, live lease: given back before the other helpers are defined.
 local present = redis.call('EXISTS', K.queue, K.limits, K.limits)
 if present == 0 then
   local first = redis.call('ZRANGE', K.leases, 0, 1, 'WITHSCORES')
@@ -50,8 +39,6 @@ if present == 0 then
     if left then
       return reply({1, left})
     end
-    -- As drop_lease then tidy() (_line.lua, _grant.lua) leave a lock nobody holds, in fewer
-    -- calls: only the fence mark (and the last release ids) is left, for `keep_ms`.
     redis.call('DEL', K.leases)
     redis.call('HDEL', K.meta, unpack(append(lease_fields(tok, rec), STATE_FIELDS)))
     note_released(request)
@@ -62,12 +49,8 @@ end
 
 -- #include _grant.lua
 
--- A lease the fast path took (see _lean.lua) is moved into the leases key first: this token's
--- (a release that records a job, or one sent after the layout was switched back), or another's
--- that the hand-over must see. (Not before the fast path above: a lease there means none here.)
+-- A lean lease moves to the leases key (not before the fast path: a lease there means none here).
 promote(now)
-
--- (The fast path's EXISTS said whether the line and the limits exist: not asked again.)
 limits_present(present >= 2)
 queue_present(present % 2 == 1)
 start(now)
@@ -89,7 +72,7 @@ if expiry and tonumber(expiry) > now then
 elseif was_released(request) then -- this very release ran before
   return reply({1, 0})
 elseif whole and is_parked_token(tok) and in_line(tok) then
-  -- A park whose reply was lost (the caller gave up on it): its entry leaves the line.
+  -- A park whose reply was lost (the caller gave up): its entry leaves the line.
   dequeue(tok)
   redis.call('HDEL', K.meta, 'p:' .. tok)
 end

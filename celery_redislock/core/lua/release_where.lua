@@ -1,19 +1,7 @@
--- release_where.lua: drop every lease whose owner record matches, e.g. the task id and pid of a
--- worker child that was killed and cannot release for itself, or an operator's choice of leases
--- (by token), and hand the lock on: the one way a lease is freed by someone other than its
--- holder.
+-- release_where.lua: drop the leases whose info matches (a killed child's) and hand the lock on.
 -- KEYS: 1 leases, 2 meta, 3 queue, 4 qdl, 5 wake, 6 done, 7 tenants (see _lock.lua)
--- ARGV: 1 the lock's spec (see parse_spec in _lock.lua),
---       2 match (JSON object: every field must equal the lease's info field; {} matches any),
---       3 request id (chosen by the client; '' = none),
---       4... tokens (optional): only these leases are looked at, whatever their re-entry count
---         (a token that holds no live lease, e.g. a parked task's place in line, is left alone)
--- Returns {number released, released tokens..., granted...} (granted as in release.lua).
--- Run twice with the same request id, the second run returns the first one's answer (the
--- meta field 'w' keeps the last release that freed anything: its id and answer), so that the
--- caller hands the lock to those the first run granted it to; only if another such release ran
--- on the lock in between does it find nothing left and return 0 and no tokens.
-
+-- ARGV: 1 spec, 2 match (JSON: fields the info must equal), 3 request id ('' none), 4... tokens
+-- Returns {number released, released tokens..., granted...}; run again, the first answer ('w').
 -- #include _grant.lua
 
 local _, _, _, fair, _, keep_ms = parse_spec(ARGV[1])
@@ -62,8 +50,7 @@ for _, tok in ipairs(candidates) do
 end
 local out = hand_on(append({#released}, released), now, now_us, fair, #released > 0, keep_ms)
 if request ~= '' and #released > 0 then
-  -- (The meta key exists: the leases released had their records there. Written as the
-  -- answer's items, numbers as exact integers: reply() on a copy, `out` is the answer.)
+  -- (Meta exists: the released records were there. reply() on a copy: `out` is the answer.)
   redis.call('HSET', K.meta, 'w', request .. ' ' .. reply(append({}, out)))
 end
 return out

@@ -1,19 +1,12 @@
--- renew.lua: extend many leases in one call; a lease that has expired or is gone is not revived.
--- Not built on _lock.lua: its keys are those of any number of locks (all in one cluster slot).
--- KEYS: leases and meta key of each lease, in pairs: 2i-1 leases, 2i meta
--- A lease taken on the fast path lives in its meta hash ('L', see _lean.lua): it is renewed
--- there, and the meta key made to outlive it.
+-- renew.lua: extend many leases (any locks in one cluster slot); a lapsed one is not revived.
+-- KEYS: 2i-1 leases, 2i meta of each lease (a fast-path lease is renewed in meta 'L')
 -- ARGV: 1 ttl ms (the same for every lease of the call), then the token of each lease
--- Returns one string, space-separated: each lease's new expiry (server ms), or 0 when it is lost
--- (one reply element, quicker to read than thousands).
-
+-- Returns one string (quicker to read than thousands): each new expiry (server ms), 0 if lost.
 -- #include _lean.lua
 
 local now = server_now()
 local ttl = tonumber(ARGV[1])
--- Keys are given a ttl of slack beyond the lease, so most renewals need not touch them; the meta
--- key outlives the leases key (keep_lease_keys in _lease.lua), so it is looked at only when the
--- leases key is extended.
+-- A ttl of slack, so most renewals need not touch the keys; meta outlives the leases key.
 local keep = ttl
 local out = {}
 for i = 1, #ARGV - 1 do
