@@ -18,7 +18,8 @@ kernel do is not counted.
      script (``SET NX PX`` and an ``INCR``, then a compare-and-delete; ``celery_overhead.py``'s
      fenced floor);
    * ``celery_redislock``: ``lock=`` on a key made from the arguments (a lock per call), the
-     settings read once as in a worker.
+     settings read once as in a worker; ``celery_redislock_lean``: the same in a namespace
+     whose layout is ``lean``.
 2. **One uncontended acquire+release pair** on one name (``lock_core.py``'s locks): ours,
    ours in a namespace whose layout is ``lean`` (``core/layout.py``), redis-py's ``Lock``,
    python-redis-lock, the fenced floor (``SET NX PX`` and an ``INCR`` in
@@ -62,7 +63,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import base_parser, delete_keys, redis_target, section  # noqa: E402
 
-CELERY = ("plain", "floor", "floor_fenced", "celery_redislock")
+CELERY = ("plain", "floor", "floor_fenced", "celery_redislock", "celery_redislock_lean")
 PAIRS = (
     "celery_redislock",
     "celery_redislock_lean",
@@ -99,10 +100,17 @@ def _celery_call(variant: str, url: str) -> Callable[[int], None]:
 
     app = Celery(f"instr_{variant}", broker=url, backend=url, set_as_current=False)
     options: dict[str, Any] = {}
-    if variant == "celery_redislock":
+    if variant in ("celery_redislock", "celery_redislock_lean"):
         app.conf.redislock_url = url
         celery_redislock.install(app)
         options = {"lock": {"key": "instr:{run}:{i}"}}
+        if variant == "celery_redislock_lean":
+            import redis
+
+            from celery_redislock.core import layout
+
+            app.conf.redislock_namespace = namespace = f"instr-lean-{RUN}"
+            layout.set_layout(redis.Redis.from_url(url), namespace, "lean")
     elif variant == "floor":
         options = {"base": WorkerRoundTrips, "floor_url": url}
     elif variant == "floor_fenced":
