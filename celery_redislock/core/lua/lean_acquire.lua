@@ -54,8 +54,11 @@ if raw and raw ~= '' then
       return '1 ' .. ltok .. ' ' .. lfence .. ' ' .. int(expiry) .. ' ' .. count .. ' 0 w'
     end
     if string.sub(flags, 1, 1) == '1' then -- a waiter's place: the latest deadline, never lowered
-      local deadline = now + tonumber(entry_ms)
-      if not s[7] or tonumber(s[7]) < deadline then
+      -- Written again only once a third of a place's life has passed since: a waiter looks
+      -- again within that third, so every place still lives two thirds when it does.
+      entry_ms = tonumber(entry_ms)
+      local deadline = now + entry_ms
+      if not s[7] or tonumber(s[7]) < deadline - math.floor(entry_ms / 3) then
         redis.call('HSET', KEYS[1], 'Q', string.format('%d', deadline))
       end
     end
