@@ -118,5 +118,5 @@ def test_lock_max_retries_and_the_default_max_hold(
     def past_max_hold() -> list[str]:
         return [line for line in worker.log().splitlines() if "reached its maximum hold" in line]
 
-    wait_for(lambda: len(past_max_hold()) == 2, "two leases logged past their maximum hold", 5)
+    wait_for(lambda: len(past_max_hold()) == 2, "two leases logged past their maximum hold", 30)
     assert not [line for line in past_max_hold() if "'hold:task'" in line]

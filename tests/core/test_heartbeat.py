@@ -348,7 +348,7 @@ def test_renewal_failing_for_a_while_is_logged_once_summed_up_and_once_recovered
             assert proxy.faults - tries >= 3, "renewal was not retried meanwhile"
             assert len(said()) == 2, said()  # the first failure and one summary
             proxy.heal()
-            wait_for(lambda: any("works again" in m for m in said()), "the recovery logged", 5)
+            wait_for(lambda: any("works again" in m for m in said()), "the recovery logged", 30)
             where = f"redis://127.0.0.1:{proxy.port}/0"
             first, summary, recovered = said()
             assert first.startswith(f"lease renewal on {where} failed, retrying: ")

@@ -176,7 +176,7 @@ def test_tasks_leave_their_tenant_when_dropped_or_expired(client: redis.Redis) -
     assert isinstance(late, Parked)
     _park(lock, "c0", "C")
     assert drop_hand_over(lock, b0.token)  # revoked while in line
-    wait_for(lambda: sweep(lock).parked == 2, "b-late past its wait", timeout=5)
+    wait_for(lambda: sweep(lock).parked == 2, "b-late past its wait", timeout=30)
     assert publisher.payloads == ["b-late"]  # published as expired, not handed the lock
     assert client.zscore(lock.keys.all[2], "#" + tenant_key("B")[:16]) is None
     assert client.zcard(lock.keys.tenants) == 2
