@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ..errors import LockBackendError
+from .confirmations import Confirmation, confirmations
 from .keys import LockKeys
 from .protocol import (
     ClaimArgs,
@@ -131,19 +132,15 @@ def publish_claimed(
     it is a duplicate, then confirms the claim for its whole ``lifetime``. Until then the claim
     lasts at most ``window`` seconds (if its reply and its give-up are both lost, the key must
     not name an unpublished message for long). Returns the claim's answer and what ``publish``
-    returned (``None`` for a duplicate). A backend error of the claim is raised after the claim
+    returned (``None`` for a duplicate). The confirmation is sent off the caller's path (see
+    :mod:`.confirmations`). A backend error of the claim is raised after the claim
     it may have written was given up; ``what`` names the call in log lines."""
     pending = min(lifetime, window)
+    keys, args = claim_call(namespace, name, task_id, pending, kind, running_counts)
     try:
-        found = claim(
-            client,
-            namespace,
-            name,
-            task_id=task_id,
-            lifetime=pending,
-            kind=kind,
-            running_counts=running_counts,
-        )
+        with backend_errors(name):
+            # (this process's unsent confirmations go in the same round trip, ahead of it)
+            found = ClaimReply.decode(confirmations.claim(client, keys, args))
     except LockBackendError:
         # The claim may have been written before its reply was lost: give it up, or later
         # calls would be handed a task that was never published (the window bounds it if the
@@ -159,27 +156,12 @@ def publish_claimed(
         _give_up(client, namespace, name, task_id, what, "a failed publish", logging.WARNING)
         raise
     if lifetime > pending:
-        try:
-            claim(
-                client,
-                namespace,
-                name,
-                task_id=task_id,
-                lifetime=lifetime,
-                kind=ClaimKind.CONFIRM,
-                running_counts=running_counts,
-            )
-        except LockBackendError as exc:
-            log.warning(
-                "%s published; its unique key %r lapses %.0fs after the publish instead of "
-                "%.0fs (the claim could not be extended): a duplicate call after that is "
-                "published too, and only the newer copy runs: %s",
-                what,
-                name,
-                pending,
-                lifetime,
-                exc,
-            )
+        # Off the caller's path (see confirmations.py): sent within a few ms, or with this
+        # process's next claim.
+        keys, args = claim_call(
+            namespace, name, task_id, lifetime, ClaimKind.CONFIRM, running_counts
+        )
+        confirmations.add(Confirmation(client, keys, args, name, what, pending, lifetime))
     return found, result
 
 
