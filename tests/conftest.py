@@ -30,6 +30,7 @@ from workers import Worker
 
 from celery_redislock import Heartbeat
 from celery_redislock.contrib.redis_server import RedisServer, embedded_binary
+from celery_redislock.core import confirmations
 
 
 def _binaries() -> dict[str, str]:
@@ -355,6 +356,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         burner.kill()
         burner.wait()
     _BURNERS.clear()
+
+
+@pytest.fixture
+def held_back(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Confirmations wait for the next claim, or a flush: the thread stays out of the test."""
+    monkeypatch.setattr(confirmations, "LINGER", 60.0)
+    yield
+    confirmations.confirmations.flush()
+    monkeypatch.undo()
+    with confirmations.confirmations.cond:
+        confirmations.confirmations.cond.notify_all()  # (a thread waiting 60 s looks again now)
 
 
 @pytest.fixture(scope="session", params=sorted(BINARIES))

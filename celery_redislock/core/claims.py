@@ -83,6 +83,8 @@ def claim_call(
         running_counts=running_counts,
         parked_as=parked_as,
     )
+    if kind is ClaimKind.CONFIRM:  # (it reads the claim alone: no run lock keys to pack)
+        return [keys.queued, keys.replaced], args.encode()
     return [keys.queued, keys.replaced, *keys.all], args.encode()
 
 

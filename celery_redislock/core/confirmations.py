@@ -3,10 +3,10 @@
 A claim lasts the short publish window until its message is known to be published; then a
 confirmation extends it to its lifetime (see :func:`.claims.publish_claimed`). The caller does
 not wait for that round trip: the confirmation is handed to this process's confirmations, which
-send it within ``LINGER`` seconds from a thread, or sooner, ahead of this process's next claim
-on the same client and in its round trip (one pipeline). A publisher that calls ``.delay()`` in
-a loop so pays one round trip per call; one that calls it twice with the same key sees its first
-claim confirmed when its second is decided.
+send it from a thread within two ``LINGER`` (a few milliseconds), or sooner, ahead of this
+process's next claim on the same client and in its round trip (one pipeline). A publisher that
+calls ``.delay()`` in a loop so pays one round trip per call; one that calls it twice with the
+same key sees its first claim confirmed when its second is decided.
 
 A confirmation is safe to send twice and never claims (the copy may have started and given the
 claim up already). One that fails is logged, as a synchronous one was: the claim lapses with the
@@ -32,13 +32,16 @@ from redis.exceptions import NoScriptError
 from .forkguard import FORK_GUARD
 from .scripts import run, script
 
-__all__ = ["LINGER", "Confirmation", "confirmations"]
+__all__ = ["IDLE", "LINGER", "Confirmation", "confirmations"]
 
 log = logging.getLogger(__name__)
 
 LINGER = 0.005
 """Seconds a confirmation waits for this process's next claim (whose round trip it then shares)
 before the thread sends it alone."""
+
+IDLE = 1.0
+"""Seconds the thread waits with nothing to send before it ends."""
 
 _SCRIPT = "unique_claim"
 
@@ -80,17 +83,19 @@ class Confirmations:
         self.cond = threading.Condition()
         self.sending = threading.Lock()  # held while a batch is taken and sent: order kept
         self.running = False
+        self.oldest_at = 0.0  # (time.monotonic()) when the oldest unsent one came
 
     def add(self, confirmation: Confirmation) -> None:
         """Sends ``confirmation`` soon (see the module)."""
         with self.cond:
+            if not self.pending:
+                self.oldest_at = time.monotonic()
             self.pending.append(confirmation)
-            if not self.running:
+            if not self.running:  # (no wake-up for a running thread: it looks every LINGER)
                 self.running = True
                 threading.Thread(
                     target=self._run_thread, name="redislock-confirm", daemon=True
                 ).start()
-            self.cond.notify()
 
     def claim(self, client: Any, keys: Sequence[str], args: Sequence[str]) -> Any:
         """Runs the claim ``keys``/``args`` on ``client``, with this process's unsent
@@ -127,20 +132,11 @@ class Confirmations:
                 due = [c for c in self.pending if c.client is client]
                 if due:
                     self.pending = [c for c in self.pending if c.client is not client]
-            if due and not self.pending:
-                self.cond.notify()  # (the thread, waiting for none left, ends)
             return due
 
     def _give_back(self, due: list[Confirmation]) -> None:
-        with self.cond:
-            self.pending[:0] = due
-            if self.running:
-                self.cond.notify()
-            else:
-                self.running = True
-                threading.Thread(
-                    target=self._run_thread, name="redislock-confirm", daemon=True
-                ).start()
+        for confirmation in due:
+            self.add(confirmation)
 
     def _run_thread(self) -> None:
         try:
@@ -151,18 +147,22 @@ class Confirmations:
                 self.running = False
 
     def _run(self) -> None:
+        # It looks every LINGER rather than being woken by each confirmation (a publisher's loop
+        # would pay a thread switch per call), and ends after IDLE seconds with nothing to send.
+        quiet_since = time.monotonic()
         while True:
             with self.cond:
-                # A claim made meanwhile by this process carries them in its round trip; the
-                # thread ends once nothing is left.
-                due_at = time.monotonic() + LINGER
-                while self.pending and (left := due_at - time.monotonic()) > 0:
-                    self.cond.wait(left)
-                if not self.pending:
+                self.cond.wait(LINGER)
+                now = time.monotonic()
+                due = bool(self.pending) and now - self.oldest_at >= LINGER
+                if self.pending:
+                    quiet_since = now
+                elif now - quiet_since >= IDLE:
                     self.running = False
                     return
-            with FORK_GUARD.held(), self.sending:  # (no fork copies a pool lock taken here)
-                self._send(self._take(None))
+            if due:
+                with FORK_GUARD.held(), self.sending:  # (no fork copies a pool lock taken here)
+                    self._send(self._take(None))
 
     def _send(self, due: list[Confirmation]) -> None:
         by_client: dict[int, list[Confirmation]] = {}

@@ -14,7 +14,6 @@ import redis
 from helpers import wait_for
 
 from celery_redislock.contrib.redis_server import RedisServer
-from celery_redislock.core import confirmations as confirmations_module
 from celery_redislock.core.claims import ClaimKind, publish_claimed
 from celery_redislock.core.confirmations import confirmations
 from celery_redislock.core.keys import LockKeys
@@ -50,9 +49,8 @@ def test_the_confirmation_follows_the_call_from_a_thread(client: redis.Redis) ->
 
 
 def test_the_next_claim_carries_the_unsent_confirmations_in_its_round_trip(
-    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    client: redis.Redis, held_back: None
 ) -> None:
-    monkeypatch.setattr(confirmations_module, "LINGER", 30.0)  # the thread stays out of it
     _publish(client, "conf:first", "t-1")
     assert _left_ms(client, "conf:first") <= WINDOW * 1000, "not confirmed yet"
     before = client.info("commandstats")["cmdstat_evalsha"]["calls"]
@@ -66,9 +64,8 @@ def test_the_next_claim_carries_the_unsent_confirmations_in_its_round_trip(
 
 
 def test_a_duplicate_from_the_same_process_sees_the_confirmed_lifetime(
-    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    client: redis.Redis, held_back: None
 ) -> None:
-    monkeypatch.setattr(confirmations_module, "LINGER", 30.0)
     _publish(client, "conf:dup", "t-1")
     found, result = publish_claimed(
         client,
@@ -134,9 +131,8 @@ def test_a_process_killed_before_its_confirmation_leaves_the_claim_to_the_window
 
 
 def test_a_forked_child_does_not_send_its_parents_confirmations(
-    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    client: redis.Redis, held_back: None
 ) -> None:
-    monkeypatch.setattr(confirmations_module, "LINGER", 30.0)
     _publish(client, "conf:fork", "t-1")
     pid = os.fork()
     if pid == 0:  # the child: nothing of the parent's to send
@@ -149,9 +145,8 @@ def test_a_forked_child_does_not_send_its_parents_confirmations(
 
 
 def test_a_confirmation_that_fails_is_logged(
-    own_server: RedisServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    own_server: RedisServer, held_back: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(confirmations_module, "LINGER", 30.0)
     client = redis.Redis.from_url(own_server.url, socket_connect_timeout=0.5)
     _publish(client, "conf:lost", "t-1")
     own_server.stop()  # Redis gone before the confirmation left

@@ -515,12 +515,38 @@ def test_unique_claim_retried_after_its_reply_was_lost_publishes_once(
     lock_proxy.drop_replies(1, command="EVALSHA")
     job = lockapp.unique_finished.apply_async(("retried",), task_id="claimed-twice")
     assert job.id == "claimed-twice"
-    assert sent() == 3 and lock_proxy.faults == 1, "the claim script ran twice, then confirmed"
+    assert lock_proxy.faults == 1
+    # (the confirmation leaves after the call returns: within a few ms)
+    wait_for(lambda: sent() == 3, "the claim script ran twice, then the confirmation")
     assert _claim(lockapp, "retried") == b"claimed-twice"
     assert lockapp.r.llen("celery") == 1, "published once"
     # The key is held by that very task: the next call is its duplicate.
     assert lockapp.unique_finished.delay("retried").id == "claimed-twice"
     assert lockapp.r.llen("celery") == 1
+
+
+def test_a_claim_carrying_a_confirmation_retried_after_its_reply_was_lost_publishes_once(
+    lockapp: ModuleType,
+    lock_proxy: FaultProxy,
+    producer: Callable[[int], None],
+    held_back: None,
+) -> None:
+    """The round trip of a claim that carries the previous call's confirmation (one pipeline)
+    loses its reply and redis-py sends it again: both scripts run twice; the first call's
+    claim is confirmed, the second call claims its key once and is published once."""
+    producer(1)
+    first = lockapp.unique_finished.delay("carried-1")
+    key = LockKeys.of("redislock", "fin:carried-1").queued
+    assert lockapp.r.pttl(key) <= 30_000, "not confirmed yet"
+    sent = _evalsha_sent(lock_proxy)
+    lock_proxy.drop_replies(1, command="EVALSHA")
+    second = lockapp.unique_finished.delay("carried-2")
+    assert sent() == 4 and lock_proxy.faults == 1, "the confirmation and the claim, twice"
+    assert lockapp.r.pttl(key) > 500_000, "the first call's claim lasts its lifetime"
+    assert _claim(lockapp, "carried-1") == first.id.encode()
+    assert _claim(lockapp, "carried-2") == second.id.encode()
+    assert lockapp.r.llen("celery") == 2, "each published once"
+    assert lockapp.unique_finished.delay("carried-2").id == second.id
 
 
 def test_lock_proxy_setup_reaches_redis_through_the_proxy(
@@ -531,6 +557,6 @@ def test_lock_proxy_setup_reaches_redis_through_the_proxy(
     producer(0)
     sent = _evalsha_sent(lock_proxy)
     job = lockapp.unique_finished.delay("premise")
-    assert sent() == 2, "the claim, and its confirmation once published"
+    wait_for(lambda: sent() == 2, "the claim, and its confirmation once published")
     assert _claim(lockapp, "premise") == job.id.encode()
     assert lockapp.r.llen("celery") == 1

@@ -1,5 +1,6 @@
 -- unique_claim.lua: claim a unique task's key as its message is published.
 -- KEYS: 1 queued (the claim, see _claim.lua), 2 replaced (set: ids not to run), 3-10 run lock
+--   (none for a confirm)
 -- ARGV: 1 task id, 2 lifetime ms, 3 kind: 'n' new, 'x' new replacing a queued holder, 'k' also
 --   cancelling a running one, 'r' re-publish, 'c' confirm a publish (never claims: the copy may
 --   have started and given it up); 4 '1': a running copy is a duplicate; 5 ('r') parked token
