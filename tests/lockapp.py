@@ -55,6 +55,8 @@ if os.environ.get("LOCKAPP_LOCK_URL"):
     app.conf.redislock_url = os.environ["LOCKAPP_LOCK_URL"]
 if os.environ.get("LOCKAPP_SWEEP_INTERVAL"):
     app.conf.redislock_line_sweep_interval = float(os.environ["LOCKAPP_SWEEP_INTERVAL"])
+if os.environ.get("LOCKAPP_MAX_TASKS_PER_CHILD"):
+    app.conf.worker_max_tasks_per_child = int(os.environ["LOCKAPP_MAX_TASKS_PER_CHILD"])
 if os.environ.get("LOCKAPP_LOG_FORMAT"):  # e.g. with each line's level and logger
     app.conf.worker_log_format = os.environ["LOCKAPP_LOG_FORMAT"]
 r = redis.Redis.from_url(URL)
@@ -299,6 +301,12 @@ def unique_finished(
     self: Any, name: str, seconds: float = 0.0, retry_countdown: float | None = None
 ) -> str:
     return _unique_run(self, name, seconds, retry_countdown)
+
+
+@app.task
+def publish_unique(name: str) -> str:
+    """Publishes ``unique_finished(name)`` to a queue no worker reads; its id."""
+    return str(unique_finished.apply_async((name,), queue="nobody").id)
 
 
 @app.task(bind=True, unique={"lifecycle": "until_started", "key": "start:{name}"})

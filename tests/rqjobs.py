@@ -80,6 +80,15 @@ def report(day: str, seconds: float = 0.5) -> str:
     return _run("report", day, seconds)
 
 
+def enqueue_report(day: str) -> str:
+    """Enqueues ``report(day)`` through a ``UniqueQueue`` from inside a work horse."""
+    from celery_redislock.integrations.rq import UniqueQueue
+
+    job = get_current_job()
+    assert job is not None
+    return str(UniqueQueue("later", connection=job.connection).enqueue(report, day).id)
+
+
 @locked(unique={"lifecycle": "until_started", "on_duplicate": "raise"})
 def refresh(day: str) -> str:
     return _run("refresh", day)

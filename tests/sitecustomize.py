@@ -2,6 +2,8 @@
 its path (the workers the tests start; conftest imports it for pytest's own) lets every lock take
 the fast path where it may, whatever its namespace's layout key says. Unset, nothing changes.
 
+``REDISLOCK_TEST_CONFIRM_LINGER``: see :func:`hold_back_confirmations`.
+
 Python imports a ``sitecustomize`` module found on the path as it starts (the ``site`` module)."""
 
 from __future__ import annotations
@@ -30,4 +32,16 @@ def force_layout() -> None:
     store.lean_allowed_async = allowed_async  # type: ignore[assignment]
 
 
+def hold_back_confirmations() -> None:
+    """``REDISLOCK_TEST_CONFIRM_LINGER=60``: a unique claim's confirmation waits that long for
+    the process's next claim (or its end): a test sees which ending of a worker process sends
+    what is left."""
+    linger = os.environ.get("REDISLOCK_TEST_CONFIRM_LINGER")
+    if linger:
+        from celery_redislock.core import confirmations
+
+        confirmations.LINGER = float(linger)
+
+
 force_layout()
+hold_back_confirmations()

@@ -588,3 +588,21 @@ def test_a_lost_claim_and_the_same_call_again_run_once(
         began = [float(t) for t in lockapp.r.lrange(f"started-at:{key}", 0, -1)]
         ended = [float(t) for t in lockapp.r.lrange(f"ended-at:{key}", 0, -1)]
         assert ended[0] <= began[1], f"{key}: the two copies ran at once"
+
+
+def test_a_pool_child_that_ends_sends_the_confirmations_it_holds(
+    lockapp: ModuleType, workers: Callable[..., Worker]
+) -> None:
+    """A pool child ends with os._exit, which runs no exit handler: a unique task it published
+    has its claim confirmed as the child ends (``worker_process_shutdown``), not left to the
+    confirmation thread (held back here for 60 s)."""
+    workers(
+        name="w1",
+        concurrency=1,
+        env={"LOCKAPP_MAX_TASKS_PER_CHILD": "1", "REDISLOCK_TEST_CONFIRM_LINGER": "60"},
+    )
+    published = lockapp.publish_unique.delay("from-child").get(timeout=60)
+    key = claim_key("fin:from-child")
+    assert lockapp.r.get(key) == published.encode()
+    # The child ends after its one task: its confirmation goes with it, well within 60 s.
+    wait_for(lambda: lockapp.r.pttl(key) > 30_000, "the claim confirmed as the child ended", 30)

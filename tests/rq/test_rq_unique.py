@@ -71,6 +71,18 @@ def test_a_running_copy_is_returned_until_it_finishes(rq_conn, rq_workers):
     assert len(spans(rq_conn, "report")) == 2
 
 
+def test_a_job_enqueued_from_a_work_horse_is_confirmed_before_the_horse_ends(rq_conn, rq_workers):
+    """A work horse ends with os._exit, which runs no exit handler: a unique job it enqueued
+    has its claim confirmed before the enqueue returns there, not left to the confirmation
+    thread (held back here for 60 s)."""
+    rq_workers(name="w0", env={"REDISLOCK_TEST_CONFIRM_LINGER": "60"})
+    parent = Queue("default", connection=rq_conn).enqueue(rqjobs.enqueue_report, "from-horse")
+    assert wait_ended([parent]) == ["finished"]
+    (claim,) = rq_conn.scan_iter(match="*report*:queued")
+    assert rq_conn.get(claim).decode() == parent.return_value()
+    assert rq_conn.pttl(claim) > 30_000, "confirmed: it lasts its lifetime, not the window"
+
+
 def test_every_way_into_the_queue_is_checked(rq_conn):
     q = UniqueQueue("default", connection=rq_conn)
     first = q.enqueue(rqjobs.report, "w")

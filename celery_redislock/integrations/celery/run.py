@@ -18,6 +18,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from kombu.utils.json import dumps, loads
 
 from ...core import outcomes
+from ...core.confirmations import confirmations
 from ...core.line import Handed, Handover
 from ...core.lock import Lock
 from ...core.run import (
@@ -419,13 +420,16 @@ def end_run(task: LockAware, task_id: str, args: Any, kwargs: Any, state: str | 
 
 
 def release_all_held(**_: Any) -> None:
-    """Releases every lease this process's tasks hold (``worker_process_shutdown``)."""
+    """Releases every lease this process's tasks hold, and sends the unique claims'
+    confirmations it has not sent yet (``worker_process_shutdown``: a pool child ends with
+    ``os._exit``, which runs no exit handler)."""
     with _HELD.guard:
         runs = list(_HELD.runs)
         _HELD.runs.clear()
     for run in runs:
         run.release(False)
     keepers_release_all()
+    confirmations.flush()
 
 
 def end_claim(task: LockAware, task_id: str, args: Any, kwargs: Any) -> None:

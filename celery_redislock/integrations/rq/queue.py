@@ -8,10 +8,11 @@ import datetime as dt
 import logging
 from typing import Any
 
-from rq import Queue
+from rq import Queue, get_current_job
 from rq.command import send_stop_job_command
 from rq.exceptions import NoSuchJobError
 
+from ...core.confirmations import confirmations
 from ...core.run.send import Duplicate, Sender, send_unique
 from ._compat import Job
 from .debounce import keep_deferred, payload
@@ -82,6 +83,9 @@ class UniqueQueue(Queue):
             stop=self._stop,
             encode=lambda: payload(job, self.serializer),
         )
+        if get_current_job() is not None:
+            # In a work horse, which ends with os._exit (no exit handler runs): confirmed now.
+            confirmations.flush()
         if isinstance(sent, Duplicate):
             if debounced and sent.holder != job.id:
                 job.delete()  # folded into the pending job: this one is never enqueued
