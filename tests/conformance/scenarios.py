@@ -114,7 +114,9 @@ JOBS: dict[str, Job] = {
     # answered after the lease's last second on a busy machine took it for lost: the copy ran.)
     "redelivered": Job(lock=_lock(ttl=9), acks_late=True),
     "plain": Job(lock=_lock()),
-    "renewed_often": Job(lock=_lock(ttl=1)),  # renewed every 1/3 s: a loss is seen at once
+    # ttl 6, renewed every 2 s: the forced release comes first. (With ttl 1, renewals late by a
+    # second on a busy machine let the lease lapse before the release that was to take it.)
+    "renewed_often": Job(lock=_lock(ttl=6)),
     "reader": Job(lock=_lock(mode="read", on_conflict="skip")),
     "cap2": Job(lock=_lock(limit=2, on_conflict="skip")),
     "per_host": Job(lock=_lock(scope="host", on_conflict="skip")),
