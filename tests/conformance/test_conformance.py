@@ -567,9 +567,21 @@ def _two_in_a_row(adapter: Adapter, row: Scenario, key: str) -> tuple[str, str]:
 
 
 def rate_costs(adapter: Adapter, row: Scenario, key: str) -> Expect:
-    """Each call costs 30 units (its cost function's answer), a full bucket: the second waits
-    for 30 units at 10 a second. The run saw its cost (``current_rate()``)."""
-    _, second = _two_in_a_row(adapter, row, key)
+    """Each call costs 30 units (its cost function's answer), a full bucket: of two calls sent
+    together, one waits for 30 units at 10 a second. The run saw its cost (``current_rate()``).
+    (Sent once the first had ended, the second found the bucket full again whenever a busy
+    machine took 3 s over the first.)"""
+    calls = (adapter.send(row.job, key), adapter.send(row.job, key))
+    wait_for(
+        lambda: any("rate" in adapter.actions(c) for c in calls), "one of two to wait", DEADLINE_S
+    )
+    second = next(c for c in calls if "rate" in adapter.actions(c))
+    first = next(c for c in calls if c != second)
+    settle(adapter, first)
+    settle(adapter, second)
+    assert "rate" not in adapter.actions(first)
+    starts = adapter.started_at(key)
+    assert len(starts) == 2 and starts[1] - starts[0] >= row.params["gap"] * 0.8, starts
     assert adapter.marks.lrange(f"rate-cost:{key}", 0, -1) == [b"30.0", b"30.0"]
     return observe(adapter, row, key, second)
 
