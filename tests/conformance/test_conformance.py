@@ -733,6 +733,10 @@ def rate_set_live(adapter: Adapter, row: Scenario, key: str) -> Expect:
 def copy_of_finished(adapter: Adapter, row: Scenario, key: str) -> Expect:
     run_id = adapter.send(row.job, key)
     settle(adapter, run_id)
+    # Its result is stored before its lease is given back: the copy goes once both are done.
+    # (Sent at once, a copy on a busy machine found the first's lease still held: it awaited.)
+    name = lock_name(row, key)
+    wait_for(lambda: not adapter.lock(name).locked(), "the first's lease given back", DEADLINE_S)
     adapter.send_copy(row.job, key, run_id)
     wait_for(
         lambda: "drop" in adapter.actions(run_id) or adapter.runs(key) > 1,
