@@ -403,7 +403,8 @@ SCENARIOS: list[Scenario] = [
         "queue",
         "lock_paused_by_a_run",
         Expect("ran", 2, actions("queue"), log=PAUSED_PARKED, lease=HELD),
-        params={"gap": 2.0},
+        # 6 s: the pause outlasts the first run's end and the second's delivery on a busy machine.
+        params={"gap": 6.0},
     ),
     # -- several locks, all or nothing (lock= as a list) -----------------------------------------
     Scenario(

@@ -408,6 +408,9 @@ def duplicate_while_running(adapter: Adapter, row: Scenario, key: str) -> Expect
 def send_after_finished(adapter: Adapter, row: Scenario, key: str) -> Expect:
     first = adapter.send(row.job, key)
     ended = settle(adapter, first)
+    # Its result is stored before its lease (and key) are given back: "finished" is both.
+    name = lock_name(row, key)
+    wait_for(lambda: not adapter.lock(name).locked(), "the first's lease given back", DEADLINE_S)
     sent = str(uuid.uuid4())
     second = adapter.send(row.job, key, run_id=sent)
     settle(adapter, second)
@@ -543,10 +546,18 @@ def cancel_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
 
 
 def rate_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
-    first = adapter.send(row.job, key)
+    """Two calls go out together: one takes the slot, the other finds the limit full. (Sent
+    once the first had ended, the second found a free slot whenever a busy machine took the
+    rate's period over the first.)"""
+    calls = (adapter.send(row.job, key), adapter.send(row.job, key))
+    wait_for(
+        lambda: any("rate" in adapter.actions(c) for c in calls), "one of two to wait", DEADLINE_S
+    )
+    second = next(c for c in calls if "rate" in adapter.actions(c))
+    first = next(c for c in calls if c != second)
     settle(adapter, first)
-    second = adapter.send(row.job, key)
     settle(adapter, second)
+    assert "rate" not in adapter.actions(first)
     starts = adapter.started_at(key)
     if len(starts) == 2:  # never two starts within the rate's period
         assert starts[1] - starts[0] >= row.params["per"] * 0.8, starts
