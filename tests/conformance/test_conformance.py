@@ -545,16 +545,21 @@ def cancel_running(adapter: Adapter, row: Scenario, key: str) -> Expect:
     return dataclasses.replace(observed, actions=observed.actions - {"retry"})
 
 
-def rate_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
-    """Two calls go out together: one takes the slot, the other finds the limit full. (Sent
-    once the first had ended, the second found a free slot whenever a busy machine took the
-    rate's period over the first.)"""
+def _together(adapter: Adapter, row: Scenario, key: str) -> tuple[str, str]:
+    """Sends two calls at once, and waits until one of them waits for its rate slot: (the one
+    that went on, the one that waits). Sent one after the other's end, the second found a free
+    slot whenever a busy machine took the rate's period over the first."""
     calls = (adapter.send(row.job, key), adapter.send(row.job, key))
     wait_for(
         lambda: any("rate" in adapter.actions(c) for c in calls), "one of two to wait", DEADLINE_S
     )
     second = next(c for c in calls if "rate" in adapter.actions(c))
-    first = next(c for c in calls if c != second)
+    return next(c for c in calls if c != second), second
+
+
+def rate_full(adapter: Adapter, row: Scenario, key: str) -> Expect:
+    """Two calls go out together: one takes the slot, the other finds the limit full."""
+    first, second = _together(adapter, row, key)
     settle(adapter, first)
     settle(adapter, second)
     assert "rate" not in adapter.actions(first)
@@ -579,15 +584,8 @@ def _two_in_a_row(adapter: Adapter, row: Scenario, key: str) -> tuple[str, str]:
 
 def rate_costs(adapter: Adapter, row: Scenario, key: str) -> Expect:
     """Each call costs 30 units (its cost function's answer), a full bucket: of two calls sent
-    together, one waits for 30 units at 10 a second. The run saw its cost (``current_rate()``).
-    (Sent once the first had ended, the second found the bucket full again whenever a busy
-    machine took 3 s over the first.)"""
-    calls = (adapter.send(row.job, key), adapter.send(row.job, key))
-    wait_for(
-        lambda: any("rate" in adapter.actions(c) for c in calls), "one of two to wait", DEADLINE_S
-    )
-    second = next(c for c in calls if "rate" in adapter.actions(c))
-    first = next(c for c in calls if c != second)
+    together, one waits for 30 units at 10 a second. The run saw its cost (``current_rate()``)."""
+    first, second = _together(adapter, row, key)
     settle(adapter, first)
     settle(adapter, second)
     assert "rate" not in adapter.actions(first)
@@ -623,14 +621,7 @@ def rate_several(adapter: Adapter, row: Scenario, key: str) -> Expect:
     tenant's slot; tenant B's call, sent after it, starts at once: A's wait holds no room in
     the shared limit."""
     # A's two calls go out together: one takes its tenant's slot, the other waits for the next.
-    # (Sent once the first had ended, the second found the slot free again whenever a busy
-    # machine took 3 s over the first.)
-    calls = (adapter.send(row.job, key), adapter.send(row.job, key))
-    wait_for(
-        lambda: any("rate" in adapter.actions(c) for c in calls), "one of A's to wait", DEADLINE_S
-    )
-    second = next(c for c in calls if "rate" in adapter.actions(c))
-    first = next(c for c in calls if c != second)
+    first, second = _together(adapter, row, key)
     other = adapter.send(row.job, key, 0.001)
     settle(adapter, first)
     settle(adapter, other)
