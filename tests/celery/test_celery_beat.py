@@ -18,7 +18,7 @@ import pytest
 import redis
 from beatcheck import TESTS, Beat, chains, leader_pid, sent, skips
 from celery import Celery
-from helpers import wait_for
+from helpers import STARTED_WORKERS, wait_for
 
 from celery_redislock import LeaderScheduler, LockConfigError
 from celery_redislock.contrib.redis_server import RedisServer
@@ -37,9 +37,13 @@ def beat_redis() -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def beats(beat_redis: redis.Redis, tmp_path: Path) -> Iterator[Callable[..., Beat]]:
-    """Starts beats (``beats("b1", env={...})``); every one is stopped at the end."""
+def beats(
+    beat_redis: redis.Redis, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Beat]]:
+    """Starts beats (``beats("b1", env={...})``); every one is stopped at the end, and a failed
+    test's report carries each one's log."""
     started: list[Beat] = []
+    request.node.stash[STARTED_WORKERS] = started
     url = f"redis://127.0.0.1:{beat_redis.connection_pool.connection_kwargs['port']}/0"
 
     def start(
