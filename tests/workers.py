@@ -70,17 +70,24 @@ class Worker:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def dump_threads(self, timeout: float = 5) -> None:
+    def dump_threads(self, timeout: float = 5, times: int = 2, apart: float = 3) -> None:
         """Has a live worker write every thread's stack into its log (Celery's SIGUSR1
-        handler): a failing test's report then shows where a stuck worker stands."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        before = len(self.log())
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + timeout
-        while len(self.log()) == before and time.monotonic() < deadline:
-            time.sleep(0.05)  # (a poll: the dump comes when the worker's handler runs)
+        handler), ``times`` times ``apart`` seconds apart, each after a line with the state of
+        its processes and threads: a failing test's report then shows where a stuck worker
+        stands, and whether it moves."""
+        for n in range(times):
+            if self.proc is None or self.proc.poll() is not None:
+                return
+            if n:
+                time.sleep(apart)  # (what moves between two dumps is what was not stuck)
+            with open(self.log_path, "ab") as log:
+                log.write(f"\n--- thread dump {n + 1}: {_processes(self.proc.pid)}\n".encode())
+            before = len(self.log())
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGUSR1)
+            deadline = time.monotonic() + timeout
+            while len(self.log()) == before and time.monotonic() < deadline:
+                time.sleep(0.05)  # (a poll: the dump comes when the worker's handler runs)
 
     @property
     def pid(self) -> int:
@@ -128,3 +135,21 @@ class Worker:
             self.proc.wait(timeout)
         finally:
             self.kill()
+
+
+def _processes(pid: int) -> str:
+    """Each process of ``pid``'s tree and each of its threads: state and kernel wait channel
+    (``S futex_wait_queue``: waiting on a lock; ``R``: running)."""
+
+    def threads(proc: int) -> str:
+        found = []
+        for task in sorted(Path(f"/proc/{proc}/task").glob("*")):
+            with contextlib.suppress(OSError):
+                stat = (task / "stat").read_text()
+                comm, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat.split(")")[1][1]
+                wchan = (task / "wchan").read_text() or "-"
+                found.append(f"{task.name} {comm} {state} {wchan}")
+        return "; ".join(found)
+
+    lines = [f"pid {p}: {threads(p)}" for p in [pid, *children_of(pid)]]
+    return " | ".join(lines)
