@@ -89,6 +89,7 @@ def send_unique(
     encode: Callable[[], str] | None = None,
     from_run: bool = False,
     publish_marked: Callable[[DuplicateMark], T] | None = None,
+    name: str | None = None,
 ) -> Sent[T] | Duplicate:
     """Claims the key of a unique call and publishes it; or says which copy holds the key
     (``Duplicate``), or raises :class:`DuplicateTask` (``on_duplicate="raise"``, or
@@ -102,7 +103,8 @@ def send_unique(
     ``cancel`` takes a replaced queued copy off its queue; ``stop`` stops a running copy
     (``on_duplicate="cancel"``); ``encode`` gives the call as a sweeper publishes it later
     (lifecycle ``debounce``: the call is kept, not published, and ``Duplicate`` names the
-    pending call that carries it).
+    pending call that carries it). ``name``: the call's unique key, when the caller has it
+    already (worked out here otherwise).
 
     >>> send_unique(spec, spec.unique, "id", ((42,), {}), delay=0, expires_in=None,
     ...             republish=False, in_canvas=False, settings=settings, client=r,
@@ -125,13 +127,14 @@ def send_unique(
             by,
             publish,
             encode,
+            name,
         )
     life = min(delay + (unique.allowance or settings.queue_allowance), MAX_CLAIM_S)
     if expires_in is not None:
         life = min(life, expires_in)
     if life <= 0:  # already expired: the worker drops it unrun, so it claims nothing
         return Sent(publish())
-    name = spec.name_of(unique.keying, *call)
+    name = name if name is not None else spec.name_of(unique.keying, *call)
     action = unique.on_duplicate or settings.on_duplicate
     kind = {"replace": ClaimKind.REPLACE, "cancel": ClaimKind.CANCEL}.get(action, ClaimKind.NEW)
     if republish:
@@ -224,9 +227,10 @@ def _send_debounced(
     by: Sender,
     publish: Callable[[], T],
     encode: Callable[[], str],
+    name: str | None,
 ) -> Sent[T] | Duplicate:
     """A debounced call: kept as the key's pending call, or folded into it (latest wins)."""
-    name = spec.name_of(unique.keying, *call)
+    name = name if name is not None else spec.name_of(unique.keying, *call)
     what = f"{by.word} {spec.name}[{call_id}]"
     if in_canvas:  # its id is fixed in the workflow: folded into another, it never ends
         raise LockConfigError(

@@ -125,14 +125,14 @@ def publish(
         return send(spec.task, args, kwargs, **{**options, "headers": headers})
 
     task_spec = TaskSpec(spec.task, None, spec.unique, None, spec.signature)
+    try:  # (once per call: the claim and the message's header both name it)
+        name: str | None = task_spec.name_of(spec.unique.keying, args or (), kwargs or {})
+    except LockConfigError:
+        name = None  # send_unique raises it again where it must; otherwise the worker says why
 
     def claimed() -> Any:
         # The claim rides on the message: a worker that discards it unrun gives it up.
-        if spec.unique.debounced:  # (its pending call is no queued claim)
-            return send(spec.task, args, kwargs, **options)
-        try:
-            name = task_spec.name_of(spec.unique.keying, args or (), kwargs or {})
-        except LockConfigError:  # a call that claimed nothing: the worker says why, as before
+        if spec.unique.debounced or name is None:  # (a pending call is no queued claim)
             return send(spec.task, args, kwargs, **options)
         claim = {"namespace": settings.namespace, "key": name}
         headers = {**(options.get("headers") or {}), CLAIM_HEADER: claim}
@@ -170,6 +170,7 @@ def publish(
         # on_duplicate="cancel": the pool child running it is sent SIGTERM (prefork).
         stop=lambda task_id: app.control.revoke(task_id, terminate=True, signal="SIGTERM"),
         encode=lambda: payload(spec.task, args, kwargs, options),
+        name=name,
     )
     if isinstance(sent, Duplicate):
         result_cls = options.get("result_cls") or app.AsyncResult
