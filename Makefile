@@ -16,7 +16,7 @@ LOWEST_PROCESSES ?= 3
 LOAD ?= 0
 export REDISLOCK_TEST_LOAD := $(LOAD)
 
-.PHONY: demo demo-core demo-docs test quick test-main coverage test-quick test-lowest \
+.PHONY: demo demo-core demo-docs test setup quick test-main coverage test-quick test-lowest \
 	test-topologies test-lowest-topologies lint lua-check chromium bench bench-celery bench-rq soak \
 	clean docs docs-screenshot
 
@@ -105,7 +105,12 @@ endef
 # lowest supported versions with the Redis topologies beside them: about 12 minutes on 2 quiet
 # cores.
 test:
-	$(call phases,lint docs test-main test-lowest-topologies)
+	$(call phases,setup lint docs test-main test-lowest-topologies)
+
+# Both virtualenvs at once (test's first phase): each install mostly waits on pip's downloads
+# and builds, so side by side they take about as long as the longer one.
+setup:
+	+@$(MAKE) --no-print-directory -j2 $(VENV)/.dev $(LOWEST)/.done
 
 # test-lowest, and test-topologies beside it: the topology tests spend their time waiting on
 # failovers and syncs (their waits stretch with the load: tests/topologies.py), not on the CPU,

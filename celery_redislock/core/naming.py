@@ -54,6 +54,52 @@ def bind_arguments(
     return bound
 
 
+# Signatures whose parameters are all plain (positional or keyword, none ``*args``,
+# ``**kwargs``, positional-only or keyword-only), by id (the signature kept, to check it is the
+# same one): their names in order and their defaults; ``None`` for any other signature.
+_Plain = tuple[tuple[str, ...], dict[str, Any]]
+_PLAIN_PARAMETERS: dict[int, tuple[inspect.Signature, _Plain | None]] = {}
+
+
+def _plain_parameters(signature: inspect.Signature) -> _Plain | None:
+    entry = _PLAIN_PARAMETERS.get(id(signature))
+    if entry is not None and entry[0] is signature:
+        return entry[1]
+    parameters = signature.parameters.values()
+    plain: _Plain | None = None
+    if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters):
+        names = tuple(p.name for p in parameters)
+        plain = names, {p.name: p.default for p in parameters if p.default is not p.empty}
+    _PLAIN_PARAMETERS[id(signature)] = (signature, plain)
+    return plain
+
+
+def _named_at_once(
+    signature: inspect.Signature | None, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """What ``_named(bind_arguments(...))`` gives, for a call that binds plainly to a plain
+    signature (each argument once, none unknown or missing), without inspect's general binding
+    (a delivery's hot path); ``None`` for any other call (bound in full, its errors said)."""
+    plain = _plain_parameters(signature) if signature is not None else None
+    if plain is None:
+        return None
+    names, defaults = plain
+    if len(args) > len(names):
+        return None
+    named = dict(zip(names, args, strict=False))
+    for name, value in kwargs.items():
+        if name in named or name not in names[len(args) :]:
+            return None
+        named[name] = value
+    if len(named) < len(names):
+        for name in names[len(args) :]:
+            if name not in named:
+                if name not in defaults:
+                    return None
+                named[name] = defaults[name]
+    return named
+
+
 def _named(bound: inspect.BoundArguments) -> dict[str, Any]:
     """Argument name -> value; what arrived through ``**kwargs`` is flattened in."""
     out: dict[str, Any] = {}
@@ -322,9 +368,12 @@ def lock_name(
     """The lock name a call takes: the key (template, callable or default hash), plus the host
     for ``scope="host"``. Raises :class:`LockConfigError` naming the task (and the template or
     key function) when the call cannot make one."""
-    bound = bind_arguments(task, signature, args, kwargs)
     key = options.key
-    name = _made(task, key, bound, args, kwargs)
+    named = _named_at_once(signature, args, kwargs) if isinstance(key, str) else None
+    if named is not None:
+        name = _made(task, key, None, args, kwargs, named=named)
+    else:
+        name = _made(task, key, bind_arguments(task, signature, args, kwargs), args, kwargs)
     try:
         check_name(name)
     except LockConfigError as exc:
@@ -380,12 +429,16 @@ def _made(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     option: str = "key",
+    *,
+    named: dict[str, Any] | None = None,
 ) -> str:
     """What ``key`` (a template, a callable, or ``None``: the default hash) makes of a call:
-    the one rule for the lock's name and the tenant alike (``option`` names it in errors)."""
+    the one rule for the lock's name and the tenant alike (``option`` names it in errors).
+    ``named``: the call's arguments by name, when already known (a template's fields)."""
     try:
         if isinstance(key, str):
-            named = _named(bound) if bound is not None else dict(kwargs)
+            if named is None:
+                named = _named(bound) if bound is not None else dict(kwargs)
             return _fill(key, named)
         if key is not None:
             call = (bound.args, bound.kwargs) if bound is not None else (args, kwargs)

@@ -434,6 +434,46 @@ def test_a_template_of_plain_fields_is_filled_as_str_format_fills_it(
     assert outcome(naming._fill) == outcome(lambda t, v: naming._formatter.vformat(t, (), v))
 
 
+def _p3(a: int, b: int = 2, c: str = "c") -> None: ...
+
+
+def _p0() -> None: ...
+
+
+def _star(a: int, *rest: int, b: int = 1) -> None: ...
+
+
+def _kw(a: int, **more: int) -> None: ...
+
+
+_SIGNATURES = [inspect.signature(f) for f in (_p3, _p0, _star, _kw)]
+_NAMES = st.sampled_from(["a", "b", "c", "d", "rest", "more"])
+
+
+@given(
+    st.sampled_from(_SIGNATURES),
+    st.lists(st.integers(0, 9), max_size=4),
+    st.dictionaries(_NAMES, st.integers(0, 9), max_size=3),
+)
+def test_a_plain_call_is_bound_at_once_as_inspect_binds_it(
+    signature: inspect.Signature, args: list[int], kwargs: dict[str, int]
+) -> None:
+    """A call to a signature of plain parameters binds without inspect's general binding (a
+    delivery's hot path): to the same names and values where it binds at all; any other call,
+    or any other signature, takes the full binding (which says what is wrong)."""
+    from celery_redislock.core import naming
+
+    quick = naming._named_at_once(signature, args, kwargs)
+    try:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        full: dict[str, object] | None = naming._named(bound)
+    except TypeError:
+        full = None
+    plain = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+    assert quick == (full if plain else None)
+
+
 # -- lock=True: names an operator can read --------------------------------------------------------
 
 
