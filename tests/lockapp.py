@@ -262,9 +262,11 @@ def redislock_watched(state: Any) -> dict[str, int]:
     return {"watched": len(watched_tasks())}
 
 
-@app.task(bind=True, lock={"key": "hold:{name}", "ttl": 1, "max_hold": 0.5})
+@app.task(bind=True, lock={"key": "hold:{name}", "ttl": 6, "max_hold": 0.5})
 def held_briefly(self: Any, name: str, seconds: float) -> str:
-    """Runs past its max_hold: renewal stops, and the lease lapses under it."""
+    """Runs past its max_hold: renewal stops, and the lease lapses under it. (Its first renewal
+    falls due at 2 s, past the max_hold: the heartbeat stops it there, 4 s before the lease
+    would lapse anyway, however late a busy machine wakes the heartbeat in that span.)"""
     return _watch(self, name, seconds)
 
 
@@ -526,13 +528,15 @@ def _hold_time(self: Any, name: str, seconds: float) -> float | None:
     return None
 
 
-@app.task(bind=True, lock={"key": "hold:{name}", "ttl": 1}, time_limit=30)
+# A ttl of 3 s: renewed each second, so a renewal up to 2 s late on a busy machine still comes
+# in time, and the first falls due at the earliest maximum hold these run under (1 s).
+@app.task(bind=True, lock={"key": "hold:{name}", "ttl": 3}, time_limit=30)
 def limited_hold(self: Any, name: str, seconds: float) -> float | None:
     """No max_hold: its default is this call's time_limit, else the task's (30 s)."""
     return _hold_time(self, name, seconds)
 
 
-@app.task(bind=True, lock={"key": "hold:{name}", "ttl": 1})
+@app.task(bind=True, lock={"key": "hold:{name}", "ttl": 3})
 def default_hold(self: Any, name: str, seconds: float) -> float | None:
     """No max_hold, no time limit of its own: the default is the app's task_time_limit."""
     return _hold_time(self, name, seconds)

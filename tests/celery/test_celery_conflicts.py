@@ -87,18 +87,18 @@ def test_lock_max_retries_and_the_default_max_hold(
 
     - lock-level max_retries=2: after two conflict retries the task fails with LockNotAcquired;
     - max_hold defaults to the hard time limit: the call's, else the task's, else the app's.
-      Leases of ttl 1 s; the task notes when it saw its lease lost (None: held throughout).
+      Leases of ttl 3 s; the task notes when it saw its lease lost (None: held throughout).
     """
     worker = workers(pool="threads", concurrency=4, env={"LOCKAPP_TIME_LIMIT": "1"})
     producer = Celery(
         "by-name", broker=lockapp.app.conf.broker_url, backend=lockapp.URL, set_as_current=False
     )
     holder = lock_for(lockapp.gives_up, ("mr",)).acquire(blocking=False)
-    by_app = lockapp.default_hold.delay("app", 3.0)  # no limit of its own: the app's 1 s
+    by_app = lockapp.default_hold.delay("app", 8.0)  # no limit of its own: the app's 1 s
     # Sent by a producer that does not know the task: its message names no time limit (delay()
     # copies the task's into it), so the worker falls back to the task's own time_limit=30.
     by_task = producer.send_task("lockapp.limited_hold", ("task", 3.0))
-    by_call = lockapp.limited_hold.apply_async(("call", 3.0), time_limit=1)  # overrides 30
+    by_call = lockapp.limited_hold.apply_async(("call", 8.0), time_limit=1)  # overrides 30
     gave_up = lockapp.gives_up.delay("mr")
 
     with pytest.raises(LockNotAcquired, match="gave up after 2 conflict retries: lock 'hold:mr'"):
@@ -106,14 +106,15 @@ def test_lock_max_retries_and_the_default_max_hold(
     assert _conflict_signals(lockapp, gave_up.id) == ["retry"] * 3  # two retries, then no more
     holder.release()
 
-    # Renewed until max_hold (1 s) and no further: the lease lapses within its ttl after that.
-    # Bounds from the start of the body, which begins just after the lease is taken: lost at
-    # 1..2 s; 0.1 s below for that gap and 0.5 s above for a loaded 2-core machine.
+    # Renewed until max_hold (1 s) and no further: the lease lapses within its ttl after that,
+    # seen lost before the body's 8 s end, and not before the maximum hold (from the start of
+    # the body, which begins just after the lease is taken: 0.1 s below for that gap). That it
+    # was the maximum hold that stopped it, not a late renewal, the log says below.
     for result in (by_app, by_call):
-        lost_after = result.get(timeout=30)
-        assert lost_after is not None and 0.9 <= lost_after <= 2.5, lost_after
-    # Its own limit of 30 s: renewed for the whole 3 s (three ttls).
-    assert by_task.get(timeout=30) is None
+        lost_after = result.get(timeout=60)
+        assert lost_after is not None and lost_after >= 0.9, lost_after
+    # Its own limit of 30 s: renewed for the whole 3 s.
+    assert by_task.get(timeout=60) is None
 
     def past_max_hold() -> list[str]:
         return [line for line in worker.log().splitlines() if "reached its maximum hold" in line]

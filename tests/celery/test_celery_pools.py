@@ -235,11 +235,15 @@ def test_lock_redis_paused_past_the_lease_the_task_sees_it_lost(
         wait_for(lambda: not fresh.locked(), "the lapsed lease gone", 30)
 
 
+@pytest.mark.slow
 def test_max_hold_stops_renewal_and_the_task_sees_the_lease_lapse(
     lockapp: ModuleType, workers: Callable[..., Worker]
 ) -> None:
     worker = workers()
     result = lockapp.held_briefly.delay("mh", 30)
-    assert result.get(timeout=15) == "lost"
+    assert result.get(timeout=60) == "lost"
     assert "reached its maximum hold; no longer renewed" in worker.log()
-    assert not lock_for(lockapp.held_briefly, ("mh", 30)).locked()
+    assert "lapsed before Redis answered" not in worker.log()  # (stopped, not lost)
+    # Redis lets it lapse within the lease's drift margin after the task saw it lost.
+    lock = lock_for(lockapp.held_briefly, ("mh", 30))
+    wait_for(lambda: not lock.locked(), "the lease lapsed in Redis", 30)
