@@ -88,11 +88,19 @@ class Lock(LockBase[Store, "Lease"]):
         store = _store_of(client, more, name)
         super().__init__(store, name, ttl=ttl, mode=mode, limit=limit, fair=fair, more=more)
         self.client = store.client
-        self._entered = threading.local()
 
     def _rename(self, name: str) -> None:
         super()._rename(name)
-        self._entered = threading.local()  # (a copy's leases entered with `with` are its own)
+        self.__dict__.pop("_entered", None)  # (a copy's leases entered with `with` are its own)
+
+    @property
+    def _entered(self) -> threading.local:
+        """Each thread's leases entered with ``with`` (made at the first: most locks, a task
+        run's among them, are never entered so)."""
+        entered = self.__dict__.get("_entered")
+        if entered is None:  # (setdefault: two threads at once keep one)
+            entered = self.__dict__.setdefault("_entered", threading.local())
+        return entered  # type: ignore[no-any-return]
 
     # -- acquiring ---------------------------------------------------------------------------
 

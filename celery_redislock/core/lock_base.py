@@ -194,9 +194,7 @@ class LockBase(Generic[S, L]):
         self.info_limit = limit if limit is not None and limit >= 2 else 0
         # A plain mutex may take the fast path (lua/lean_*.lua: its meta and wake keys only).
         self.lean = mode == "write" and limit in (None, 1) and not fair
-        # KEYS of every lock script, encoded once (the hot path).
-        self.encoded_keys = [key.encode() for key in self.keys.all]
-        self.lean_keys = self._lean_keys()
+        self._set_keys()
         # How long a lease is counted on after its acquire was sent.
         self._validity = self.ttl - store.drift(self.ttl)
 
@@ -221,13 +219,25 @@ class LockBase(Generic[S, L]):
     def _rename(self, name: str) -> None:
         """Sets what follows from the name (a copy's: see :meth:`named`)."""
         self.name = name
-        self.keys = LockKeys.of(self.namespace, name)
-        self.encoded_keys = [key.encode() for key in self.keys.all]
-        self.lean_keys = self._lean_keys()
+        self._set_keys()
 
-    def _lean_keys(self) -> list[bytes] | None:
-        # (The meta and wake keys: the fast path's KEYS.)
-        return [self.encoded_keys[1], self.encoded_keys[4]] if self.lean else None
+    def _set_keys(self) -> None:
+        self.keys = LockKeys.of(self.namespace, self.name)
+        self._encoded_keys: list[bytes] | None = None
+        # The fast path's KEYS (its meta and wake keys), for a plain mutex.
+        prefix = self.keys.prefix
+        self.lean_keys = (
+            [f"{prefix}:meta".encode(), f"{prefix}:wake".encode()] if self.lean else None
+        )
+
+    @property
+    def encoded_keys(self) -> list[bytes]:
+        """KEYS of every general-path script, encoded once per lock name: when first needed (a
+        call's copy on the fast path never needs them)."""
+        keys = self._encoded_keys
+        if keys is None:
+            keys = self._encoded_keys = [key.encode() for key in self.keys.all]
+        return keys
 
     # -- acquiring ---------------------------------------------------------------------------
 

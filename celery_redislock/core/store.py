@@ -84,7 +84,11 @@ class LockView(Protocol):
     ttl: float
     ttl_ms: int
     keys: LockKeys
-    encoded_keys: list[bytes]
+
+    @property
+    def encoded_keys(self) -> list[bytes]:
+        """KEYS of every general-path script, encoded."""
+
     spec: str
     """:meth:`LockSpec.encode` of the lock's settings (every lock script takes it)."""
     replicas: ReplicaPolicy | None
