@@ -148,7 +148,7 @@ test-quick: $(VENV)/.dev chromium
 # redis-py's errors; tests/conftest.py says why, by module or test, and what is left out: our
 # own parsing and naming, the core's decisions). A Celery or RQ test it does not name is in.
 test-lowest: $(LOWEST)/.done
-	$(LOWEST)/bin/pytest -n $(LOWEST_PROCESSES) -p no:hypothesispytest -q -m versions
+	$(LOWEST)/bin/pytest -n $(LOWEST_PROCESSES) -p no:hypothesispytest -q -m versions --durations=15
 
 # Sentinel (1 master, 1 replica, 3 sentinels) and a Redis Cluster (3 masters, 3 replicas) from
 # local redis-server processes, with real failovers (marker `topology`: tests/topologies/ and
