@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 
 import redis
+from helpers import load_factor
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.sentinel import Sentinel
@@ -48,16 +49,6 @@ def redis_binary() -> str | None:
 
 def redis_cli() -> str | None:
     return shutil.which("redis-cli")
-
-
-def load_factor() -> float:
-    """How many times longer than on an idle machine a wait may take here and now: the 1-minute
-    load average per CPU, at least 1 (a load of 4 on 2 cores: 2)."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return 1.0
-    return max(1.0, load / (os.cpu_count() or 1))
 
 
 def stretched(seconds: float) -> float:

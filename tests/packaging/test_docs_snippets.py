@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from helpers import load_factor
 from workers import Worker
 
 from celery_redislock.contrib.redis_server import RedisServer
@@ -265,8 +266,12 @@ def test_block_runs(
         else:
             (tmp_path / "snippet.py").write_text(pointed_at(code, ports))
             command = [sys.executable, "snippet.py"]
+        # 120 s on an idle machine, stretched by the load up to pytest's own limit of 300 s for
+        # a test (the task line's tenants block parks 103 calls: 1.5 s alone, with 2 CPU
+        # burners 2.3 s, and over 120 s once in a loaded suite).
+        timeout = 120 * min(load_factor(), 2.4)
         done = subprocess.run(
-            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
         )
         assert done.returncode == 0, (
             f"{block.id} exited {done.returncode}:\n{done.stdout}{done.stderr}\n--- the code run:\n"
