@@ -56,9 +56,12 @@ def bind_arguments(
 
 # Signatures whose parameters are all plain (positional or keyword, none ``*args``,
 # ``**kwargs``, positional-only or keyword-only), by id (the signature kept, to check it is the
-# same one): their names in order and their defaults; ``None`` for any other signature.
+# same one): their names in order and their defaults; ``None`` for any other signature. At most
+# _PLAIN_KEPT (a producer reads the specs of tasks it cannot import again now and then, each
+# with a new signature: emptied when full, it never grows without bound).
 _Plain = tuple[tuple[str, ...], dict[str, Any]]
 _PLAIN_PARAMETERS: dict[int, tuple[inspect.Signature, _Plain | None]] = {}
+_PLAIN_KEPT = 1024
 
 
 def _plain_parameters(signature: inspect.Signature) -> _Plain | None:
@@ -70,6 +73,8 @@ def _plain_parameters(signature: inspect.Signature) -> _Plain | None:
     if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters):
         names = tuple(p.name for p in parameters)
         plain = names, {p.name: p.default for p in parameters if p.default is not p.empty}
+    if len(_PLAIN_PARAMETERS) >= _PLAIN_KEPT:
+        _PLAIN_PARAMETERS.clear()
     _PLAIN_PARAMETERS[id(signature)] = (signature, plain)
     return plain
 

@@ -474,6 +474,17 @@ def test_a_plain_call_is_bound_at_once_as_inspect_binds_it(
     assert quick == (full if plain else None)
 
 
+def test_the_plain_signatures_kept_stay_bounded() -> None:
+    """A producer reads the spec of a task it cannot import again now and then, each time with
+    a new signature: what the quick binding keeps of them never grows without bound."""
+    from celery_redislock.core import naming
+
+    for _ in range(naming._PLAIN_KEPT + 10):
+        signature = inspect.signature(_p3).replace()  # (a new, equal signature)
+        assert naming._named_at_once(signature, (1,), {}) == {"a": 1, "b": 2, "c": "c"}
+    assert len(naming._PLAIN_PARAMETERS) <= naming._PLAIN_KEPT
+
+
 # -- lock=True: names an operator can read --------------------------------------------------------
 
 
