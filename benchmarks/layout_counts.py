@@ -8,7 +8,12 @@ python-redis-lock and the fenced floor (``lock_core.py``'s locks), in one run.
   and the KEYS and ARGV the client sent per pair (script calls: ``EVALSHA``/``EVAL``; a plain
   command counts its key and its other arguments);
 * **steady contention**: ``--processes`` processes (4) each take the lock, hold it ``--hold``
-  ms (10), release it and take it again, for ``--seconds`` (5): commands per acquisition.
+  ms (10), release it and take it again, for ``--seconds`` (5): commands per acquisition;
+* **a unique task** (``unique="until_finished"``, keyed as its ``lock=``), publish and run, each
+  on a key of its own: the calls a producer and a locked run make in the lock Redis, in their
+  order (the claim and its confirmation; the lease, the claim's end, the release), through the
+  core's own functions: commands (a script's included), KEYS, round trips (a pipeline is one),
+  in each layout.
 
 Run from the repository root::
 
@@ -32,6 +37,11 @@ import redis
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import base_parser, delete_keys, redis_target, section
 from lock_core import LOCKS, OURS, OURS_LEAN
+
+from celery_redislock import Lock
+from celery_redislock.core.claims import ClaimKind, publish_claimed, release_claim
+from celery_redislock.core.confirmations import confirmations
+from celery_redislock.core.layout import set_layout
 
 VARIANTS = (OURS, OURS_LEAN, "redis_py", "python_redis_lock", "fenced_floor")
 CONTENDED = (OURS, OURS_LEAN, "celery_redislock_fair", "python_redis_lock", "waiting_floor")
@@ -86,6 +96,74 @@ def pair_counts(url: str, variant: str, pairs: int) -> tuple[float, float, float
         acquire()()
     commands = _commands(watcher)
     return commands / pairs, sent.keys / pairs, sent.args / pairs
+
+
+def unique_counts(url: str, layout: str, tasks: int) -> tuple[float, float, float]:
+    """Commands, KEYS and round trips per unique task, published and run (see the module's
+    doc), in a namespace of ``layout``."""
+    sent, trips = Sent(), [0]
+    client = counting(redis.Redis.from_url(url), sent)
+    execute = client.execute_command
+
+    def one_trip(*args: Any, **options: Any) -> Any:
+        trips[0] += 1
+        return execute(*args, **options)
+
+    client.execute_command = one_trip  # type: ignore[method-assign]
+    pipeline = client.pipeline
+
+    def counted_pipeline(*args: Any, **options: Any) -> Any:
+        pipe = pipeline(*args, **options)
+        run = pipe.execute
+
+        def once(*a: Any, **o: Any) -> Any:
+            trips[0] += 1
+            sent.keys += sum(int(c[0][2]) for c in pipe.command_stack if c[0][0] == "EVALSHA")
+            return run(*a, **o)
+
+        pipe.execute = once  # type: ignore[method-assign]
+        return pipe
+
+    client.pipeline = counted_pipeline  # type: ignore[method-assign]
+    ns = f"counts-{RUN}-{layout}"
+    set_layout(client, ns, layout)
+    base = Lock(client, "base", ttl=30, namespace=ns)
+
+    def task(n: int) -> None:
+        name, task_id = f"u:{n}", uuid.uuid4().hex
+        publish_claimed(
+            client,
+            ns,
+            name,
+            task_id=task_id,
+            lifetime=600,
+            kind=ClaimKind.NEW,
+            running_counts=True,
+            window=30,
+            publish=lambda: None,
+            what="task",
+        )
+        confirmations.flush()  # (its own round trip: the worst case)
+        lease, ended = base.named(name).acquire_giving_up(
+            "g", False, None, owner=task_id, info={"task_id": task_id, "task": "t"}, job=None
+        )
+        if ended is None:  # (the general path: the claim ends in a call of its own)
+            release_claim(client, ns, name, task_id)
+        lease.release()
+
+    for n in range(3):  # scripts loaded, the layout read
+        task(-n - 1)
+    watcher = redis.Redis.from_url(url)
+    sent.keys, trips[0] = 0, 0
+    watcher.config_resetstat()
+    for n in range(tasks):
+        task(n)
+    commands = sum(
+        int(value["calls"])
+        for key, value in watcher.info("commandstats").items()
+        if not key.startswith(("cmdstat_info", "cmdstat_config"))
+    )
+    return commands / tasks, sent.keys / tasks, trips[0] / tasks
 
 
 def _contender(url: str, variant: str, hold_s: float, until: float, out: Any) -> None:
@@ -147,6 +225,11 @@ def main() -> int:
         for variant in CONTENDED:
             per, counts = contended_counts(url, variant, options.processes, options.hold, seconds)
             print(f"  {variant:<26}{per:>10.1f}  {counts}")
+        section("A unique task (until_finished, keyed as its lock): publish and run")
+        print(f"  {'layout':<26}{'commands':>10}{'KEYS':>8}{'trips':>8}")
+        for layout in ("shared", "lean"):
+            commands, keys, trips = unique_counts(url, layout, min(pairs, 200))
+            print(f"  {layout:<26}{commands:>10.1f}{keys:>8.1f}{trips:>8.1f}")
         if options.url:
             delete_keys(redis.Redis.from_url(url), f"counts-{RUN}")
     return 0

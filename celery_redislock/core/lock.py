@@ -30,7 +30,7 @@ from .lock_base import (
     check_acquire,
     check_pause,
 )
-from .protocol import AcquireArgs, AcquireReply, Grant, LimitsReply, Mode
+from .protocol import AcquireArgs, AcquireReply, Grant, LimitsReply, Mode, ReleaseClaimReply
 from .replicas import check_policy, policy_of
 from .scripts import run
 from .server_store import ServerStore
@@ -140,8 +140,41 @@ class Lock(LockBase[Store, "Lease"]):
             self._abandon(request.token)
             raise
 
-    def _acquire(self, request: AcquireArgs, blocking: bool, timeout: float | None) -> Lease:
-        """Runs :meth:`acquire_steps` on the store."""
+    def acquire_giving_up(
+        self,
+        give_up: str,
+        blocking: bool,
+        timeout: float | None,
+        *,
+        owner: str,
+        info: Mapping[str, object] | None,
+        job: str | None,
+    ) -> tuple[Lease, ReleaseClaimReply | None]:
+        """:meth:`acquire` with ``reentrant=False``, for a run whose unique claim (``owner``'s,
+        on the key named like this lock) ends as its lease is taken: in the same call where it
+        can (a plain mutex on one server, in the lean layout, without a job), ``give_up`` as
+        ``AcquireArgs.give_up``. Returns the lease and how the claim ended (None: untouched,
+        for the caller to end)."""
+        request = self.acquire_request(blocking, timeout, owner, info, False, job)
+        store = self.store
+        if not job and isinstance(store, ServerStore) and store.gives_up_claims(self):
+            request = request._replace(give_up=give_up)
+        ended: list[ReleaseClaimReply | None] = [None]
+        try:
+            return self._acquire(request, blocking, timeout, ended), ended[0]
+        except LockBackendError:
+            self._abandon(request.token)
+            raise
+
+    def _acquire(
+        self,
+        request: AcquireArgs,
+        blocking: bool,
+        timeout: float | None,
+        ended: list[ReleaseClaimReply | None] | None = None,
+    ) -> Lease:
+        """Runs :meth:`acquire_steps` on the store (``ended``: where the last reply's
+        ``gave_up`` goes)."""
         steps = self.acquire_steps(request, blocking, timeout)
         store = self.store
         step = next(steps)
@@ -152,6 +185,8 @@ class Lock(LockBase[Store, "Lease"]):
                     if type(step) is TryAcquire:
                         reply = store.acquire(self, step.args)
                         self._notify(reply.granted)
+                        if ended is not None:
+                            ended[0] = reply.gave_up
                         step = steps.send(reply)
                     elif type(step) is AwaitPush:
                         step = steps.send(

@@ -168,6 +168,10 @@ class AcquireArgs(NamedTuple):
     """Chosen per call: claims a lease handed to a parked task (a token ``L...``)."""
     park: ParkArgs | None = None
     """Park in the task line rather than fail or wait."""
+    give_up: str = ""
+    """The owner's unique claim on the key named like the lock ends as a new lease is taken
+    (``lean_acquire.lua`` alone: ``'g'`` given up, ``'s<ms>'`` kept for a period); sent only
+    without a job, a park or a claim."""
 
     def encode(self) -> list[str]:
         flags = f"{self.wait:d}{self.woke:d}{self.once:d}"  # e.g. '100'
@@ -177,6 +181,8 @@ class AcquireArgs(NamedTuple):
             args += [self.claim, *self.park.encode()]
         elif self.claim:
             args.append(self.claim)
+        elif self.give_up:
+            args.append(self.give_up)
         return args
 
 
@@ -221,10 +227,20 @@ class AcquireReply(NamedTuple):
     owner's lease has left."""
     mode: Mode
     granted: tuple[Grant, ...]
+    gave_up: ReleaseClaimReply | None = None
+    """How the owner's unique claim ended with the lease (``AcquireArgs.give_up``); None: it
+    was not touched (the general path, or no new lease)."""
 
     @classmethod
     def decode(cls, raw: Any) -> AcquireReply:
         parts = raw.split()  # one string: a single reply element to parse (the hot path)
+        granted: tuple[Grant, ...] = ()
+        gave_up = None
+        if len(parts) > 7:
+            if parts[7] in _CLAIM_MARK:  # (a fast-path reply has no grants)
+                gave_up = ReleaseClaimReply.decode_parts(parts[8:])
+            else:
+                granted = Grant.decode_all(parts[7:])
         return cls(
             status=_ACQUIRE_STATUS[int(parts[0])],
             token=text(parts[1]),
@@ -233,8 +249,12 @@ class AcquireReply(NamedTuple):
             entered=int(parts[4]),
             ms_left=int(parts[5]),
             mode=_MODE_OF[parts[6]],
-            granted=Grant.decode_all(parts[7:]) if len(parts) > 7 else (),
+            granted=granted,
+            gave_up=gave_up,
         )
+
+
+_CLAIM_MARK = (b"~", "~")
 
 
 # -- limits.lua -------------------------------------------------------------------------------
@@ -583,6 +603,10 @@ class ClaimReply(NamedTuple):
         )
 
 
+GIVE_UP_MODES = ("g", "s")
+"""The first letter of ``AcquireArgs.give_up`` (a line claim's token starts with ``L``)."""
+
+
 class ReleaseMode(StrEnum):
     GIVE_UP = "g"
     """The copy gives its claim up (a once_per_period run that started keeps its period)."""
@@ -609,5 +633,9 @@ class ReleaseClaimReply(NamedTuple):
 
     @classmethod
     def decode(cls, raw: Any) -> ReleaseClaimReply:
-        parts = text(raw).split()
-        return cls(superseded_by=parts[1] if parts[0] == "0" else None)
+        return cls.decode_parts(text(raw).split())
+
+    @classmethod
+    def decode_parts(cls, parts: Sequence[Any]) -> ReleaseClaimReply:
+        """From the reply's words (``lean_acquire.lua`` answers them after its own)."""
+        return cls(superseded_by=text(parts[1]) if text(parts[0]) == "0" else None)

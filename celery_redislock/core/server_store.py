@@ -18,6 +18,7 @@ from redis.exceptions import MovedError
 from .holders import read_holders
 from .layout import lean_allowed
 from .protocol import (
+    GIVE_UP_MODES,
     AcquireReply,
     AcquireStatus,
     ReleaseArgs,
@@ -78,7 +79,14 @@ class ServerStore:
             return None
         return keys if lean_allowed(self.client, lock.namespace) else None
 
+    def gives_up_claims(self, lock: LockView) -> bool:
+        """Whether an acquire of ``lock`` may end its owner's unique claim in the same call
+        (``AcquireArgs.give_up``: the fast path, without a replica policy)."""
+        return self.replicas is None and lock.lean_keys is not None
+
     def acquire(self, lock: LockView, args: list[str]) -> AcquireReply:
+        if len(args) == 7 and args[6][:1] in GIVE_UP_MODES:  # (ARGV 7 no claim's token)
+            return self._acquire_giving_up(lock, args)
         lean = self._lean(lock, args, 6)
         if self.replicas is None:  # (the common case, without a frame more)
             if lean is not None:  # (the meta key alone: a refusal pushes no wake-up)
@@ -101,6 +109,17 @@ class ServerStore:
                 give_back(lock, self.client, reply.token, whole=False)
             self.replicas.check(acks, lock.name, "acquire")
         return reply
+
+    def _acquire_giving_up(self, lock: LockView, args: list[str]) -> AcquireReply:
+        """An acquire that ends the owner's unique claim (see :meth:`gives_up_claims`) on the
+        fast path; the general path takes the lease alone (``gave_up`` None: the caller ends
+        the claim in a call of its own)."""
+        if self._lean(lock, args[:6], 6) is not None:
+            keys = [lock.lean_keys[0], lock.keys.queued, lock.keys.replaced]  # type: ignore[index]
+            raw = run("lean_acquire", self.client, keys, args)
+            if raw != b"9" and raw != "9":
+                return AcquireReply.decode(raw)
+        return AcquireReply.decode(run("acquire", self.client, lock.encoded_keys, args[:6]))
 
     def abandon(self, lock: LockView, token: str) -> None:
         give_back(lock, self.client, token, whole=True)

@@ -12,6 +12,7 @@ No Celery worker is needed: these are pure Redis operations.
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import ClassVar
 
@@ -32,6 +33,7 @@ from celery_redislock import Lease, Lock, LockNotOwned
 from celery_redislock.contrib.redis_server import RedisServer
 from celery_redislock.core.claims import ClaimKind, ReleaseMode, claim, release_claim
 from celery_redislock.core.keys import DEFAULT_NAMESPACE, LockKeys
+from celery_redislock.core.layout import set_layout
 from celery_redislock.core.protocol import ClaimStatus
 
 IDS = ("t1", "t2", "t3")  # a tiny pool of task ids, so they meet often
@@ -57,12 +59,14 @@ class ClaimModel(RuleBasedStateMachine):
     """One fresh unique key per example; the subclass made per test sets ``client``."""
 
     client: ClassVar[redis.Redis]
+    namespace: ClassVar[str] = DEFAULT_NAMESPACE
+    lean: ClassVar[bool] = False  # the namespace's layout is lean (set by the test)
 
     def __init__(self) -> None:
         super().__init__()
         self.name = f"claim-{uuid.uuid4().hex[:12]}"
-        self.keys = LockKeys.of(DEFAULT_NAMESPACE, self.name)
-        self.run_lock = Lock(self.client, self.name, ttl=RUN_TTL)
+        self.keys = LockKeys.of(self.namespace, self.name)
+        self.run_lock = Lock(self.client, self.name, ttl=RUN_TTL, namespace=self.namespace)
         self.queued: str | None = None  # the id whose message holds the key
         self.started = False  # the holder is a once_per_period run that started
         self.replaced: set[str] = set()  # ids replaced while queued: they must not run
@@ -108,7 +112,7 @@ class ClaimModel(RuleBasedStateMachine):
             want, holder, running = ClaimStatus.DUPLICATE, self.queued, False
         got = claim(
             self.client,
-            DEFAULT_NAMESPACE,
+            self.namespace,
             self.name,
             task_id=task_id,
             lifetime=lifetime,
@@ -156,40 +160,46 @@ class ClaimModel(RuleBasedStateMachine):
             # The replaced ids are remembered at least as long as the claim that replaced them.
             assert self.client.pttl(self.keys.replaced) >= after - SLACK_MS
 
+    def _given_up(self, task_id: str) -> str | None:
+        """The model of a give-up by ``task_id``: who superseded it (None: released)."""
+        if task_id in self.replaced:
+            return self.queued or "-"
+        if self.queued == task_id and self.started:
+            return None  # the run happened: its period stands
+        if self.queued in (None, task_id):
+            self.queued = None
+            return None
+        return self.queued
+
+    def _period_started(self, task_id: str) -> tuple[str | None, bool]:
+        """The model of a once_per_period start by ``task_id``: who superseded it, and whether
+        its period starts now."""
+        if task_id in self.replaced:
+            return self.queued or "-", False
+        if self.queued is None or (self.queued == task_id and not self.started):
+            self.queued, self.started = task_id, True
+            return None, True
+        if self.queued == task_id:
+            return None, False  # started already (a redelivery): the period is not restarted
+        return self.queued, False
+
     @rule(task_id=st.sampled_from(IDS))
     def release(self, task_id: str) -> None:
         """A task gives up its claim (it starts, was revoked or skipped): only its own, and a
         replaced task is told who superseded it."""
-        if task_id in self.replaced:
-            want = self.queued or "-"
-        elif self.queued == task_id and self.started:
-            want = None  # the run happened: its period stands
-        elif self.queued in (None, task_id):
-            want = None
-            self.queued = None
-        else:
-            want = self.queued
-        got = release_claim(self.client, DEFAULT_NAMESPACE, self.name, task_id)
+        want = self._given_up(task_id)
+        got = release_claim(self.client, self.namespace, self.name, task_id)
         assert got == want, f"release by {task_id}: got {got!r}, model says {want!r}"
 
     @rule(task_id=st.sampled_from(IDS), period=st.sampled_from(LIFETIMES))
     def start_period(self, task_id: str, period: float) -> None:
         """A once_per_period run starts: it keeps the key for its period from now (a start
         found superseded is told by whom, and changes nothing)."""
-        taken = False
-        if task_id in self.replaced:
-            want = self.queued or "-"
-        elif self.queued is None or (self.queued == task_id and not self.started):
-            want, taken = None, True
-            self.queued, self.started = task_id, True
-        elif self.queued == task_id:
-            want = None  # started already (a redelivery): the period is not restarted
-        else:
-            want = self.queued
         before = self.client.pttl(self.keys.queued)
+        want, taken = self._period_started(task_id)
         got = release_claim(
             self.client,
-            DEFAULT_NAMESPACE,
+            self.namespace,
             self.name,
             task_id,
             mode=ReleaseMode.START,
@@ -199,6 +209,36 @@ class ClaimModel(RuleBasedStateMachine):
         after = self.client.pttl(self.keys.queued)
         assert abs(after - (period * 1000 if taken else before)) <= SLACK_MS
 
+    @precondition(lambda self: self.running is None)
+    @rule(task_id=st.sampled_from(IDS), period=st.sampled_from((None, *LIFETIMES)))
+    def start_run_ending_its_claim(self, task_id: str, period: float | None) -> None:
+        """A copy starts as a unique run does: its lease taken and its claim given up (or its
+        period started) in one call in the lean layout; on the general path the lease alone,
+        then the claim's end in a call of its own. Either way the model's answer."""
+        before = self.client.pttl(self.keys.queued)
+        if period is None:
+            want, taken = self._given_up(task_id), False
+        else:
+            want, taken = self._period_started(task_id)
+        how = "g" if period is None else f"s{int(period * 1000)}"
+        lease, ended = self.run_lock.acquire_giving_up(
+            how, False, None, owner=task_id, info={"task_id": task_id}, job=None
+        )
+        self.running = (task_id, lease)
+        if ended is None:
+            assert not self.lean, "the fast path ends the claim with the lease"
+            mode = ReleaseMode.GIVE_UP if period is None else ReleaseMode.START
+            got = release_claim(
+                self.client, self.namespace, self.name, task_id, mode=mode, keep=period or 0.0
+            )
+        else:
+            assert self.lean, "only the fast path ends a claim in the acquire"
+            got = ended.superseded_by
+        assert got == want, f"start of {task_id} ({how}): got {got!r}, model says {want!r}"
+        if period is not None:
+            after = self.client.pttl(self.keys.queued)
+            assert abs(after - (period * 1000 if taken else before)) <= SLACK_MS
+
     @precondition(lambda self: self.queued is not None)
     @rule()
     def force_release(self) -> None:
@@ -206,7 +246,7 @@ class ClaimModel(RuleBasedStateMachine):
         holder = self.queued
         assert holder is not None
         forced = release_claim(
-            self.client, DEFAULT_NAMESPACE, self.name, holder, mode=ReleaseMode.FORCE
+            self.client, self.namespace, self.name, holder, mode=ReleaseMode.FORCE
         )
         if holder in self.replaced:  # (an id once replaced is refused, even by an operator)
             assert forced == holder, forced
@@ -234,7 +274,12 @@ class ClaimModel(RuleBasedStateMachine):
             return
         seconds, micros = self.client.time()
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        assert self.client.zadd(self.keys.leases, {lease.token: now_ms - 1}, xx=True, ch=True)
+        if not self.client.zadd(self.keys.leases, {lease.token: now_ms - 1}, xx=True, ch=True):
+            # A fast-path lease (the lean layout): its expiry is the record's second field.
+            record = _text(self.client.hget(self.keys.meta, "L") or b"").split("|")
+            assert record[0] == lease.token, record
+            record[1] = str(now_ms - 1)
+            self.client.hset(self.keys.meta, "L", "|".join(record))
         with pytest.raises(LockNotOwned):
             lease.release()
 
@@ -272,10 +317,20 @@ class ClaimModel(RuleBasedStateMachine):
 
 
 @pytest.mark.slow
-def test_claims_match_model(redis_server: RedisServer) -> None:
-    """Random claims, releases, runs and lapses agree with the model."""
+@pytest.mark.parametrize("lean", [False, True], ids=["shared", "lean"])
+def test_claims_match_model(redis_server: RedisServer, lean: bool) -> None:
+    """Random claims, releases, runs and lapses agree with the model, in either layout (in the
+    lean one a run's claim ends in its acquire)."""
     client = redis.Redis.from_url(redis_server.url)
-    machine = type("ClaimModelRun", (ClaimModel,), {"client": client})
+    namespace = "claims-lean" if lean else DEFAULT_NAMESPACE
+    if lean:
+        set_layout(client, namespace, "lean")
+    forced = os.environ.get("REDISLOCK_TEST_LAYOUT") == "lean"  # (every namespace lean)
+    machine = type(
+        "ClaimModelRun",
+        (ClaimModel,),
+        {"client": client, "namespace": namespace, "lean": lean or forced},
+    )
     try:
         run_state_machine_as_test(machine, settings=SETTINGS)
     finally:

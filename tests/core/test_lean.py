@@ -13,6 +13,14 @@ from helpers import wait_for
 from celery_redislock import Lock, LockNotAcquired
 from celery_redislock.core import layout
 from celery_redislock.core.admin import pause_lock, resume_lock
+from celery_redislock.core.claims import ClaimKind, claim
+from celery_redislock.core.protocol import (
+    AcquireArgs,
+    AcquireReply,
+    AcquireStatus,
+    ReleaseClaimReply,
+)
+from celery_redislock.core.scripts import run
 
 NS = "lean"
 
@@ -258,3 +266,100 @@ def test_the_asyncio_lock_takes_the_fast_path_and_meets_the_synchronous_one(
         await client.aclose()
 
     asyncio.run(main())
+
+
+# -- a unique run's claim ends with its lease (AcquireArgs.give_up) ------------------------------
+
+
+def _claimed(client: redis.Redis, lock: Lock, task_id: str, running_counts: bool = True) -> None:
+    claim(
+        client,
+        NS,
+        lock.name,
+        task_id=task_id,
+        lifetime=60,
+        kind=ClaimKind.NEW,
+        running_counts=running_counts,
+    )
+
+
+def test_a_unique_run_gives_its_claim_up_in_the_acquire_itself(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    _claimed(lean, lock, "t-0")  # (scripts loaded, the layout read)
+    lock.acquire_giving_up("g", False, None, owner="t-0", info=None, job=None)[0].release()
+    _claimed(lean, lock, "t-1")
+    lean.config_resetstat()
+    lease, ended = lock.acquire_giving_up(
+        "g", False, None, owner="t-1", info={"task_id": "t-1"}, job=None
+    )
+    # One script call: the lease and the claim's end (GET, SISMEMBER, DEL) together (the
+    # meta key outlives the lease already: no PEXPIRE).
+    assert _commands(lean) == {
+        "evalsha": 1,
+        "time": 1,
+        "hmget": 1,
+        "get": 1,
+        "sismember": 1,
+        "del": 1,
+        "hset": 1,
+    }
+    assert ended is not None and ended.superseded_by is None
+    assert lean.exists(lock.keys.queued) == 0
+    lease.release()
+
+
+def test_a_replaced_copy_hears_it_from_its_acquire(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    _claimed(lean, lock, "old")
+    claim(
+        lean, NS, lock.name, task_id="new", lifetime=60, kind=ClaimKind.REPLACE, running_counts=True
+    )
+    lease, ended = lock.acquire_giving_up("g", False, None, owner="old", info=None, job=None)
+    assert ended is not None and ended.superseded_by == "new"
+    assert lean.get(lock.keys.queued) == b"new"  # the newer copy's claim stands
+    lease.release()
+
+
+def test_a_period_starts_with_the_lease_and_a_lost_reply_counts_once(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    _claimed(lean, lock, "t-1")
+    args = AcquireArgs(
+        token="a" * 32,
+        spec=lock.spec,
+        wait=False,
+        info="{}",
+        once=True,
+        owner="t-1",
+        give_up="s60000",
+    ).encode()
+    keys = [lock.keys.meta, lock.keys.queued, lock.keys.replaced]
+    first = AcquireReply.decode(run("lean_acquire", lean, keys, args))
+    again = AcquireReply.decode(run("lean_acquire", lean, keys, args))  # (its reply was lost)
+    assert first.status is again.status is AcquireStatus.HELD
+    assert first.gave_up == again.gave_up == ReleaseClaimReply(None)
+    assert (first.token, first.fence) == (again.token, again.fence)
+    assert lean.get(lock.keys.queued) == b"!t-1"
+    assert 59_000 < lean.pttl(lock.keys.queued) <= 60_000
+
+
+def test_a_refused_acquire_leaves_the_claim_alone(lean: redis.Redis) -> None:
+    lock = _lock(lean)
+    held = lock.acquire(owner="other")
+    _claimed(lean, lock, "t-1", running_counts=False)  # (until_started: queued behind it)
+    with pytest.raises(LockNotAcquired):
+        lock.acquire_giving_up("g", False, None, owner="t-1", info=None, job=None)
+    assert lean.get(lock.keys.queued) == b"t-1"
+    held.release()
+
+
+@pytest.mark.parametrize("where", ["shared layout", "fair lock", "a job"])
+def test_off_the_fast_path_the_claim_is_left_to_the_caller(client: redis.Redis, where: str) -> None:
+    if where != "shared layout":
+        layout.set_layout(client, NS, "lean")
+    lock = _lock(client, fair=True) if where == "fair lock" else _lock(client)
+    _claimed(client, lock, "t-1")
+    job = "t-1.0" if where == "a job" else None
+    lease, ended = lock.acquire_giving_up("g", False, None, owner="t-1", info=None, job=job)
+    assert ended is None
+    assert client.get(lock.keys.queued) == b"t-1"  # untouched: the run ends it by itself
+    lease.release()

@@ -1,15 +1,28 @@
 -- lean_acquire.lua: take a plain mutex (mode w, limit 1, not fair) that is free, re-enter it, or
 -- be refused, in its meta hash alone (see _lean.lua); anything else answers '9', and the caller
 -- sends the same call to acquire.lua, which decides it on the general path.
--- KEYS: 1 meta (see _lock.lua)
+-- KEYS: 1 meta (see _lock.lua); with ARGV 7, 2 queued and 3 replaced (the owner's unique claim
+--   on the key named like the lock, see _give_up.lua)
 -- ARGV: as acquire.lua's 1-6 (token, spec, flags, owner, info, job); the caller sends only a
 --   call without a job, a park or a claim (checked there, not again here); a spec other than a
---   plain mutex's answers '9'
+--   plain mutex's answers '9'; 7 (optional) the owner's unique claim ends as its new lease is
+--   taken: 'g' given up, 's<ms>' kept for a period of that many ms
 -- Returns acquire.lua's reply ('status token fence expiry count next mode': 1 held, 0 not held,
---   3 the owner holds it (once)), or '9'.
+--   3 the owner holds it (once)), or '9'. A new lease (or this call's, run again) taken with ARGV
+--   7 is followed by ' ~ ' and give_up's answer.
 
 -- #include _ids.lua
 -- #include _lean.lua
+-- #include _give_up.lua
+
+-- The claim's end, in the same call as the lease: nobody sees the key free in between.
+local function claim_ends()
+  local how = ARGV[7]
+  if not how then
+    return ''
+  end
+  return ' ~ ' .. give_up(KEYS[2], KEYS[3], ARGV[4], string.sub(how, 1, 1), string.sub(how, 2))
+end
 
 local tok, flags, owner = ARGV[1], ARGV[3], ARGV[4]
 local ttl, entry_ms, keep_ms = string.match(ARGV[2], '^w 1 (%d+) 0 (%d+) (%d+)$')
@@ -32,6 +45,7 @@ if raw and raw ~= '' then
   if lexp > now then
     if ltok == tok then -- this very call ran before (its reply was lost): the same lease
       return '1 ' .. tok .. ' ' .. lfence .. ' ' .. int(lexp) .. ' ' .. lcount .. ' 0 w'
+        .. claim_ends()
     end
     if owner ~= '' and lowner == owner then
       if listed(requests, tok) then -- this re-entry ran before: it counts once
@@ -81,4 +95,4 @@ else
     string.format('%d', now + life))
   redis.call('PEXPIRE', KEYS[1], life)
 end
-return string.format('1 %s %d %d 1 0 w', tok, fence, expiry)
+return string.format('1 %s %d %d 1 0 w', tok, fence, expiry) .. claim_ends()

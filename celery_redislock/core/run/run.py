@@ -31,6 +31,7 @@ from ..line import Parked as Place
 from ..lock import Lock
 from ..lock_set import acquire_all
 from ..options import LockOptions
+from ..protocol import ReleaseClaimReply
 from ..rate import MAX_DELAY, RateLimit, reserve_all
 from ..redlock import lock_factory
 from .current import RateSlot, set_current_lease, set_current_rate
@@ -157,6 +158,8 @@ class LockedRun:
         self.taken = 0.0
         self._finish = False  # a finished run is recorded as such when its lease goes
         self._claim_ended = False
+        # How the queued claim ended as the lease was taken (None: not yet; see _take).
+        self._claim_ended_by: ReleaseClaimReply | None = None
 
     # -- names -----------------------------------------------------------------------------------
 
@@ -362,6 +365,12 @@ class LockedRun:
             return acquire_all(
                 locks, wait, timeout, owner=d.id, reentrant=False, info=info, job=d.finish_job
             )
+        give_up = self._claim_give_up(locks[0].name)
+        if give_up:  # (in the same call where it can: see _start_claim)
+            lease, self._claim_ended_by = locks[0].acquire_giving_up(
+                give_up, wait, timeout, owner=d.id, info=info, job=d.finish_job
+            )
+            return [lease]
         lease = locks[0].acquire(
             wait, timeout, owner=d.id, reentrant=False, info=info, job=d.finish_job
         )
@@ -592,14 +601,20 @@ class LockedRun:
             return None
         name = self.unique_name()
         period = unique.kept_after_start
-        mode = ReleaseMode.GIVE_UP if period is None else ReleaseMode.START
-        try:
-            holder = release_claim(
-                self.client, self.settings.namespace, name, d.id, mode=mode, keep=period or 0.0
-            )
-        except LockBackendError as exc:
-            log.warning("unique key %r: could not release as task %s started: %s", name, d.id, exc)
-            return None
+        ended = self._claim_ended_by
+        if ended is not None:  # ended already, as the lease was taken (_take)
+            holder = ended.superseded_by
+        else:
+            mode = ReleaseMode.GIVE_UP if period is None else ReleaseMode.START
+            try:
+                holder = release_claim(
+                    self.client, self.settings.namespace, name, d.id, mode=mode, keep=period or 0.0
+                )
+            except LockBackendError as exc:
+                log.warning(
+                    "unique key %r: could not release as task %s started: %s", name, d.id, exc
+                )
+                return None
         if holder is None or d.republished:
             return None  # a retry runs even though a newer copy was queued after it started
         self.release(finished=False)
@@ -632,6 +647,17 @@ class LockedRun:
     def _keep_claim_coming_back(self, delay: float) -> None:
         if not self.framework.republish_claims:
             self._keep_claim(delay)
+
+    def _claim_give_up(self, lock_name: str) -> str:
+        """``AcquireArgs.give_up`` for the lease of ``lock_name``: how this run's queued claim
+        ends as it takes that lease, when the claim's key is the lock's name (else ``""``)."""
+        unique = self.spec.unique
+        if unique is None or not unique.queued or not self.delivery.queued:
+            return ""
+        if not self._keyed_alike(lock_name):
+            return ""
+        period = unique.kept_after_start
+        return "g" if period is None else f"s{max(1, int(period * 1000))}"
 
     def _keyed_alike(self, lock_name: str) -> bool:
         """Whether the call's unique key is the lock ``lock_name`` (a run lock's line)."""
