@@ -85,6 +85,8 @@ def claim_call(
     )
     if kind is ClaimKind.CONFIRM:  # (it reads the claim alone: no run lock keys to pack)
         return [keys.queued, keys.replaced], args.encode()
+    if kind is ClaimKind.NEW:  # (it reads the running copy's lease alone, never the line)
+        return [keys.queued, keys.replaced, keys.leases, keys.meta], args.encode()
     return [keys.queued, keys.replaced, *keys.all], args.encode()
 
 

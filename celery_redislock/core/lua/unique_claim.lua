@@ -1,6 +1,7 @@
 -- unique_claim.lua: claim a unique task's key as its message is published.
 -- KEYS: 1 queued (the claim, see _claim.lua), 2 replaced (set: ids not to run), 3-10 run lock
---   (none for a confirm)
+--   (for kind 'n' its leases and meta alone, 3-4: a new claim never touches the line; none for
+--   a confirm)
 -- ARGV: 1 task id, 2 lifetime ms, 3 kind: 'n' new, 'x' new replacing a queued holder, 'k' also
 --   cancelling a running one, 'r' re-publish, 'c' confirm a publish (never claims: the copy may
 --   have started and given it up); 4 '1': a running copy is a duplicate; 5 ('r') parked token
@@ -58,20 +59,33 @@ local function parked(holds)
   end
 end
 
-local asks_running = count_running and kind ~= 'r' and kind ~= 'c'
-if asks_running then
-  promote(server_now()) -- (a fast-path lease, see _lean.lua, is looked for in the leases key)
+-- The running copy, read where its lease is: a fast-path lease (meta 'L', its info 'I'), else,
+-- while 'm' says the general path holds it, the leases key. Returns its id and ms left, or nil.
+local function running()
+  local s = redis.call('HMGET', K.meta, 'L', 'm', 'I')
+  if s[1] and s[1] ~= '' then
+    local now = server_now()
+    local _, expiry = parse_lean(s[1])
+    if tonumber(expiry) > now then
+      return s[3] and s[3] ~= '' and cjson.decode(s[3]).task_id or '?', tonumber(expiry) - now
+    end
+  elseif s[2] then
+    local now = server_now()
+    local live = redis.call('ZRANGEBYSCORE', K.leases, string.format('(%d', now), '+inf',
+      'WITHSCORES', 'LIMIT', 0, 1)
+    if live[1] then
+      local raw = redis.call('HGET', K.meta, 'i:' .. live[1])
+      return raw and cjson.decode(raw).task_id or '?', tonumber(live[2]) - now
+    end
+  end
 end
-if asks_running and redis.call('EXISTS', K.leases) == 1 then
-  local now = call_ms
-  local live = redis.call('ZRANGEBYSCORE', K.leases, string.format('(%d', now), '+inf',
-    'WITHSCORES', 'LIMIT', 0, 1)
-  if live[1] then
-    local raw = redis.call('HGET', K.meta, 'i:' .. live[1])
-    local holder = raw and cjson.decode(raw).task_id or '?'
+
+if count_running and kind ~= 'r' and kind ~= 'c' then
+  local holder, left = running()
+  if holder then
     if holder ~= id then
       if kind ~= 'k' then
-        return string.format('0 %s %d r', holder, tonumber(live[2]) - now)
+        return string.format('0 %s %d r', holder, left)
       end
       -- Cancel: the caller stops the running copy; one queued by an earlier cancel is replaced.
       redis.call('SADD', KEYS[2], holder)
