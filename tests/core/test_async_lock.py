@@ -17,7 +17,7 @@ import pytest
 import redis
 import redis.asyncio
 from faultproxy import FaultProxy
-from helpers import stop, wait_started, wait_until_queued
+from helpers import load_factor, stop, wait_started, wait_until_queued
 from workers import Worker
 
 from celery_redislock import (
@@ -135,7 +135,8 @@ def test_a_waiting_async_acquire_is_woken_by_a_sync_release(
 
         lease, waited = run(body)
         assert lease.fence > held.fence
-        assert waited < 5, f"fair={fair}: served {waited:.2f}s after the release"
+        # (a liveness bound, stretched with the machine's load)
+        assert waited < 5 * load_factor(), f"fair={fair}: served {waited:.2f}s after the release"
 
 
 def test_an_async_waiter_gives_up_after_its_timeout(

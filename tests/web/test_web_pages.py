@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from helpers import wait_for
+from helpers import load_factor, wait_for
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from webclient import TOKEN, WebClient
@@ -50,7 +50,8 @@ def test_ten_thousand_locks_are_paged_and_searched(
     assert first.status == 200
     assert "1\u201350 of 10,000" in first.text and "page 1 of 200" in first.text
     assert _names(first.text) == [f"bulk:{i:05d}" for i in range(50)]
-    assert took < 20, f"the first page of 10,000 locks took {took:.1f}s"  # (generous: loaded CI)
+    # (a liveness bound, stretched with the machine's load)
+    assert took < 20 * load_factor(), f"the first page of 10,000 locks took {took:.1f}s"
 
     third = web.get("live?page=3")
     assert "101\u2013150 of 10,000" in third.text
