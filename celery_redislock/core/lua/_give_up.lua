@@ -3,24 +3,25 @@
 -- Defines: give_up.
 -- #include _claim.lua
 
--- Keys: the claim (queued, see _claim.lua) and the set of replaced ids. Mode 'g' give up (a
--- started period stays), 's' start a period of `keep_ms`, 'f' an operator's forced release.
+-- c: the claim's keys, {queued = KEYS[i] (see _claim.lua), replaced = KEYS[j] (set: replaced
+-- ids)}. Mode 'g' give up (a started period stays), 's' start a period of `keep_ms`, 'f' an
+-- operator's forced release.
 -- Returns '1' released, kept or free, '0 holder' if replaced or another holds it ('-': gone).
-local function give_up(queued, replaced, id, mode, keep_ms)
-  local cur = redis.call('GET', queued)
+local function give_up(c, id, mode, keep_ms)
+  local cur = redis.call('GET', c.queued)
   local holder = holder_of(cur)
-  if redis.call('SISMEMBER', replaced, id) == 1 then
+  if redis.call('SISMEMBER', c.replaced, id) == 1 then
     return '0 ' .. (holder or '-')
   end
   if mode == 's' then
     if not cur or cur == id then
-      redis.call('SET', queued, STARTED .. id, 'PX', keep_ms)
+      redis.call('SET', c.queued, STARTED .. id, 'PX', keep_ms)
       return '1'
     end
     return holder == id and '1' or ('0 ' .. holder)
   end
   if cur == id or (holder == id and mode == 'f') then
-    redis.call('DEL', queued)
+    redis.call('DEL', c.queued)
     return '1'
   end
   if not cur or holder == id then

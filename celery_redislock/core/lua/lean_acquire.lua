@@ -21,7 +21,8 @@ local function claim_ends()
   if not how then
     return ''
   end
-  return ' ~ ' .. give_up(KEYS[2], KEYS[3], ARGV[4], string.sub(how, 1, 1), string.sub(how, 2))
+  local c = {queued = KEYS[2], replaced = KEYS[3]}
+  return ' ~ ' .. give_up(c, ARGV[4], string.sub(how, 1, 1), string.sub(how, 2))
 end
 
 local tok, flags, owner = ARGV[1], ARGV[3], ARGV[4]

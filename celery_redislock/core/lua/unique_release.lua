@@ -5,4 +5,5 @@
 -- Returns '1' released, kept or free, '0 holder' if replaced or another holds it ('-': gone).
 -- #include _give_up.lua
 
-return give_up(KEYS[1], KEYS[2], ARGV[1], ARGV[2] or 'g', ARGV[3])
+local c = {queued = KEYS[1], replaced = KEYS[2]}
+return give_up(c, ARGV[1], ARGV[2] or 'g', ARGV[3])
