@@ -4,6 +4,7 @@ outcome of ``LockedRun.take``, with the log line's logger and the signal each on
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from celery_redislock import RateLimit, current_lease, current_rate
 from celery_redislock.core.claims import ClaimKind, claim
 from celery_redislock.core.heartbeat import Heartbeat
 from celery_redislock.core.keys import LockKeys
+from celery_redislock.core.layout import set_layout
 from celery_redislock.core.lock import Lock
 from celery_redislock.core.options import call_signature, parse_lock_option
 from celery_redislock.core.rate_options import parse_rate_option
@@ -513,3 +515,51 @@ def test_a_lapse_the_task_saw_first_is_logged_as_it_lets_go(
         "before Redis answered its renewal); seen as the task let go of it"
     )
     assert [name for name, _ in bus.sent] == ["acquired", "lost", "released"]
+
+
+@pytest.mark.parametrize("layout", ["shared", "lean"])
+def test_a_unique_run_ends_its_claim_as_it_takes_its_lease(
+    client: redis.Redis, bus: Bus, layout: str
+) -> None:
+    """Unique until finished, keyed as its lock: the lease is taken and the queued claim given
+    up; in the lean layout in the acquire's one script call. A copy replaced meanwhile is
+    superseded there too, and gives its lease back."""
+    settings = _Settings(namespace=f"claims-{layout}")
+    set_layout(client, settings.namespace, layout)
+    lean = layout == "lean" or os.environ.get("REDISLOCK_TEST_LAYOUT") == "lean"
+    spec = _spec(unique="until_finished")
+
+    def claimed(task_id: str, kind: ClaimKind = ClaimKind.NEW) -> None:
+        name = _run(client, spec, task_id, bus, settings).unique_name()
+        claim(
+            client,
+            settings.namespace,
+            name,
+            task_id=task_id,
+            lifetime=60,
+            kind=kind,
+            running_counts=True,
+        )
+
+    claimed("t-0")
+    warm = _run(client, spec, "t-0", bus, settings)  # (scripts loaded, the layout read)
+    assert isinstance(warm.take(), Held)
+    warm.release(finished=True)
+    claimed("t-1")
+    run = _run(client, spec, "t-1", bus, settings)
+    keys = LockKeys.of(settings.namespace, run.unique_name())
+    client.config_resetstat()
+    assert isinstance(run.take(), Held)
+    calls = client.info("commandstats")["cmdstat_evalsha"]["calls"]
+    assert calls == (1 if lean else 2)  # the acquire (and the claim's end, apart)
+    assert client.exists(keys.queued) == 0
+    run.release(finished=True)
+
+    claimed("t-2")
+    claimed("t-3", ClaimKind.REPLACE)
+    old = _run(client, spec, "t-2", bus, settings)
+    outcome = old.take()
+    assert isinstance(outcome, Skip) and outcome.kind == "superseded"
+    assert outcome.holders == ["t-3"] and old.lease is None
+    assert not Lock(client, run.unique_name(), ttl=1, namespace=settings.namespace).locked()
+    assert client.get(keys.queued) == b"t-3"
