@@ -19,7 +19,11 @@ kernel do is not counted.
      fenced floor);
    * ``celery_redislock``: ``lock=`` on a key made from the arguments (a lock per call), the
      settings read once as in a worker; ``celery_redislock_lean``: the same in a namespace
-     whose layout is ``lean``.
+     whose layout is ``lean``;
+   * ``unique_lean``: the same task also ``unique="until_finished"`` (keyed as its lock),
+     each delivery holding its queued claim (made by the parent beforehand, as a publish
+     would): the claim ends in the acquire's call; ``unique_lean_apart``: the same with the
+     claim's end in a call of its own, as before this release.
 2. **One uncontended acquire+release pair** on one name (``lock_core.py``'s locks): ours,
    ours in a namespace whose layout is ``lean`` (``core/layout.py``), redis-py's ``Lock``,
    python-redis-lock, the fenced floor (``SET NX PX`` and an ``INCR`` in
@@ -63,7 +67,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import base_parser, delete_keys, redis_target, section  # noqa: E402
 
-CELERY = ("plain", "floor", "floor_fenced", "celery_redislock", "celery_redislock_lean")
+CELERY = (
+    "plain",
+    "floor",
+    "floor_fenced",
+    "celery_redislock",
+    "celery_redislock_lean",
+    "unique_lean",
+    "unique_lean_apart",
+)
+# A unique task's deliveries, each holding its claim (made by the parent beforehand).
+UNIQUE = ("unique_lean", "unique_lean_apart")
 PAIRS = (
     "celery_redislock",
     "celery_redislock_lean",
@@ -88,8 +102,9 @@ RUN = os.environ.get("INSTR_RUN") or uuid.uuid4().hex[:8]  # (in every key; the 
 # -- the calls, run in the child -----------------------------------------------------------------
 
 
-def _celery_call(variant: str, url: str) -> Callable[[int], None]:
-    """One delivery of a no-op task of ``variant``, as a pool child runs it."""
+def _celery_call(variant: str, url: str, ids: str = "") -> Callable[[int], None]:
+    """One delivery of a no-op task of ``variant``, as a pool child runs it (``ids``: the task
+    ids' prefix, for a unique variant, whose claims the parent made)."""
     from celery import Celery
     from celery.app.trace import task_has_custom
     from celery.signals import task_postrun
@@ -100,17 +115,23 @@ def _celery_call(variant: str, url: str) -> Callable[[int], None]:
 
     app = Celery(f"instr_{variant}", broker=url, backend=url, set_as_current=False)
     options: dict[str, Any] = {}
-    if variant in ("celery_redislock", "celery_redislock_lean"):
+    if variant in ("celery_redislock", "celery_redislock_lean", *UNIQUE):
         app.conf.redislock_url = url
         celery_redislock.install(app)
         options = {"lock": {"key": "instr:{run}:{i}"}}
-        if variant == "celery_redislock_lean":
+        if variant != "celery_redislock":
             import redis
 
             from celery_redislock.core import layout
 
-            app.conf.redislock_namespace = namespace = f"instr-lean-{RUN}"
+            app.conf.redislock_namespace = namespace = _namespace(variant)
             layout.set_layout(redis.Redis.from_url(url), namespace, "lean")
+        if variant in UNIQUE:
+            options["unique"] = "until_finished"
+        if variant == "unique_lean_apart":  # as before the claim ended in the acquire
+            from celery_redislock.core.server_store import ServerStore
+
+            ServerStore.gives_up_claims = lambda self, lock: False  # type: ignore[method-assign]
     elif variant == "floor":
         options = {"base": WorkerRoundTrips, "floor_url": url}
     elif variant == "floor_fenced":
@@ -127,7 +148,7 @@ def _celery_call(variant: str, url: str) -> Callable[[int], None]:
     settings.freeze()  # as a worker does as it starts (worker_init): settings read once
 
     def call(i: int) -> None:
-        task_id = uuid.uuid4().hex
+        task_id = f"{ids}-{i}" if ids else uuid.uuid4().hex
         args = (RUN, i)
         task.push_request(
             id=task_id,
@@ -163,9 +184,34 @@ def _pair_call(variant: str, url: str) -> Callable[[int], None]:
     return call
 
 
+def _namespace(variant: str) -> str:
+    return f"instr-unique-{RUN}" if variant in UNIQUE else f"instr-lean-{RUN}"
+
+
+def _claim_all(variant: str, url: str, calls: int) -> None:
+    """The claims the deliveries of a ``calls`` run hold, as their publish made them."""
+    import redis
+
+    from celery_redislock.core.claims import ClaimKind, claim
+
+    with redis.Redis.from_url(url) as client:
+        for i in range(calls):
+            claim(
+                client,
+                _namespace(variant),
+                f"instr:{RUN}:{i}",
+                task_id=f"{RUN}-{calls}-{i}",
+                lifetime=600,
+                kind=ClaimKind.NEW,
+                running_counts=True,
+            )
+
+
 def child(kind: str, variant: str, url: str, calls: int) -> None:
-    make = _celery_call if kind == "celery" else _pair_call
-    call = make(variant, url)
+    if kind == "celery":
+        call = _celery_call(variant, url, f"{RUN}-{calls}" if variant in UNIQUE else "")
+    else:
+        call = _pair_call(variant, url)
     for i in range(calls):
         call(i)
 
@@ -175,6 +221,8 @@ def child(kind: str, variant: str, url: str, calls: int) -> None:
 
 def count(kind: str, variant: str, url: str, calls: int) -> int:
     """Instructions of a child process running ``calls`` calls, start to end."""
+    if variant in UNIQUE:
+        _claim_all(variant, url, calls)
     command = [
         "valgrind",
         "--tool=callgrind",
