@@ -13,16 +13,17 @@
 
 -- #include _ids.lua
 -- #include _lean.lua
--- #include _give_up.lua
 
--- The claim's end, in the same call as the lease: nobody sees the key free in between.
-local function claim_ends()
-  local how = ARGV[7]
-  if not how then
-    return ''
+-- The claim's end, in the same call as the lease: nobody sees the key free in between. (Its
+-- helpers are made only for a call that asks for it: this is the hot path.)
+local claim_ends = function() return '' end
+if ARGV[7] then
+-- #include _give_up.lua
+  claim_ends = function()
+    local how = ARGV[7]
+    local c = {queued = KEYS[2], replaced = KEYS[3]}
+    return ' ~ ' .. give_up(c, ARGV[4], string.sub(how, 1, 1), string.sub(how, 2))
   end
-  local c = {queued = KEYS[2], replaced = KEYS[3]}
-  return ' ~ ' .. give_up(c, ARGV[4], string.sub(how, 1, 1), string.sub(how, 2))
 end
 
 local tok, flags, owner = ARGV[1], ARGV[3], ARGV[4]
