@@ -10,53 +10,61 @@
 --   duplicate: ms left, state 'q' queued, 'r' running, 's' period started; 3 not this id's.
 -- #include _time.lua
 -- #include _claim.lua
--- #include _line.lua
+-- #include _lock.lua
 
 local id, ttl, kind, count_running = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
 local parked_as = kind == 'r' and ARGV[5] ~= '' and ARGV[5] or nil
 use_lock_keys(2) -- the run lock's eight keys follow the claim's two
 
--- `tok` nil: the key's parked copy noted in meta 'u', if it is `task`'s.
-local function drop_replaced(task, tok)
-  if not tok then
-    local noted = redis.call('HGET', K.meta, 'u')
-    local who, at = string.match(noted or '', '^(%S+) (%S+)$')
-    if who ~= task then
+-- Only the kinds that may meet the task line ('r' a parked copy, 'x' and 'k' replacing one)
+-- make its helpers: a new claim, the publish's, never does (its call makes none of them).
+local drop_replaced
+local parked = function() end
+if kind == 'r' or kind == 'x' or kind == 'k' then
+-- #include _line.lua
+
+  -- `tok` nil: the key's parked copy noted in meta 'u', if it is `task`'s.
+  drop_replaced = function(task, tok)
+    if not tok then
+      local noted = redis.call('HGET', K.meta, 'u')
+      local who, at = string.match(noted or '', '^(%S+) (%S+)$')
+      if who ~= task then
+        return
+      end
+      tok = at -- (the note stays: once its entry has left, it is ignored)
+    end
+    local raw = redis.call('HGET', K.meta, 'q:' .. tok)
+    local record = raw and redis.call('HGET', K.meta, 'p:' .. tok)
+    if not record or cjson.decode(raw).o ~= task then
       return
     end
-    tok = at -- (the note stays: once its entry has left, it is ignored)
+    dequeue(tok, raw)
+    local rec = cjson.decode(record)
+    rec.r = 1
+    local x = redis.call('HGET', K.meta, 'x')
+    redis.call('HSET', K.meta, 'p:' .. tok, cjson.encode(rec), 'x', x and (x .. ' ' .. tok) or tok)
   end
-  local raw = redis.call('HGET', K.meta, 'q:' .. tok)
-  local parked = raw and redis.call('HGET', K.meta, 'p:' .. tok)
-  if not parked or cjson.decode(raw).o ~= task then
-    return
+
+  -- A copy just parked: holding the key, noted (while in line) for a replace; else it leaves.
+  parked = function(holds)
+    if not parked_as then
+      return
+    end
+    if holds then
+      if in_line(parked_as) then
+        redis.call('HSET', K.meta, 'u', id .. ' ' .. parked_as)
+      end
+    else
+      drop_replaced(id, parked_as)
+    end
   end
-  dequeue(tok, raw)
-  local rec = cjson.decode(parked)
-  rec.r = 1
-  local x = redis.call('HGET', K.meta, 'x')
-  redis.call('HSET', K.meta, 'p:' .. tok, cjson.encode(rec), 'x', x and (x .. ' ' .. tok) or tok)
 end
 
-local function take_from(cur, left)
+local function take_from(cur, left) -- (kinds 'x' and 'k' alone)
   redis.call('SET', KEYS[1], id, 'PX', ttl)
   redis.call('SADD', KEYS[2], cur)
   redis.call('PEXPIRE', KEYS[2], math.max(ttl, left, redis.call('PTTL', KEYS[2])))
   drop_replaced(cur)
-end
-
--- A copy just parked: holding the key, noted (while in line) for a replace; else it leaves.
-local function parked(holds)
-  if not parked_as then
-    return
-  end
-  if holds then
-    if in_line(parked_as) then
-      redis.call('HSET', K.meta, 'u', id .. ' ' .. parked_as)
-    end
-  else
-    drop_replaced(id, parked_as)
-  end
 end
 
 -- The running copy, read where its lease is: a fast-path lease (meta 'L', its info 'I'), else,
