@@ -102,7 +102,13 @@ def test_a_cap_with_a_line_runs_three_at_a_time_and_all(
     seen = [int(x) for x in lockapp.r.lrange("seen:linecap", 0, -1)]
     assert len(seen) == 15 and max(seen) <= 3
     assert max(seen) == 3  # the cap was used, not one at a time
-    assert all(a in ("queue",) for _, a in _conflicts(lockapp)), _conflicts(lockapp)
+    # Each conflict parked its task; but a hand-over may be published twice (its publish came
+    # late, and the sweep published it again: seen under LOAD=2), and the second delivery then
+    # waits for the first ("await") and is dropped once it finished ("drop"): each ran once.
+    conflicts = _conflicts(lockapp)
+    parked = {task for task, action in conflicts if action == "queue"}
+    again = [(task, a) for task, a in conflicts if a != "queue"]
+    assert all(a in ("await", "drop") and task in parked for task, a in again), conflicts
 
 
 def test_a_dead_childs_lock_goes_to_the_next_in_line_at_once(
