@@ -275,7 +275,10 @@ def test_a_paused_leader_sends_nothing_once_its_lease_may_have_lapsed(
 def test_a_beat_stopped_gives_the_lead_back_at_once(
     beats: Callable[..., Beat], beat_redis: redis.Redis
 ) -> None:
-    fleet = [beats("b1"), beats("b2")]
+    # A 6 s lease: the stop must give it back, not its lapse (a 1 s lease lapsed under LOAD=2,
+    # before the stop, at a load average of 12).
+    env = {"BEAT_TTL": "6"}
+    fleet = [beats("b1", env), beats("b2", env)]
     leader = _leader(beat_redis, fleet)
     wait_for(lambda: _count(beat_redis, "1s") >= 2, "2 ticks", 60)
     leader.stop()
