@@ -268,7 +268,9 @@ def test_owner_job_and_release_where(masters: Masters) -> None:
     assert masters.holding(lock) == []  # the masters that granted gave it back
     held = lock.acquire(info={"task_id": "t2", "pid": "42"})
     assert lock.release_where(task_id="t2", pid="42") == [held.token]
-    assert masters.holding(lock) == []
+    # A master whose grant landed after the majority's (its call still out when the acquire
+    # returned) may hold a stray lease, which holds nothing, until its ttl: seen once, quiet.
+    wait_until(lambda: masters.holding(lock) == [], "no master holds it", timeout=15)
 
 
 def test_readers_share_and_writers_exclude_over_majorities(masters: Masters) -> None:
